@@ -1,0 +1,112 @@
+// Opens the CUDA driver library at run time (dlopen), resolves the entry points fastkernel
+// calls and initializes it; importing fastkernel never touches the driver.
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "fastkernel/cuda_driver.h"
+
+namespace fastkernel {
+namespace {
+
+std::mutex g_load_mutex;
+DriverApi g_api{};
+bool g_loaded = false;
+std::string g_failure;  // why the last attempt failed; retried on the next call
+
+template <typename Fn>
+bool resolve(void* lib, const char* name, Fn* slot, bool required, std::string* missing) {
+  *slot = reinterpret_cast<Fn>(dlsym(lib, name));
+  if (*slot == nullptr && required) {
+    *missing = name;
+    return false;
+  }
+  return true;
+}
+
+void load_locked() {
+  const std::string path = driver_library_path();
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* why = dlerror();
+    throw DriverUnavailable("fastkernel: cannot open the CUDA driver library '" + path +
+                            "' (" + (why ? why : "unknown error") +
+                            "); a GPU launch needs an NVIDIA driver");
+  }
+  DriverApi api{};
+  std::string missing;
+  // The _v2 names are what cuda.h maps the plain names to; the driver exports both forms.
+  bool ok = resolve(lib, "cuInit", &api.cuInit, true, &missing) &&
+            resolve(lib, "cuGetErrorName", &api.cuGetErrorName, true, &missing) &&
+            resolve(lib, "cuGetErrorString", &api.cuGetErrorString, true, &missing) &&
+            resolve(lib, "cuDeviceGet", &api.cuDeviceGet, true, &missing) &&
+            resolve(lib, "cuDeviceGetCount", &api.cuDeviceGetCount, true, &missing) &&
+            resolve(lib, "cuDeviceGetAttribute", &api.cuDeviceGetAttribute, true, &missing) &&
+            resolve(lib, "cuDevicePrimaryCtxRetain", &api.cuDevicePrimaryCtxRetain, true, &missing) &&
+            resolve(lib, "cuCtxGetCurrent", &api.cuCtxGetCurrent, true, &missing) &&
+            resolve(lib, "cuCtxSetCurrent", &api.cuCtxSetCurrent, true, &missing) &&
+            resolve(lib, "cuCtxPushCurrent_v2", &api.cuCtxPushCurrent, true, &missing) &&
+            resolve(lib, "cuCtxPopCurrent_v2", &api.cuCtxPopCurrent, true, &missing) &&
+            resolve(lib, "cuModuleLoadData", &api.cuModuleLoadData, true, &missing) &&
+            resolve(lib, "cuModuleUnload", &api.cuModuleUnload, true, &missing) &&
+            resolve(lib, "cuModuleGetFunction", &api.cuModuleGetFunction, true, &missing) &&
+            resolve(lib, "cuFuncGetAttribute", &api.cuFuncGetAttribute, true, &missing) &&
+            resolve(lib, "cuFuncSetAttribute", &api.cuFuncSetAttribute, true, &missing) &&
+            resolve(lib, "cuLaunchKernel", &api.cuLaunchKernel, true, &missing) &&
+            // Older drivers lack cuLaunchKernelEx; only launches that need attributes use it.
+            resolve(lib, "cuLaunchKernelEx", &api.cuLaunchKernelEx, false, &missing);
+  if (!ok) {
+    dlclose(lib);
+    throw DriverUnavailable("fastkernel: the CUDA driver library '" + path + "' lacks " + missing);
+  }
+  CUresult init = api.cuInit(0);
+  if (init != cu::SUCCESS) {
+    // The library stays open (a driver may not be dlclose-safe); a later call retries cuInit.
+    const char* name = nullptr;
+    api.cuGetErrorName(init, &name);
+    throw DriverUnavailable("fastkernel: cuInit failed with " + std::string(name ? name : "?") +
+                            " (" + std::to_string(init) + "); no usable GPU");
+  }
+  g_api = api;
+  g_loaded = true;
+}
+
+}  // namespace
+
+std::string driver_library_path() {
+  const char* override_path = std::getenv("FASTKERNEL_CUDA_DRIVER");
+  return (override_path && *override_path) ? override_path : "libcuda.so.1";
+}
+
+const DriverApi& driver() {
+  if (g_loaded) {  // written once under the mutex, before any reader can see true
+    return g_api;
+  }
+  std::lock_guard<std::mutex> lock(g_load_mutex);
+  if (!g_loaded) {
+    load_locked();
+  }
+  return g_api;
+}
+
+bool driver_loaded() noexcept { return g_loaded; }
+
+std::string describe_cuda_error(CUresult code) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (g_loaded) {
+    g_api.cuGetErrorName(code, &name);
+    g_api.cuGetErrorString(code, &text);
+  }
+  return std::string(name ? name : "CUDA_ERROR_UNKNOWN") + " (" + std::to_string(code) +
+         "): " + (text ? text : "unrecognized error code");
+}
+
+void check_cuda(CUresult code, const char* what) {
+  if (code != cu::SUCCESS) {
+    throw CudaError(code, std::string(what) + " failed: " + describe_cuda_error(code));
+  }
+}
+
+}  // namespace fastkernel

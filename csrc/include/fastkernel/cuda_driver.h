@@ -1,0 +1,125 @@
+// The CUDA driver API as fastkernel uses it: the few types and entry points, resolved at run
+// time with dlopen so that the package imports and its CPU tests run with no driver installed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace fastkernel {
+
+// Types declared here rather than taken from cuda.h: building fastkernel needs no CUDA toolkit,
+// and the layouts below are the driver's stable ABI (checked against cuda.h 12.x and 13.0).
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUcontext = struct CUctx_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+
+/// One launch attribute of cuLaunchKernelEx (CUlaunchAttribute in cuda.h: 8-byte id slot, 64-byte value).
+struct CUlaunchAttribute {
+  unsigned int id;
+  char pad[4];
+  union {
+    char raw[64];
+    struct {
+      unsigned int x, y, z;
+    } cluster_dim;
+    int int_value;
+  } value;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute must match cuda.h");
+
+/// The launch configuration of cuLaunchKernelEx (CUlaunchConfig in cuda.h).
+struct CUlaunchConfig {
+  unsigned int grid_x, grid_y, grid_z;
+  unsigned int block_x, block_y, block_z;
+  unsigned int shared_mem_bytes;
+  CUstream stream;
+  CUlaunchAttribute* attrs;
+  unsigned int num_attrs;
+};
+static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig must match cuda.h");
+
+/// Enum values from cuda.h that fastkernel passes to the driver.
+namespace cu {
+constexpr CUresult SUCCESS = 0;
+constexpr CUresult ERROR_INVALID_VALUE = 1;
+constexpr CUresult ERROR_NOT_INITIALIZED = 3;
+constexpr CUresult ERROR_INVALID_CONTEXT = 201;
+constexpr int DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr int DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
+constexpr int FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1;
+constexpr int FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14;
+constexpr unsigned LAUNCH_ATTRIBUTE_COOPERATIVE = 2;
+constexpr unsigned LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+constexpr unsigned LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5;
+constexpr unsigned LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+constexpr int CLUSTER_SCHEDULING_POLICY_SPREAD = 1;
+}  // namespace cu
+
+/// Entry points resolved from the driver library; every pointer is non-null once loaded.
+struct DriverApi {
+  CUresult (*cuInit)(unsigned int flags);
+  CUresult (*cuGetErrorName)(CUresult error, const char** name);
+  CUresult (*cuGetErrorString)(CUresult error, const char** text);
+  CUresult (*cuDeviceGet)(CUdevice* device, int ordinal);
+  CUresult (*cuDeviceGetCount)(int* count);
+  CUresult (*cuDeviceGetAttribute)(int* value, int attribute, CUdevice device);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* ctx, CUdevice device);
+  CUresult (*cuCtxGetCurrent)(CUcontext* ctx);
+  CUresult (*cuCtxSetCurrent)(CUcontext ctx);
+  CUresult (*cuCtxPushCurrent)(CUcontext ctx);
+  CUresult (*cuCtxPopCurrent)(CUcontext* ctx);
+  CUresult (*cuModuleLoadData)(CUmodule* module, const void* image);
+  CUresult (*cuModuleUnload)(CUmodule module);
+  CUresult (*cuModuleGetFunction)(CUfunction* function, CUmodule module, const char* name);
+  CUresult (*cuFuncGetAttribute)(int* value, int attribute, CUfunction function);
+  CUresult (*cuFuncSetAttribute)(CUfunction function, int attribute, int value);
+  CUresult (*cuLaunchKernel)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                             unsigned block_x, unsigned block_y, unsigned block_z,
+                             unsigned shared_mem_bytes, CUstream stream, void** params, void** extra);
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig* config, CUfunction f, void** params,
+                               void** extra);
+};
+
+/// Thrown for every failed driver call; carries the CUDA error's number, name and message.
+class CudaError : public std::exception {
+ public:
+  CudaError(CUresult code, std::string what) : code_(code), what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  CUresult code() const noexcept { return code_; }
+
+ private:
+  CUresult code_;
+  std::string what_;
+};
+
+/// Thrown when no driver library can be opened or initialized (no GPU, no driver).
+class DriverUnavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The driver, opened and cuInit'ed on first use (thread-safe). Throws DriverUnavailable.
+/// The library is `$FASTKERNEL_CUDA_DRIVER` when set (the tests' recording stand-in), else libcuda.so.1.
+const DriverApi& driver();
+
+/// True once driver() has succeeded in this process; never opens the library itself.
+bool driver_loaded() noexcept;
+
+/// The path driver() opened, or the one it would open.
+std::string driver_library_path();
+
+/// "CUDA_ERROR_X (n): message" for a driver result code.
+std::string describe_cuda_error(CUresult code);
+
+/// Throws CudaError naming `what` if `code` is not CUDA_SUCCESS.
+void check_cuda(CUresult code, const char* what);
+
+}  // namespace fastkernel

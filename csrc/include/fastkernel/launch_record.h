@@ -1,0 +1,66 @@
+// The launch record: everything the trampoline needs to launch one compiled specialization
+// on one device, resolved at registration so that a launch reads plain fields.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fastkernel/cuda_driver.h"
+
+namespace fastkernel {
+
+/// How one kernel parameter is written into the parameter buffer (Triton's signature types,
+/// triton/backends/nvidia/driver.c extractors: i1 and u1 take 4-byte slots, floats are
+/// narrowed from the Python double, bf16 is the top half of the fp32 bits).
+enum class ParamType : uint8_t {
+  Pointer, I1, I8, I16, I32, I64, U1, U8, U16, U32, U64, FP16, BF16, FP32, FP64,
+};
+
+/// Parses a Triton signature type ("*fp32", "i32", "u1", "bf16", ...); false if unknown.
+bool parse_param_type(const std::string& triton_type, ParamType* out);
+
+/// One parameter of the compiled kernel: which bound argument feeds it, and as what type.
+struct PackSlot {
+  uint16_t arg_index;
+  ParamType type;
+};
+
+/// What a compiled specialization needs to launch, per device. Immutable once registered.
+struct LaunchRecord {
+  std::string kernel_name;    ///< the cubin's entry point (Triton's metadata.name)
+  int device = 0;             ///< the device whose primary context holds `module`
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  unsigned block_x = 0;       ///< 32 * num_warps threads
+  unsigned shared_mem = 0;    ///< dynamic shared memory, bytes
+  unsigned num_ctas = 1;      ///< cluster size along x; grid.x is multiplied by it
+  bool cooperative_grid = false;
+  bool pdl = false;           ///< programmatic dependent launch
+  std::vector<PackSlot> plan; ///< declared non-constexpr parameters, in order
+  int num_scratch_params = 2; ///< pointers the installed Triton appends: 0 (<=3.2), 1 (3.3-3.4), 2
+  uint64_t global_scratch_size = 0;   ///< bytes per CTA; > 0 needs an allocation per launch
+  uint64_t global_scratch_align = 1;
+  uint64_t profile_scratch_size = 0;  ///< bytes per CTA
+  uint64_t profile_scratch_align = 1;
+  void* user_data = nullptr;  ///< opaque to fastkernel; the Python layer keeps its CompiledKernel here
+
+  bool needs_attributes() const { return num_ctas != 1 || cooperative_grid || pdl; }
+  bool needs_scratch() const { return global_scratch_size > 0 || profile_scratch_size > 0; }
+};
+
+/// Loads `cubin` into `device`'s primary context, resolves `record.kernel_name`, and raises the
+/// dynamic shared memory limit when `record.shared_mem` exceeds 48 KB. Fills module/function.
+/// Throws CudaError (or DriverUnavailable) on failure; leaves nothing loaded on failure.
+void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size);
+
+/// Makes `device`'s primary context current on this thread (retained once per device). The
+/// launch path calls it only after the driver reports no current context, so a thread that
+/// never touched the CUDA runtime still launches, at no cost to the common case.
+void make_primary_context_current(int device);
+
+/// Unloads the record's module (best effort; used when a record is dropped).
+void unload_launch_record(LaunchRecord& record) noexcept;
+
+}  // namespace fastkernel

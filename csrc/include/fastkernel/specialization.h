@@ -1,0 +1,97 @@
+// The specialization key: what distinguishes one compiled binary of a kernel from another,
+// written as 64-bit words into a fixed buffer so that building and hashing it never allocates.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace fastkernel {
+
+/// The most words one key may hold; a call whose key would be longer takes the fallback path.
+constexpr int kMaxKeyWords = 96;
+
+/// The kinds of value an argument can carry into a launch (word tag, low 8 bits of a key word).
+enum class ArgKind : uint8_t {
+  Tensor = 1,         ///< a torch.Tensor: pointer parameter
+  Int = 2,            ///< a Python int: i32 / i64 / u64 parameter, or dropped when == 1
+  Float = 3,          ///< a Python float: fp32 parameter (or the annotated float type)
+  Bool = 4,           ///< a Python bool: u1 parameter (4-byte slot)
+  None = 5,           ///< None: specialized to a constexpr, dropped
+  ConstexprInt = 6,   ///< an int constexpr; the next word is its value
+  ConstexprFloat = 7, ///< a float constexpr; the next word is its IEEE-754 bits
+  ConstexprBool = 8,  ///< a bool constexpr (value in bit 8)
+  ConstexprNone = 9,  ///< a None constexpr
+  ConstexprStr = 10,  ///< a str constexpr; bits 8..39 are its byte length, the bytes follow
+  Option = 11,        ///< a compile option set by keyword; bits 8..15 its index, a value word follows
+  Device = 12,        ///< the device the launch runs on (bits 8..39)
+};
+
+/// Triton's integer widths (triton/_C specialize.cc: i32 when it fits, u64 when >= 2**63, else i64).
+enum class IntWidth : uint8_t { I32 = 0, I64 = 1, U64 = 2 };
+
+/// Triton's value classes for ints and pointers: divisible by 16 ("D"), not (""), == 1, or not
+/// specialized (do_not_specialize).
+enum class ValueClass : uint8_t { NotSpecialized = 0, Divisible16 = 1, Other = 2, EqualsOne = 3 };
+
+/// The word of a tensor argument: dtype (c10::ScalarType), device type and 16-byte alignment class.
+constexpr uint64_t tensor_word(int scalar_type, int device_type, ValueClass alignment) {
+  return uint64_t(ArgKind::Tensor) | (uint64_t(uint8_t(scalar_type)) << 8) |
+         (uint64_t(uint8_t(device_type)) << 16) | (uint64_t(alignment) << 24);
+}
+
+/// The word of an int argument: its width and value class.
+constexpr uint64_t int_word(IntWidth width, ValueClass value_class) {
+  return uint64_t(ArgKind::Int) | (uint64_t(width) << 8) | (uint64_t(value_class) << 16);
+}
+
+/// A key under construction and, once built, the one looked up.
+struct SpecializationKey {
+  uint64_t words[kMaxKeyWords];
+  int size = 0;
+  bool overflowed = false;
+
+  void push(uint64_t word) noexcept {
+    if (size < kMaxKeyWords) {
+      words[size++] = word;
+    } else {
+      overflowed = true;
+    }
+  }
+
+  /// Appends `length` bytes, zero-padded to whole words.
+  void push_bytes(const char* data, size_t length) noexcept {
+    for (size_t at = 0; at < length; at += 8) {
+      uint64_t word = 0;
+      std::memcpy(&word, data + at, length - at < 8 ? length - at : 8);
+      push(word);
+    }
+  }
+
+  /// A 64-bit mix of every word (splitmix-style finalizer per word).
+  uint64_t hash() const noexcept {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ uint64_t(size);
+    for (int i = 0; i < size; ++i) {
+      h ^= words[i];
+      h *= 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+    return h;
+  }
+
+  bool equals(const uint64_t* other, int other_size) const noexcept {
+    return size == other_size && std::memcmp(words, other, sizeof(uint64_t) * size) == 0;
+  }
+};
+
+/// The value an argument contributes to the parameter buffer, captured while its key word is built.
+struct ArgValue {
+  union {
+    uint64_t u;
+    int64_t i;
+    double d;
+  };
+  ArgKind kind;
+  IntWidth width;  ///< for ArgKind::Int: whether `u` or `i` holds the value
+};
+
+}  // namespace fastkernel

@@ -1,0 +1,131 @@
+// Loads a compiled specialization into a device's primary context and resolves its function,
+// once, at registration: the per-call path only reads the resulting launch record.
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "fastkernel/launch_record.h"
+
+namespace fastkernel {
+namespace {
+
+// Makes `device`'s primary context current for the scope, restoring the previous one after.
+class PrimaryContextScope {
+ public:
+  explicit PrimaryContextScope(int device) : api_(driver()) {
+    CUdevice dev = 0;
+    check_cuda(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
+    CUcontext ctx = nullptr;
+    check_cuda(api_.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    check_cuda(api_.cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
+  }
+  ~PrimaryContextScope() {
+    CUcontext popped = nullptr;
+    api_.cuCtxPopCurrent(&popped);
+  }
+  PrimaryContextScope(const PrimaryContextScope&) = delete;
+  PrimaryContextScope& operator=(const PrimaryContextScope&) = delete;
+
+ private:
+  const DriverApi& api_;
+};
+
+std::mutex g_primary_mutex;
+std::unordered_map<int, CUcontext> g_primary_contexts;
+
+}  // namespace
+
+void make_primary_context_current(int device) {
+  const DriverApi& api = driver();
+  CUcontext ctx = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_primary_mutex);
+    auto it = g_primary_contexts.find(device);
+    if (it == g_primary_contexts.end()) {
+      CUdevice dev = 0;
+      check_cuda(api.cuDeviceGet(&dev, device), "cuDeviceGet");
+      check_cuda(api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+      g_primary_contexts.emplace(device, ctx);
+    } else {
+      ctx = it->second;
+    }
+  }
+  check_cuda(api.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+}
+
+bool parse_param_type(const std::string& t, ParamType* out) {
+  static const std::unordered_map<std::string, ParamType> kTypes = {
+      {"i1", ParamType::I1},     {"i8", ParamType::I8},     {"i16", ParamType::I16},
+      {"i32", ParamType::I32},   {"i64", ParamType::I64},   {"u1", ParamType::U1},
+      {"u8", ParamType::U8},     {"u16", ParamType::U16},   {"u32", ParamType::U32},
+      {"u64", ParamType::U64},   {"fp16", ParamType::FP16}, {"bf16", ParamType::BF16},
+      {"fp32", ParamType::FP32}, {"f32", ParamType::FP32},  {"fp64", ParamType::FP64},
+  };
+  if (!t.empty() && t[0] == '*') {
+    *out = ParamType::Pointer;
+    return true;
+  }
+  auto it = kTypes.find(t);
+  if (it == kTypes.end()) {
+    return false;
+  }
+  *out = it->second;
+  return true;
+}
+
+void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size) {
+  if (cubin == nullptr || cubin_size < 4 || std::memcmp(cubin, "\x7f" "ELF", 4) != 0) {
+    throw std::invalid_argument("fastkernel: the cubin for '" + record.kernel_name +
+                                "' is not an ELF image");
+  }
+  const DriverApi& api = driver();
+  PrimaryContextScope scope(record.device);
+  CUmodule module = nullptr;
+  check_cuda(api.cuModuleLoadData(&module, cubin), "cuModuleLoadData");
+  try {
+    CUfunction function = nullptr;
+    std::string what = "cuModuleGetFunction(" + record.kernel_name + ")";
+    check_cuda(api.cuModuleGetFunction(&function, module, record.kernel_name.c_str()),
+               what.c_str());
+    // Above 48 KB of dynamic shared memory the function must opt in, as Triton's loadBinary does.
+    if (record.shared_mem > 49152) {
+      CUdevice dev = 0;
+      check_cuda(api.cuDeviceGet(&dev, record.device), "cuDeviceGet");
+      int optin = 0, static_shared = 0;
+      check_cuda(api.cuDeviceGetAttribute(&optin, cu::DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+                 "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
+      check_cuda(api.cuFuncGetAttribute(&static_shared, cu::FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
+                 "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
+      if (record.shared_mem > unsigned(optin)) {
+        throw CudaError(cu::ERROR_INVALID_VALUE,
+                        "fastkernel: '" + record.kernel_name + "' needs " +
+                            std::to_string(record.shared_mem) + " bytes of shared memory; device " +
+                            std::to_string(record.device) + " allows " + std::to_string(optin));
+      }
+      check_cuda(api.cuFuncSetAttribute(function, cu::FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        optin - static_shared),
+                 "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    }
+    // Clusters of 16 CTAs exceed the portable limit of 8 (Triton's driver.c sets this per launch).
+    if (record.num_ctas > 8) {
+      check_cuda(api.cuFuncSetAttribute(function, cu::FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                 "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
+    }
+    record.module = module;
+    record.function = function;
+  } catch (...) {
+    api.cuModuleUnload(module);
+    throw;
+  }
+}
+
+void unload_launch_record(LaunchRecord& record) noexcept {
+  if (record.module != nullptr && driver_loaded()) {
+    driver().cuModuleUnload(record.module);
+  }
+  record.module = nullptr;
+  record.function = nullptr;
+}
+
+}  // namespace fastkernel

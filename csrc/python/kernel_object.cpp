@@ -1,0 +1,468 @@
+// The per-call entry: `kernel[grid]` returns a bound launch whose vectorcall binds the
+// arguments, builds the key, looks it up and launches. Only a miss, a fallback or a callable
+// grid calls back into Python.
+#include "kernel_object.h"
+
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "fastkernel/trampoline.h"
+#include "launch_context.h"
+
+namespace fastkernel {
+
+PyObject* g_cuda_error_type = nullptr;
+PyObject* g_driver_unavailable_type = nullptr;
+
+namespace {
+
+// Owns one Python reference for a scope.
+class Ref {
+ public:
+  explicit Ref(PyObject* p = nullptr) : p_(p) {}
+  ~Ref() { Py_XDECREF(p_); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  PyObject* get() const { return p_; }
+  PyObject* release() {
+    PyObject* p = p_;
+    p_ = nullptr;
+    return p;
+  }
+  void reset(PyObject* p) {
+    Py_XDECREF(p_);
+    p_ = p;
+  }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  PyObject* p_;
+};
+
+// CUDA's limits on grid dimensions (CUDA C Programming Guide, "Compute Capabilities").
+constexpr uint64_t kMaxGridX = 2147483647ull;
+constexpr uint64_t kMaxGridYZ = 65535ull;
+
+bool read_grid_dim(KernelObject* kernel, PyObject* item, int axis, uint32_t* out) {
+  long long v;
+  if (PyLong_CheckExact(item)) {
+    v = PyLong_AsLongLong(item);
+  } else {
+    Ref index(PyNumber_Index(item));
+    if (!index) {
+      PyErr_Format(PyExc_TypeError, "%U: grid[%d] must be an int, got %s", kernel->name, axis,
+                   Py_TYPE(item)->tp_name);
+      return false;
+    }
+    v = PyLong_AsLongLong(index.get());
+  }
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_ValueError, "%U: grid[%d] does not fit in 64 bits", kernel->name, axis);
+    return false;
+  }
+  const uint64_t limit = axis == 0 ? kMaxGridX : kMaxGridYZ;
+  if (v < 0 || uint64_t(v) > limit) {
+    PyErr_Format(PyExc_ValueError, "%U: grid[%d] = %lld is outside [0, %llu]", kernel->name, axis,
+                 v, (unsigned long long)limit);
+    return false;
+  }
+  *out = uint32_t(v);
+  return true;
+}
+
+bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
+  Ref seq(PySequence_Fast(grid, ""));
+  if (!seq) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError,
+                 "%U: grid must be a tuple of 1 to 3 ints or a callable returning one, got %s",
+                 kernel->name, Py_TYPE(grid)->tp_name);
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+  if (n < 1 || n > 3) {
+    PyErr_Format(PyExc_ValueError, "%U: grid must have 1 to 3 dimensions, got %zd", kernel->name,
+                 n);
+    return false;
+  }
+  PyObject** items = PySequence_Fast_ITEMS(seq.get());
+  uint32_t dims[3] = {1, 1, 1};
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!read_grid_dim(kernel, items[i], int(i), &dims[i])) {
+      return false;
+    }
+  }
+  out->x = dims[0];
+  out->y = dims[1];
+  out->z = dims[2];
+  return true;
+}
+
+// The dict a callable grid receives: every declared parameter by name (Triton's bound_args).
+PyObject* grid_meta(KernelObject* kernel, const BoundCall& call) {
+  const KernelState& st = *kernel->state;
+  Ref meta(PyDict_New());
+  if (!meta) {
+    return nullptr;
+  }
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    if (PyDict_SetItem(meta.get(), st.params[i].name, call.args[i]) < 0) {
+      return nullptr;
+    }
+  }
+  return meta.release();
+}
+
+// Calls the Python miss handler: handler(kernel, grid, args, kwargs, key, device, reason).
+// Returns its result (new reference) or nullptr with an exception set.
+PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* const* args,
+                            Py_ssize_t nargs, PyObject* kwnames, const BoundCall* call, int device,
+                            const char* reason) {
+  Ref pos(PyTuple_New(nargs));
+  Ref kw(PyDict_New());
+  if (!pos || !kw) {
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    Py_INCREF(args[i]);
+    PyTuple_SET_ITEM(pos.get(), i, args[i]);
+  }
+  if (kwnames != nullptr) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
+      if (PyDict_SetItem(kw.get(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) < 0) {
+        return nullptr;
+      }
+    }
+  }
+  Ref key(call ? PyBytes_FromStringAndSize(reinterpret_cast<const char*>(call->key.words),
+                                           Py_ssize_t(call->key.size * sizeof(uint64_t)))
+               : Py_NewRef(Py_None));
+  Ref dev(PyLong_FromLong(device));
+  Ref why(reason ? PyUnicode_FromString(reason) : Py_NewRef(Py_None));
+  if (!key || !dev || !why) {
+    return nullptr;
+  }
+  PyObject* handler_args[] = {reinterpret_cast<PyObject*>(kernel), grid, pos.get(), kw.get(),
+                              key.get(), dev.get(), why.get()};
+  return PyObject_Vectorcall(kernel->miss_handler, handler_args, 7, nullptr);
+}
+
+// Allocates one scratch buffer through the Python allocator (Triton's sizing: grid CTAs times
+// num_ctas times the per-CTA size). Returns the buffer object (new reference; it must outlive
+// the launch call) and its device pointer, or nullptr with an exception set.
+PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t align,
+                           const LaunchRecord& rec, const LaunchGrid& grid, CUstream stream,
+                           const char* kind, CUdeviceptr* out) {
+  const uint64_t bytes = uint64_t(grid.x) * grid.y * grid.z * rec.num_ctas * per_cta;
+  Ref size(PyLong_FromUnsignedLongLong(bytes));
+  Ref alignment(PyLong_FromUnsignedLongLong(align));
+  Ref stream_handle(PyLong_FromVoidPtr(stream));
+  Ref which(PyUnicode_FromString(kind));
+  if (!size || !alignment || !stream_handle || !which) {
+    return nullptr;
+  }
+  PyObject* call_args[] = {size.get(), alignment.get(), stream_handle.get(), which.get()};
+  Ref buffer(PyObject_Vectorcall(kernel->scratch_allocator, call_args, 4, nullptr));
+  if (!buffer) {
+    return nullptr;
+  }
+  Ref ptr(PyObject_CallMethod(buffer.get(), "data_ptr", nullptr));
+  if (!ptr) {
+    return nullptr;
+  }
+  *out = PyLong_AsUnsignedLongLong(ptr.get());
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  return buffer.release();
+}
+
+PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t nargsf,
+                       PyObject* kwnames) {
+  KernelObject* kernel = self->kernel;
+  KernelState& st = *kernel->state;
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  BoundCall call;
+  const KeyStatus status = bind_and_build_key(kernel, args, nargs, kwnames, &call);
+  if (status == KeyStatus::Error) {
+    return nullptr;
+  }
+  if (status == KeyStatus::Fallback) {
+    ++st.fallbacks;
+    return call_miss_handler(kernel, self->grid, args, nargs, kwnames, nullptr, -1,
+                             call.fallback_reason);
+  }
+  try {
+    const LaunchContext ctx = current_launch_context();
+    finish_key(&call.key, ctx.device);
+    const uint64_t hash = call.key.hash();
+    const LaunchRecord* rec = st.table.find(call.key, hash);
+    if (rec == nullptr) {
+      ++st.misses;
+      Ref handled(call_miss_handler(kernel, self->grid, args, nargs, kwnames, &call, ctx.device,
+                                    nullptr));
+      if (!handled) {
+        return nullptr;
+      }
+      if (handled.get() != Py_None) {
+        return handled.release();  // the handler launched through Triton itself
+      }
+      rec = st.table.find(call.key, hash);
+      if (rec == nullptr) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "%U: the compile-on-miss handler registered no launch record for this call",
+                     kernel->name);
+        return nullptr;
+      }
+    } else {
+      ++st.hits;
+    }
+    LaunchGrid grid;
+    if (PyTuple_CheckExact(self->grid) && PyTuple_GET_SIZE(self->grid) >= 1 &&
+        PyTuple_GET_SIZE(self->grid) <= 3) {
+      PyObject** items = &PyTuple_GET_ITEM(self->grid, 0);
+      uint32_t dims[3] = {1, 1, 1};
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->grid); ++i) {
+        if (!read_grid_dim(kernel, items[i], int(i), &dims[i])) {
+          return nullptr;
+        }
+      }
+      grid = {dims[0], dims[1], dims[2]};
+    } else if (PyCallable_Check(self->grid)) {
+      Ref meta(grid_meta(kernel, call));
+      if (!meta) {
+        return nullptr;
+      }
+      Ref result(PyObject_CallOneArg(self->grid, meta.get()));
+      if (!result || !parse_grid(kernel, result.get(), &grid)) {
+        return nullptr;
+      }
+    } else if (!parse_grid(kernel, self->grid, &grid)) {
+      return nullptr;
+    }
+    if (uint64_t(grid.x) * rec->num_ctas > kMaxGridX) {
+      PyErr_Format(PyExc_ValueError, "%U: grid[0] * num_ctas exceeds %llu", kernel->name,
+                   (unsigned long long)kMaxGridX);
+      return nullptr;
+    }
+    CUdeviceptr global_scratch = 0, profile_scratch = 0;
+    Ref global_holder, profile_holder;  // scratch buffers live until the launch is issued
+    if (rec->needs_scratch() && grid.x && grid.y && grid.z) {
+      if (rec->global_scratch_size > 0) {
+        global_holder.reset(allocate_scratch(kernel, rec->global_scratch_size,
+                                                  rec->global_scratch_align, *rec, grid,
+                                                  ctx.stream, "global", &global_scratch));
+        if (!global_holder) {
+          return nullptr;
+        }
+      }
+      if (rec->profile_scratch_size > 0) {
+        profile_holder.reset(allocate_scratch(kernel, rec->profile_scratch_size,
+                                                   rec->profile_scratch_align, *rec, grid,
+                                                   ctx.stream, "profile", &profile_scratch));
+        if (!profile_holder) {
+          return nullptr;
+        }
+      }
+    }
+    launch(*rec, grid, ctx.stream, call.values, global_scratch, profile_scratch);
+    PyObject* compiled = static_cast<PyObject*>(rec->user_data);
+    return Py_NewRef(compiled ? compiled : Py_None);
+  } catch (const ParamError& e) {
+    if (e.arg_index >= 0 && size_t(e.arg_index) < st.params.size()) {
+      PyErr_Format(e.overflow ? PyExc_OverflowError : PyExc_TypeError, "%U: argument '%U': %s",
+                   kernel->name, st.params[e.arg_index].name, e.what());
+    } else {
+      PyErr_Format(PyExc_TypeError, "%U: %s", kernel->name, e.what());
+    }
+    return nullptr;
+  } catch (...) {
+    set_python_error_from_current_exception(kernel);
+    return nullptr;
+  }
+}
+
+// ---- BoundLaunch type ------------------------------------------------------------------------
+
+void bound_dealloc(BoundLaunchObject* self) {
+  PyObject_GC_UnTrack(self);
+  Py_CLEAR(self->kernel);
+  Py_CLEAR(self->grid);
+  PyObject_GC_Del(self);
+}
+
+int bound_traverse(BoundLaunchObject* self, visitproc visit, void* arg) {
+  Py_VISIT(self->kernel);
+  Py_VISIT(self->grid);
+  return 0;
+}
+
+int bound_clear(BoundLaunchObject* self) {
+  Py_CLEAR(self->kernel);
+  Py_CLEAR(self->grid);
+  return 0;
+}
+
+PyObject* bound_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  return PyVectorcall_Call(self, args, kwargs);
+}
+
+PyObject* make_bound(KernelObject* kernel, PyObject* grid) {
+  BoundLaunchObject* b = PyObject_GC_New(BoundLaunchObject, &BoundLaunchType);
+  if (b == nullptr) {
+    return nullptr;
+  }
+  b->kernel = reinterpret_cast<KernelObject*>(Py_NewRef(reinterpret_cast<PyObject*>(kernel)));
+  b->grid = Py_NewRef(grid);
+  b->vectorcall = reinterpret_cast<vectorcallfunc>(launch_bound);
+  PyObject_GC_Track(b);
+  return reinterpret_cast<PyObject*>(b);
+}
+
+// ---- Kernel type -----------------------------------------------------------------------------
+
+PyObject* kernel_subscript(KernelObject* self, PyObject* grid) {
+  // Reuse the cached bound launch when only this kernel holds it: `kernel[grid](...)` then
+  // allocates nothing. Safe under the GIL: the refcount cannot change underneath us.
+  PyObject* cached = self->cached_bound;
+  if (cached != nullptr && Py_REFCNT(cached) == 1) {
+    BoundLaunchObject* b = reinterpret_cast<BoundLaunchObject*>(cached);
+    if (b->grid != grid) {
+      PyObject* old = b->grid;
+      b->grid = Py_NewRef(grid);
+      Py_DECREF(old);
+    }
+    return Py_NewRef(cached);
+  }
+  PyObject* fresh = make_bound(self, grid);
+  if (fresh != nullptr && cached == nullptr) {
+    // The cache holds the bound launch, which holds the kernel: a cycle the GC can see.
+    self->cached_bound = Py_NewRef(fresh);
+  }
+  return fresh;
+}
+
+void kernel_release_state(KernelObject* self) {
+  if (self->state != nullptr) {
+    for (ParamSpec& p : self->state->params) {
+      Py_XDECREF(p.name);
+      Py_XDECREF(p.default_value);
+    }
+    for (PyObject* o : self->state->option_names) {
+      Py_XDECREF(o);
+    }
+    delete self->state;
+    self->state = nullptr;
+  }
+}
+
+int kernel_traverse(KernelObject* self, visitproc visit, void* arg) {
+  Py_VISIT(self->miss_handler);
+  Py_VISIT(self->scratch_allocator);
+  Py_VISIT(self->cached_bound);
+  if (self->state != nullptr) {
+    for (ParamSpec& p : self->state->params) {
+      Py_VISIT(p.default_value);
+    }
+  }
+  return 0;
+}
+
+int kernel_clear(KernelObject* self) {
+  Py_CLEAR(self->miss_handler);
+  Py_CLEAR(self->scratch_allocator);
+  Py_CLEAR(self->cached_bound);
+  if (self->state != nullptr) {
+    for (ParamSpec& p : self->state->params) {
+      Py_CLEAR(p.default_value);
+    }
+  }
+  return 0;
+}
+
+void kernel_dealloc(KernelObject* self) {
+  PyObject_GC_UnTrack(self);
+  if (self->weakrefs != nullptr) {
+    PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
+  }
+  kernel_clear(self);
+  kernel_release_state(self);
+  Py_CLEAR(self->name);
+  // A Python subclass's subtype_dealloc releases the type reference itself.
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* kernel_new(PyTypeObject* type, PyObject*, PyObject*) {
+  KernelObject* self = reinterpret_cast<KernelObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    return nullptr;
+  }
+  self->state = new KernelState();
+  self->name = PyUnicode_FromString("<kernel>");
+  return reinterpret_cast<PyObject*>(self);
+}
+
+PyMappingMethods kernel_mapping = {nullptr, reinterpret_cast<binaryfunc>(kernel_subscript),
+                                   nullptr};
+
+}  // namespace
+
+void set_python_error_from_current_exception(KernelObject* kernel) {
+  try {
+    throw;
+  } catch (const CudaError& e) {
+    PyObject* exc = PyObject_CallFunction(g_cuda_error_type, "s", e.what());
+    if (exc != nullptr) {
+      PyObject* code = PyLong_FromLong(e.code());
+      PyObject_SetAttrString(exc, "code", code);
+      Py_XDECREF(code);
+      PyErr_SetObject(g_cuda_error_type, exc);
+      Py_DECREF(exc);
+    }
+  } catch (const DriverUnavailable& e) {
+    PyErr_SetString(g_driver_unavailable_type, e.what());
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::exception& e) {
+    if (kernel != nullptr) {
+      PyErr_Format(PyExc_RuntimeError, "%U: %s", kernel->name, e.what());
+    } else {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "fastkernel: unknown native error");
+  }
+}
+
+PyTypeObject BoundLaunchType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "fastkernel._C.BoundLaunch";
+  t.tp_doc = "A kernel with its grid: call it with the kernel's arguments to launch.";
+  t.tp_basicsize = sizeof(BoundLaunchObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_vectorcall_offset = offsetof(BoundLaunchObject, vectorcall);
+  t.tp_call = bound_call;
+  t.tp_dealloc = reinterpret_cast<destructor>(bound_dealloc);
+  t.tp_traverse = reinterpret_cast<traverseproc>(bound_traverse);
+  t.tp_clear = reinterpret_cast<inquiry>(bound_clear);
+  return t;
+}();
+
+PyTypeObject KernelType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "fastkernel._C.Kernel";
+  t.tp_doc = "Native state of a fastkernel kernel: parameters, launch table, launch entry.";
+  t.tp_basicsize = sizeof(KernelObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  t.tp_new = kernel_new;
+  t.tp_dealloc = reinterpret_cast<destructor>(kernel_dealloc);
+  t.tp_traverse = reinterpret_cast<traverseproc>(kernel_traverse);
+  t.tp_clear = reinterpret_cast<inquiry>(kernel_clear);
+  t.tp_as_mapping = &kernel_mapping;
+  t.tp_weaklistoffset = offsetof(KernelObject, weakrefs);
+  return t;
+}();
+
+}  // namespace fastkernel

@@ -1,0 +1,88 @@
+// The native kernel object behind `@fastkernel`: its parameter description, its launch table,
+// and the per-call entry (`kernel[grid](...)`) implemented with vectorcall.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "fastkernel/launch_table.h"
+#include "fastkernel/specialization.h"
+
+namespace fastkernel {
+
+/// The most declared parameters and keyword options one kernel may have on the native path.
+constexpr int kMaxArgs = 128;
+constexpr int kMaxOptions = 64;
+
+/// One declared kernel parameter, as the key builder needs it.
+struct ParamSpec {
+  PyObject* name = nullptr;           ///< interned str, owned
+  PyObject* default_value = nullptr;  ///< owned; nullptr when the parameter is required
+  bool is_constexpr = false;          ///< annotated tl.constexpr: its value is part of the key
+  bool specialize = true;             ///< false under do_not_specialize (or a float/bool annotation)
+  bool align = true;                  ///< false under do_not_specialize_on_alignment
+  bool key_shape = false;             ///< sizes and strides join the key (autotune keys, C++ callers)
+};
+
+/// Per-kernel native state (owned by KernelObject).
+struct KernelState {
+  std::vector<ParamSpec> params;
+  std::vector<PyObject*> option_names;  ///< interned, owned; the index is the option's key tag
+  LaunchTable table;
+  uint64_t hits = 0, misses = 0, fallbacks = 0;
+};
+
+/// The Python-visible kernel object (`fastkernel._C.Kernel`, subclassed in Python).
+struct KernelObject {
+  PyObject_HEAD
+  KernelState* state;
+  PyObject* name;               ///< the kernel's name, for error messages
+  PyObject* miss_handler;       ///< Python callable for misses and fallbacks
+  PyObject* scratch_allocator;  ///< Python callable(size, align, stream, kind) -> buffer
+  PyObject* cached_bound;       ///< a BoundLaunch reused by kernel[grid] when nobody else holds it
+  PyObject* weakrefs;
+};
+
+/// `kernel[grid]`: a kernel with its grid, called with the kernel's arguments.
+struct BoundLaunchObject {
+  PyObject_HEAD
+  KernelObject* kernel;
+  PyObject* grid;
+  vectorcallfunc vectorcall;
+};
+
+extern PyTypeObject KernelType;
+extern PyTypeObject BoundLaunchType;
+
+/// Python exception types set by the native layer (created at module init).
+extern PyObject* g_cuda_error_type;
+extern PyObject* g_driver_unavailable_type;
+
+/// What building a call's key produced.
+enum class KeyStatus { Ok, Fallback, Error };
+
+/// A call's arguments bound to the declared parameters, their captured values and the key.
+struct BoundCall {
+  PyObject* args[kMaxArgs];        ///< borrowed, one per declared parameter
+  PyObject* options[kMaxOptions];  ///< borrowed, nullptr where the option was not given
+  ArgValue values[kMaxArgs];
+  SpecializationKey key;
+  const char* fallback_reason = nullptr;
+};
+
+/// Binds vectorcall arguments to `kernel`'s parameters (TypeError on a bad call), then builds the
+/// specialization key and captures argument values. Never calls into Python on supported kinds.
+KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
+                             PyObject* kwnames, BoundCall* call);
+
+/// Appends the launch device to a built key.
+inline void finish_key(SpecializationKey* key, int device) {
+  key->push(uint64_t(ArgKind::Device) | (uint64_t(uint32_t(device)) << 8));
+}
+
+/// Sets the Python exception for the C++ exception in flight (call inside a catch block).
+void set_python_error_from_current_exception(KernelObject* kernel);
+
+}  // namespace fastkernel

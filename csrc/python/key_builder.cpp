@@ -1,0 +1,275 @@
+// The specialization-key builder for Python calls: binds a call's arguments to the declared
+// parameters and classifies each one the way Triton's specialize.cc does, reading tensors
+// straight from the at::Tensor (dtype, device, data_ptr() & 15) with no Python attribute calls.
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+
+#include "kernel_object.h"
+#include "launch_context.h"
+
+namespace fastkernel {
+namespace {
+
+// Finds `name` among `names`: interned pointers first (the common case: keyword names in call
+// sites are interned), then by value.
+int find_name(PyObject* name, const PyObject* const* names, int count) {
+  for (int i = 0; i < count; ++i) {
+    if (names[i] == name) {
+      return i;
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    if (PyUnicode_Compare(name, const_cast<PyObject*>(names[i])) == 0) {
+      return i;
+    }
+  }
+  PyErr_Clear();
+  return -1;
+}
+
+// A constexpr (or option) value: ints, floats, bools, None and strings are keyed by value.
+// Anything else (tl.dtype, jit functions, tuples...) goes to the fallback path for now.
+bool push_constexpr(PyObject* v, SpecializationKey* key) {
+  if (v == Py_None) {
+    key->push(uint64_t(ArgKind::ConstexprNone));
+    return true;
+  }
+  if (PyBool_Check(v)) {
+    key->push(uint64_t(ArgKind::ConstexprBool) | (uint64_t(v == Py_True) << 8));
+    return true;
+  }
+  if (PyLong_CheckExact(v)) {
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow == 0) {
+      key->push(uint64_t(ArgKind::ConstexprInt));
+      key->push(uint64_t(value));
+      return true;
+    }
+    if (overflow > 0) {
+      unsigned long long u = PyLong_AsUnsignedLongLong(v);
+      if (!PyErr_Occurred()) {
+        key->push(uint64_t(ArgKind::ConstexprInt) | (1ull << 8));  // unsigned beyond int64
+        key->push(uint64_t(u));
+        return true;
+      }
+      PyErr_Clear();
+    }
+    return false;
+  }
+  if (PyFloat_CheckExact(v)) {
+    double d = PyFloat_AS_DOUBLE(v);
+    uint64_t bits;
+    std::memcpy(&bits, &d, 8);
+    key->push(uint64_t(ArgKind::ConstexprFloat));
+    key->push(bits);
+    return true;
+  }
+  if (PyUnicode_CheckExact(v)) {
+    Py_ssize_t length = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(v, &length);
+    if (data == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    key->push(uint64_t(ArgKind::ConstexprStr) | (uint64_t(uint32_t(length)) << 8));
+    key->push_bytes(data, size_t(length));
+    return true;
+  }
+  return false;
+}
+
+// Sets a Python exception naming the kernel and parameter; returns KeyStatus::Error.
+KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& param,
+                    const char* message) {
+  PyErr_Format(exc_type, "%U: argument '%U': %s", kernel->name, param.name, message);
+  return KeyStatus::Error;
+}
+
+KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, ArgValue* value,
+                   SpecializationKey* key) {
+  int overflow = 0;
+  long long s = PyLong_AsLongLongAndOverflow(v, &overflow);
+  value->kind = ArgKind::Int;
+  if (overflow == 0) {
+    value->i = s;
+    value->width = (s >= INT32_MIN && s <= INT32_MAX) ? IntWidth::I32 : IntWidth::I64;
+    ValueClass cls = ValueClass::NotSpecialized;
+    if (param.specialize) {
+      cls = s == 1 ? ValueClass::EqualsOne
+                   : ((param.align && (s & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other);
+    }
+    key->push(int_word(value->width, cls));
+    return KeyStatus::Ok;
+  }
+  if (overflow > 0) {
+    unsigned long long u = PyLong_AsUnsignedLongLong(v);
+    if (!PyErr_Occurred()) {
+      value->u = u;
+      value->width = IntWidth::U64;
+      ValueClass cls = ValueClass::NotSpecialized;
+      if (param.specialize) {
+        cls = (param.align && (u & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other;
+      }
+      key->push(int_word(IntWidth::U64, cls));
+      return KeyStatus::Ok;
+    }
+    PyErr_Clear();
+  }
+  // Triton (specialize.cc) rejects ints outside [-2**63, 2**64) the same way.
+  return arg_error(kernel, PyExc_OverflowError, param,
+                   "integer does not fit in 64 bits (Triton's widest integer parameter)");
+}
+
+KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param, PyObject* v, ArgValue* value,
+                      SpecializationKey* key) {
+  const at::Tensor& tensor = THPVariable_Unpack(v);
+  const c10::Device device = tensor.device();
+  if (device.type() != c10::DeviceType::CUDA && !host_testing()) {
+    PyErr_Format(PyExc_ValueError,
+                 "%U: argument '%U' is a tensor on '%s'; a GPU launch needs CUDA tensors",
+                 kernel->name, param.name, c10::DeviceTypeName(device.type(), true).c_str());
+    return KeyStatus::Error;
+  }
+  const uint64_t ptr = reinterpret_cast<uint64_t>(tensor.data_ptr());
+  value->kind = ArgKind::Tensor;
+  value->u = ptr;
+  ValueClass cls = ValueClass::NotSpecialized;
+  if (param.specialize) {
+    cls = (param.align && (ptr & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other;
+  }
+  key->push(tensor_word(int(tensor.scalar_type()), int(device.type()), cls) |
+            (uint64_t(uint16_t(device.index())) << 32));
+  if (param.key_shape) {
+    const int64_t dim = tensor.dim();
+    key->push(uint64_t(dim));
+    for (int64_t d = 0; d < dim; ++d) {
+      key->push(uint64_t(tensor.size(d)));
+      key->push(uint64_t(tensor.stride(d)));
+    }
+  }
+  return KeyStatus::Ok;
+}
+
+}  // namespace
+
+KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
+                             PyObject* kwnames, BoundCall* call) {
+  KernelState& st = *kernel->state;
+  const int num_params = int(st.params.size());
+  const int num_options = int(st.option_names.size());
+  if (nargs > num_params) {
+    PyErr_Format(PyExc_TypeError, "%U takes %d arguments but %zd were given", kernel->name,
+                 num_params, nargs);
+    return KeyStatus::Error;
+  }
+  for (int i = 0; i < num_params; ++i) {
+    call->args[i] = i < nargs ? args[i] : nullptr;
+  }
+  for (int i = 0; i < num_options; ++i) {
+    call->options[i] = nullptr;
+  }
+  if (kwnames != nullptr) {
+    const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+    PyObject* names[kMaxArgs];
+    for (int i = 0; i < num_params; ++i) {
+      names[i] = st.params[i].name;
+    }
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      PyObject* kw = PyTuple_GET_ITEM(kwnames, k);
+      PyObject* value = args[nargs + k];
+      int index = find_name(kw, names, num_params);
+      if (index >= 0) {
+        if (call->args[index] != nullptr) {
+          PyErr_Format(PyExc_TypeError, "%U got multiple values for argument '%U'", kernel->name,
+                       kw);
+          return KeyStatus::Error;
+        }
+        call->args[index] = value;
+        continue;
+      }
+      index = find_name(kw, st.option_names.data(), num_options);
+      if (index < 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%U got an unexpected keyword argument '%U' (neither a kernel parameter nor "
+                     "a Triton compile option)",
+                     kernel->name, kw);
+        return KeyStatus::Error;
+      }
+      call->options[index] = value;
+    }
+  }
+
+  SpecializationKey& key = call->key;
+  key.size = 0;
+  key.overflowed = false;
+  for (int i = 0; i < num_params; ++i) {
+    const ParamSpec& param = st.params[i];
+    PyObject* v = call->args[i];
+    if (v == nullptr) {
+      v = param.default_value;
+      if (v == nullptr) {
+        PyErr_Format(PyExc_TypeError, "%U missing required argument '%U'", kernel->name,
+                     param.name);
+        return KeyStatus::Error;
+      }
+      call->args[i] = v;
+    }
+    ArgValue* value = &call->values[i];
+    if (param.is_constexpr) {
+      value->kind = ArgKind::None;
+      if (!push_constexpr(v, &key)) {
+        call->fallback_reason = "a constexpr value of a kind the native key does not cover";
+        return KeyStatus::Fallback;
+      }
+      continue;
+    }
+    if (THPVariable_CheckExact(v)) {
+      KeyStatus status = push_tensor(kernel, param, v, value, &key);
+      if (status != KeyStatus::Ok) {
+        return status;
+      }
+    } else if (PyBool_Check(v)) {
+      value->kind = ArgKind::Bool;
+      value->i = v == Py_True;
+      key.push(uint64_t(ArgKind::Bool));
+    } else if (PyLong_CheckExact(v)) {
+      KeyStatus status = push_int(kernel, param, v, value, &key);
+      if (status != KeyStatus::Ok) {
+        return status;
+      }
+    } else if (PyFloat_CheckExact(v)) {
+      value->kind = ArgKind::Float;
+      value->d = PyFloat_AS_DOUBLE(v);
+      key.push(uint64_t(ArgKind::Float));
+    } else if (v == Py_None) {
+      value->kind = ArgKind::None;
+      value->u = 0;
+      key.push(uint64_t(ArgKind::None));
+    } else {
+      // Tensor subclasses (FakeTensor under torch.compile), tuples, tensor descriptors,
+      // constexpr objects, jit functions: Triton's own path handles them.
+      call->fallback_reason = "an argument of a kind the native key does not cover";
+      return KeyStatus::Fallback;
+    }
+  }
+  for (int i = 0; i < num_options; ++i) {
+    if (call->options[i] == nullptr) {
+      continue;
+    }
+    key.push(uint64_t(ArgKind::Option) | (uint64_t(i) << 8));
+    if (!push_constexpr(call->options[i], &key)) {
+      call->fallback_reason = "a compile option value of a kind the native key does not cover";
+      return KeyStatus::Fallback;
+    }
+  }
+  if (key.overflowed) {
+    call->fallback_reason = "the specialization key is longer than the native buffer";
+    return KeyStatus::Fallback;
+  }
+  return KeyStatus::Ok;
+}
+
+}  // namespace fastkernel

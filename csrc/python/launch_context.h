@@ -1,0 +1,28 @@
+// Where a launch runs: the current device and torch's current stream for it, read through
+// torch's device-generic guard interface so one build serves CPU-only and CUDA torch.
+#pragma once
+
+#include <cstdint>
+
+#include "fastkernel/cuda_driver.h"
+
+namespace fastkernel {
+
+/// The device a launch targets and torch's current stream on it.
+struct LaunchContext {
+  int device;
+  CUstream stream;
+};
+
+/// The current CUDA device and torch's current stream for it. Throws std::runtime_error when
+/// this torch has no CUDA support (unless the testing override is set).
+LaunchContext current_launch_context();
+
+/// Test-only override: launches go to `device` on `stream` and CPU tensors stand in for device
+/// tensors, so the recording stand-in driver can check launches on a machine with no GPU.
+void set_host_testing(bool enabled, int device, uint64_t stream);
+
+/// True while the testing override is on.
+bool host_testing() noexcept;
+
+}  // namespace fastkernel

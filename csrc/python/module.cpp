@@ -1,0 +1,308 @@
+// The `fastkernel._C` extension module: exposes the native kernel type and the cold-path
+// functions the Python layer uses (configuration, registration after a compile, statistics),
+// plus the test-only `_testing` submodule that unit-tests the key builder and packer directly.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "fastkernel/fastkernel.h"
+#include "kernel_object.h"
+#include "launch_context.h"
+
+namespace py = pybind11;
+using namespace fastkernel;
+
+namespace {
+
+KernelObject* as_kernel(py::handle obj) {
+  if (!PyObject_TypeCheck(obj.ptr(), &KernelType)) {
+    throw py::type_error("expected a fastkernel kernel object");
+  }
+  return reinterpret_cast<KernelObject*>(obj.ptr());
+}
+
+PyObject* interned(const std::string& s) {
+  PyObject* o = PyUnicode_FromStringAndSize(s.data(), Py_ssize_t(s.size()));
+  if (o == nullptr) {
+    throw py::error_already_set();
+  }
+  PyUnicode_InternInPlace(&o);
+  return o;
+}
+
+// Runs `fn`, translating native exceptions into fastkernel's Python exception types.
+template <typename Fn>
+auto translate(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (py::error_already_set&) {
+    throw;
+  } catch (py::builtin_exception&) {
+    throw;
+  } catch (...) {
+    set_python_error_from_current_exception(nullptr);
+    throw py::error_already_set();
+  }
+}
+
+void configure(py::handle kernel_obj, const std::string& name, const py::list& params,
+               const std::vector<std::string>& option_names, py::object miss_handler,
+               py::object scratch_allocator) {
+  KernelObject* kernel = as_kernel(kernel_obj);
+  if (py::len(params) > size_t(kMaxArgs)) {
+    throw py::value_error("fastkernel: kernels with more than " + std::to_string(kMaxArgs) +
+                          " parameters are not supported on the native path");
+  }
+  if (option_names.size() > size_t(kMaxOptions)) {
+    throw py::value_error("fastkernel: too many compile options");
+  }
+  KernelState& st = *kernel->state;
+  for (ParamSpec& p : st.params) {
+    Py_XDECREF(p.name);
+    Py_XDECREF(p.default_value);
+  }
+  st.params.clear();
+  for (PyObject* o : st.option_names) {
+    Py_XDECREF(o);
+  }
+  st.option_names.clear();
+  st.table.clear();
+  for (py::handle item : params) {
+    // (name, is_constexpr, specialize, align, key_shape, has_default, default)
+    py::tuple t = py::reinterpret_borrow<py::tuple>(item);
+    ParamSpec p;
+    p.name = interned(t[0].cast<std::string>());
+    p.is_constexpr = t[1].cast<bool>();
+    p.specialize = t[2].cast<bool>();
+    p.align = t[3].cast<bool>();
+    p.key_shape = t[4].cast<bool>();
+    if (t[5].cast<bool>()) {
+      p.default_value = py::object(t[6]).release().ptr();
+    }
+    st.params.push_back(p);
+  }
+  for (const std::string& o : option_names) {
+    st.option_names.push_back(interned(o));
+  }
+  PyObject* new_name = interned(name);
+  Py_XSETREF(kernel->name, new_name);
+  Py_XSETREF(kernel->miss_handler, miss_handler.inc_ref().ptr());
+  Py_XSETREF(kernel->scratch_allocator, scratch_allocator.inc_ref().ptr());
+}
+
+void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
+                     const std::string& kernel_name, py::bytes cubin, unsigned block_x,
+                     unsigned shared_mem, unsigned num_ctas, bool cooperative_grid, bool pdl,
+                     const std::vector<std::pair<int, std::string>>& plan, int num_scratch_params,
+                     uint64_t global_scratch_size, uint64_t global_scratch_align,
+                     uint64_t profile_scratch_size, uint64_t profile_scratch_align,
+                     py::handle compiled) {
+  KernelObject* kernel = as_kernel(kernel_obj);
+  const std::string key_data = key_bytes;
+  if (key_data.size() % sizeof(uint64_t) != 0 ||
+      key_data.size() / sizeof(uint64_t) > size_t(kMaxKeyWords)) {
+    throw py::value_error("fastkernel: malformed specialization key");
+  }
+  if (num_scratch_params < 0 || num_scratch_params > 2) {
+    throw py::value_error("fastkernel: num_scratch_params must be 0, 1 or 2");
+  }
+  if (block_x == 0 || block_x > 1024 || num_ctas == 0) {
+    throw py::value_error("fastkernel: block size must be in [1, 1024] and num_ctas >= 1");
+  }
+  SpecializationKey key;
+  key.size = int(key_data.size() / sizeof(uint64_t));
+  std::memcpy(key.words, key_data.data(), key_data.size());
+  auto rec = std::make_unique<LaunchRecord>();
+  rec->kernel_name = kernel_name;
+  rec->device = device;
+  rec->block_x = block_x;
+  rec->shared_mem = shared_mem;
+  rec->num_ctas = num_ctas;
+  rec->cooperative_grid = cooperative_grid;
+  rec->pdl = pdl;
+  rec->num_scratch_params = num_scratch_params;
+  rec->global_scratch_size = global_scratch_size;
+  rec->global_scratch_align = global_scratch_align;
+  rec->profile_scratch_size = profile_scratch_size;
+  rec->profile_scratch_align = profile_scratch_align;
+  const size_t num_args = kernel->state->params.size();
+  for (const auto& [arg_index, type] : plan) {
+    ParamType pt;
+    if (!parse_param_type(type, &pt)) {
+      throw py::value_error("fastkernel: unsupported parameter type '" + type + "' in " +
+                            kernel_name);
+    }
+    if (arg_index < 0 || size_t(arg_index) >= num_args) {
+      throw py::value_error("fastkernel: parameter plan index out of range");
+    }
+    rec->plan.push_back({uint16_t(arg_index), pt});
+  }
+  rec->user_data = compiled.ptr();  // kept alive by the Python layer's list of compiled kernels
+  const std::string image = cubin;
+  translate([&] {
+    load_launch_record(*rec, image.data(), image.size());
+    return 0;
+  });
+  kernel->state->table.insert(key, std::move(rec));
+}
+
+py::dict stats(py::handle kernel_obj) {
+  KernelObject* kernel = as_kernel(kernel_obj);
+  py::dict d;
+  d["hits"] = kernel->state->hits;
+  d["misses"] = kernel->state->misses;
+  d["fallbacks"] = kernel->state->fallbacks;
+  d["specializations"] = kernel->state->table.size();
+  return d;
+}
+
+// Test-only: the key (bytes) a call would look up, or (None, reason) on the fallback path.
+py::tuple testing_build_key(py::handle kernel_obj, py::tuple args, py::dict kwargs, int device) {
+  KernelObject* kernel = as_kernel(kernel_obj);
+  std::vector<PyObject*> vec;
+  for (py::handle a : args) {
+    vec.push_back(a.ptr());
+  }
+  py::tuple names(kwargs.size());
+  size_t k = 0;
+  for (auto item : kwargs) {
+    names[k++] = item.first;
+    vec.push_back(item.second.ptr());
+  }
+  auto call = std::make_unique<BoundCall>();
+  KeyStatus status = bind_and_build_key(kernel, vec.data(), Py_ssize_t(args.size()),
+                                        kwargs.size() ? names.ptr() : nullptr, call.get());
+  if (status == KeyStatus::Error) {
+    throw py::error_already_set();
+  }
+  if (status == KeyStatus::Fallback) {
+    return py::make_tuple(py::none(), py::str(call->fallback_reason));
+  }
+  finish_key(&call->key, device);
+  return py::make_tuple(py::bytes(reinterpret_cast<const char*>(call->key.words),
+                                  call->key.size * sizeof(uint64_t)),
+                        py::none());
+}
+
+// Test-only: the 8-byte slot the packer writes for `value` as Triton type `type`.
+py::bytes testing_pack_param(const std::string& type, py::handle value) {
+  ParamType pt;
+  if (!parse_param_type(type, &pt)) {
+    throw py::value_error("unknown type " + type);
+  }
+  ArgValue v{};
+  PyObject* o = value.ptr();
+  if (PyBool_Check(o)) {
+    v.kind = ArgKind::Bool;
+    v.i = o == Py_True;
+  } else if (PyLong_Check(o)) {
+    v.kind = ArgKind::Int;
+    int overflow = 0;
+    long long s = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow > 0) {
+      v.u = PyLong_AsUnsignedLongLong(o);
+      if (PyErr_Occurred()) {
+        throw py::error_already_set();
+      }
+      v.width = IntWidth::U64;
+    } else if (overflow < 0) {
+      throw std::overflow_error("int below -2**63");
+    } else {
+      v.i = s;
+      v.width = (s >= INT32_MIN && s <= INT32_MAX) ? IntWidth::I32 : IntWidth::I64;
+    }
+  } else if (PyFloat_Check(o)) {
+    v.kind = ArgKind::Float;
+    v.d = PyFloat_AsDouble(o);
+  } else if (o == Py_None) {
+    v.kind = ArgKind::None;
+  } else {
+    throw py::type_error("unsupported value");
+  }
+  alignas(8) unsigned char slot[8];
+  try {
+    pack_param(pt, v, slot);
+  } catch (const ParamError& e) {
+    if (e.overflow) {
+      throw std::overflow_error(e.what());
+    }
+    throw py::type_error(e.what());
+  }
+  return py::bytes(reinterpret_cast<const char*>(slot), 8);
+}
+
+std::pair<int, int> device_capability(int device) {
+  return translate([&] {
+    const DriverApi& api = driver();
+    CUdevice dev = 0;
+    check_cuda(api.cuDeviceGet(&dev, device), "cuDeviceGet");
+    int major = 0, minor = 0;
+    check_cuda(api.cuDeviceGetAttribute(&major, cu::DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+               "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
+    check_cuda(api.cuDeviceGetAttribute(&minor, cu::DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+               "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
+    return std::make_pair(major, minor);
+  });
+}
+
+}  // namespace
+
+#ifndef FASTKERNEL_TORCH_VERSION
+#error "FASTKERNEL_TORCH_VERSION must be defined by the build"
+#endif
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fastkernel's native core: specialization keys, launch table, cuLaunchKernel trampoline.";
+  m.attr("TORCH_VERSION") = FASTKERNEL_TORCH_VERSION;
+
+  if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&BoundLaunchType) < 0) {
+    throw py::error_already_set();
+  }
+  m.add_object("Kernel", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&KernelType)));
+  m.add_object("BoundLaunch",
+               py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&BoundLaunchType)));
+
+  g_cuda_error_type = PyErr_NewExceptionWithDoc(
+      "fastkernel.CudaError",
+      "A CUDA driver call failed. `code` is the CUresult; the message carries its name and text.",
+      PyExc_RuntimeError, nullptr);
+  g_driver_unavailable_type = PyErr_NewExceptionWithDoc(
+      "fastkernel.DriverUnavailableError",
+      "No CUDA driver could be opened or initialized (no GPU, or no NVIDIA driver installed).",
+      PyExc_RuntimeError, nullptr);
+  if (g_cuda_error_type == nullptr || g_driver_unavailable_type == nullptr) {
+    throw py::error_already_set();
+  }
+  m.add_object("CudaError", py::reinterpret_borrow<py::object>(g_cuda_error_type));
+  m.add_object("DriverUnavailableError",
+               py::reinterpret_borrow<py::object>(g_driver_unavailable_type));
+
+  m.def("configure", &configure, py::arg("kernel"), py::arg("name"), py::arg("params"),
+        py::arg("option_names"), py::arg("miss_handler"), py::arg("scratch_allocator"),
+        "Describe a kernel's parameters and compile options to the native key builder.");
+  m.def("register", &register_record, py::arg("kernel"), py::arg("key"), py::arg("device"),
+        py::arg("kernel_name"), py::arg("cubin"), py::arg("block_x"), py::arg("shared_mem"),
+        py::arg("num_ctas"), py::arg("cooperative_grid"), py::arg("pdl"), py::arg("plan"),
+        py::arg("num_scratch_params"), py::arg("global_scratch_size"),
+        py::arg("global_scratch_align"), py::arg("profile_scratch_size"),
+        py::arg("profile_scratch_align"), py::arg("compiled"),
+        "Load a compiled specialization on `device` and register its launch record under `key`.");
+  m.def("stats", &stats, py::arg("kernel"), "Hits, misses, fallbacks and specializations.");
+  m.def("clear", [](py::handle k) { as_kernel(k)->state->table.clear(); }, py::arg("kernel"),
+        "Drop every launch record of a kernel (modules unloaded).");
+  m.def("driver_library_path", &driver_library_path,
+        "The CUDA driver library fastkernel opens ($FASTKERNEL_CUDA_DRIVER or libcuda.so.1).");
+  m.def("driver_loaded", &driver_loaded, "Whether the driver has been opened in this process.");
+  m.def("device_capability", &device_capability, py::arg("device"),
+        "(major, minor) compute capability of `device`, from the driver.");
+
+  py::module_ t = m.def_submodule("_testing", "Test-only access to native internals.");
+  t.def("set_host_testing", &set_host_testing, py::arg("enabled"), py::arg("device") = 0,
+        py::arg("stream") = 0,
+        "Let CPU tensors stand in for device tensors and fix the device and stream (tests only).");
+  t.def("build_key", &testing_build_key, py::arg("kernel"), py::arg("args"), py::arg("kwargs"),
+        py::arg("device") = 0);
+  t.def("pack_param", &testing_pack_param, py::arg("type"), py::arg("value"));
+}

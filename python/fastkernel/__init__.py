@@ -1,0 +1,47 @@
+"""fastkernel: launch Triton kernels at the cost of ``cuLaunchKernel``.
+
+>>> from fastkernel import fastkernel
+>>> @fastkernel
+... @triton.jit
+... def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr): ...
+>>> add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _check_torch_version() -> None:
+    # The extension links against torch's C++ ABI; another torch would crash, not fail cleanly.
+    from importlib import util
+    spec = util.find_spec("fastkernel._build_info")
+    if spec is None:
+        return
+    from ._build_info import TORCH_VERSION as built_with
+    if built_with != torch.__version__:
+        raise ImportError(
+            f"fastkernel was built against torch {built_with} but torch {torch.__version__} is "
+            f"installed; rebuild it with: pip install --no-build-isolation .")
+
+
+_check_torch_version()
+
+from . import _C  # noqa: E402
+from ._C import CudaError, DriverUnavailableError  # noqa: E402
+from .kernel import FastKernel, fastkernel  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["fastkernel", "FastKernel", "CudaError", "DriverUnavailableError", "get_include",
+           "__version__"]
+
+
+def get_include() -> str:
+    """Directory holding ``fastkernel/fastkernel.h`` (the exported C++ API), for C++ builds."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(here, "include")
+    if os.path.isdir(installed):
+        return installed
+    return os.path.join(os.path.dirname(os.path.dirname(here)), "csrc", "include")

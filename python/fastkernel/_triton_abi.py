@@ -1,0 +1,181 @@
+"""The installed Triton's launch ABI and compile entry points, in one place.
+
+Everything fastkernel needs to know about how a particular Triton version specializes,
+compiles and calls a kernel lives here, so that a Triton release that changes one of these
+facts changes one module. Facts come from Triton 3.5-3.9's ``triton/runtime/jit.py``
+(``JITFunction.run``, ``create_function_from_signature``, ``_pack_args``),
+``triton/backends/nvidia/driver.py`` (``CudaLauncher``) and ``driver.c`` (``_launch``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler.compiler import make_backend
+from triton.runtime import jit as triton_jit
+
+TRITON_VERSION: Tuple[int, int] = tuple(int(p) for p in triton.__version__.split(".")[:2])  # type: ignore
+
+
+def num_scratch_params(version: Tuple[int, int] = TRITON_VERSION) -> int:
+    """Device pointers Triton appends after the declared parameters.
+
+    Triton <= 3.2 appends none, 3.3 and 3.4 only ``global_scratch``, 3.5 and later both
+    ``global_scratch`` and ``profile_scratch`` (driver.c ``launchKernel``).
+    """
+    if version <= (3, 2):
+        return 0
+    if version <= (3, 4):
+        return 1
+    return 2
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_target(major: int, minor: int) -> GPUTarget:
+    """The compile target Triton's CUDA driver reports for a device of this capability."""
+    return GPUTarget("cuda", major * 10 + minor, 32)
+
+
+@functools.lru_cache(maxsize=None)
+def backend_for(target: GPUTarget):
+    """Triton's compiler backend for ``target`` (works without a GPU)."""
+    return make_backend(target)
+
+
+def option_names(target: GPUTarget) -> List[str]:
+    """Keyword arguments that are compile options (fields of the backend's options dataclass)."""
+    options_cls = type(backend_for(target).parse_options({}))
+    return [f.name for f in dataclasses.fields(options_cls)]
+
+
+def make_binder(jit_fn: "triton_jit.JITFunction", target: GPUTarget):
+    """Triton's own argument binder and specializer for ``jit_fn`` (jit.py create_binder)."""
+    return triton_jit.create_function_from_signature(jit_fn.signature, jit_fn.params,
+                                                     backend_for(target))
+
+
+def runtime_options(jit_fn: "triton_jit.JITFunction", kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """The keyword options JITFunction.run adds before specializing (knobs that change the binary)."""
+    from triton import knobs
+    kwargs = dict(kwargs)
+    kwargs["debug"] = kwargs.get("debug", jit_fn.debug) or knobs.runtime.debug
+    compilation = knobs.compilation
+    if hasattr(compilation, "instrumentation_mode"):
+        kwargs["instrumentation_mode"] = compilation.instrumentation_mode
+    if hasattr(compilation, "fpsan_homomorphic_casts"):
+        kwargs["fpsan_homomorphic_casts"] = compilation.fpsan_homomorphic_casts
+    return kwargs
+
+
+@dataclasses.dataclass
+class Specialization:
+    """What Triton decided for one call: the compile inputs and the launch parameter plan."""
+
+    signature: Dict[str, Any]
+    constexprs: Dict[Tuple[int, ...], Any]
+    attrs: Dict[Tuple[int, ...], Any]
+    options: Any
+    #: (argument index, Triton type) of each parameter the kernel receives, in order.
+    plan: List[Tuple[int, str]]
+
+
+class UnsupportedByNativePath(Exception):
+    """The call compiles, but its launch ABI is outside what the native trampoline packs."""
+
+
+def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str, Any]) -> Specialization:
+    """Specialize a call exactly as ``JITFunction.run`` would, without a GPU.
+
+    Raises
+    ------
+    TypeError, KeyError
+        As Triton raises them for a bad call.
+    UnsupportedByNativePath
+        For tuples and tensor descriptors, which the native packer does not expand yet.
+    """
+    from triton import knobs
+    backend = backend_for(target)
+    kwargs = runtime_options(jit_fn, kwargs)
+    binder = make_binder(jit_fn, target)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    if knobs.runtime.add_stages_inspection_hook is not None:
+        raise UnsupportedByNativePath("a stages-inspection hook is set")
+    options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound_args,
+                                                              specialization, options)
+    plan: List[Tuple[int, str]] = []
+    for index, ty in enumerate(signature.values()):
+        if ty == "constexpr":
+            continue
+        if not isinstance(ty, str) or ty.startswith("tensordesc") or ty == "nvTmaDesc":
+            raise UnsupportedByNativePath(f"parameter {index} has launch type {ty!r}")
+        plan.append((index, ty))
+    return Specialization(signature, constexprs, attrs, options, plan)
+
+
+def compile_specialization(jit_fn, target: GPUTarget, spec: Specialization):
+    """Compile with Triton (its on-disk cache applies); returns Triton's CompiledKernel."""
+    src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
+    return triton.compile(src, target=target, options=spec.options.__dict__)
+
+
+@dataclasses.dataclass
+class LaunchMetadata:
+    """The compiled metadata the launch record needs (CompiledKernel.metadata)."""
+
+    name: str
+    cubin: bytes
+    block_x: int
+    shared_mem: int
+    num_ctas: int
+    cooperative_grid: bool
+    pdl: bool
+    global_scratch_size: int
+    global_scratch_align: int
+    profile_scratch_size: int
+    profile_scratch_align: int
+
+
+def launch_metadata(compiled) -> LaunchMetadata:
+    """Read the launch facts of a CompiledKernel (never hard-coding sizes or counts)."""
+    md = compiled.metadata
+    try:
+        from triton._instrumentation import is_enabled
+        if is_enabled(md, "gsan"):
+            raise UnsupportedByNativePath("GSan instrumentation appends launch parameters")
+    except ImportError:
+        pass
+    if getattr(md, "tensordesc_meta", None):
+        raise UnsupportedByNativePath("tensor descriptors")
+    return LaunchMetadata(
+        name=md.name,
+        cubin=compiled.asm["cubin"],
+        block_x=32 * md.num_warps,
+        shared_mem=md.shared,
+        num_ctas=getattr(md, "num_ctas", 1),
+        cooperative_grid=bool(getattr(md, "launch_cooperative_grid", False)),
+        pdl=bool(getattr(md, "launch_pdl", False)),
+        global_scratch_size=getattr(md, "global_scratch_size", 0) or 0,
+        global_scratch_align=getattr(md, "global_scratch_align", 1) or 1,
+        profile_scratch_size=getattr(md, "profile_scratch_size", 0) or 0,
+        profile_scratch_align=getattr(md, "profile_scratch_align", 1) or 1,
+    )
+
+
+def allocate_scratch(size: int, align: int, stream: Optional[int], kind: str):
+    """Allocate a scratch buffer the way Triton's CudaLauncher does.
+
+    ``global`` scratch comes from ``triton.set_allocator``'s allocator (Triton raises a
+    RuntimeError naming ``triton.set_allocator`` when none is set); ``profile`` scratch from the
+    profile allocator when one is set, else from the driver's default profile scratch.
+    """
+    from triton.runtime import _allocation
+    if kind == "global":
+        return _allocation._allocator.get()(size, align, stream)
+    if _allocation.has_profile_allocator():
+        return _allocation._profile_allocator.get()(size, align, stream)
+    return triton.runtime.driver.active.allocate_default_profile_scratch(size, align, stream)

@@ -1,0 +1,250 @@
+"""The ``@fastkernel`` decorator: Triton's ``kernel[grid](...)`` served by native code.
+
+A call is bound, keyed, looked up and launched by ``fastkernel._C`` without running Python.
+On a miss (a new specialization or device) the native entry calls :meth:`FastKernel._on_miss`,
+which lets Triton specialize and compile exactly as ``JITFunction.run`` would, registers the
+cubin and its launch metadata with the native table, and returns; the native entry then
+launches the new record. Calls the native key does not cover go to Triton itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import triton
+from triton.runtime.jit import JITFunction
+
+from . import _C
+from . import _triton_abi as abi
+
+log = logging.getLogger("fastkernel")
+
+_KIND_NAMES = {bool: "bool", int: "int", float: "float", type(None): "None"}
+
+
+def _kind_of(value: Any) -> str:
+    import torch
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    return _KIND_NAMES.get(type(value), type(value).__name__)
+
+
+def _params_spec(jit_fn: JITFunction) -> List[Tuple[str, bool, bool, bool, bool, bool, Any]]:
+    """The native key builder's view of each declared parameter (see csrc/python/kernel_object.h)."""
+    spec = []
+    for p in jit_fn.params:
+        ann = p.annotation_type
+        # Triton does not value-specialize parameters annotated as floats or bools (jit.py,
+        # create_function_from_signature), so neither does the key.
+        unspecialized_annotation = bool(ann) and (ann == "u1" or ann[:2] in ("fp", "bf"))
+        specialize = not p.do_not_specialize and not unspecialized_annotation
+        align = not p.do_not_specialize_on_alignment
+        spec.append((p.name, bool(p.is_constexpr), specialize, align, False, p.has_default,
+                     p.default if p.has_default else None))
+    return spec
+
+
+class FastKernel(_C.Kernel):
+    """A Triton kernel launched through fastkernel's native dispatch path.
+
+    Use it exactly like the ``triton.jit`` function it wraps: ``kernel[grid](*args, **kwargs)``
+    with ``grid`` a tuple of 1-3 ints or a callable taking the dict of bound arguments, and
+    Triton's compile options (``num_warps``, ``num_stages``, ...) as keywords.
+
+    Raises (per call)
+    ------
+    TypeError
+        Wrong argument count, an unknown keyword, a value of the wrong kind for its parameter.
+    OverflowError
+        An int that does not fit its parameter's width (or 64 bits).
+    ValueError
+        A CPU tensor for a GPU launch, or a malformed grid.
+    fastkernel.DriverUnavailableError
+        No CUDA driver (raised at the first launch, never at import).
+    fastkernel.CudaError
+        A failed driver call; the message names the CUDA error and the kernel.
+    """
+
+    def __init__(self, jit_fn: JITFunction):
+        if not isinstance(jit_fn, JITFunction):
+            raise TypeError(f"fastkernel expects a triton.jit function, got {type(jit_fn).__name__}")
+        self.fn = jit_fn
+        self.__name__ = jit_fn.__name__
+        self.__qualname__ = getattr(jit_fn, "__qualname__", jit_fn.__name__)
+        self.__doc__ = jit_fn.__doc__
+        self.__module__ = jit_fn.__module__
+        self._compiled: List[Any] = []  # keeps every registered CompiledKernel alive
+        self._arg_kinds: Dict[int, set] = {}
+        self._lock = threading.RLock()
+        self._fallback_reasons: Dict[str, int] = {}
+        self._targets: Dict[int, Any] = {}
+        # Option names come from the backend's options dataclass; they are the same for every
+        # CUDA target, so any target serves to list them.
+        options = abi.option_names(abi.cuda_target(9, 0))
+        _C.configure(self, jit_fn.__name__, _params_spec(jit_fn), options, FastKernel._on_miss,
+                     abi.allocate_scratch)
+
+    # -- Triton-compatible surface ------------------------------------------------------------
+
+    def run(self, *args, grid, warmup: bool = False, **kwargs):
+        """``JITFunction.run`` compatibility: ``run(*args, grid=g, **kw)`` is ``self[g](*args, **kw)``."""
+        if warmup:
+            return self.fn.run(*args, grid=grid, warmup=True, **kwargs)
+        return self[grid](*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"FastKernel({self.fn.module}:{self.fn.fn.__qualname__})"
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
+        (ints) and ``fallback_reasons`` (dict of reason -> count)."""
+        d = _C.stats(self)
+        d["fallback_reasons"] = dict(self._fallback_reasons)
+        return d
+
+    # -- miss path ----------------------------------------------------------------------------
+
+    def _target(self, device: int):
+        target = self._targets.get(device)
+        if target is None:
+            import torch
+            if torch.cuda.is_available():
+                major, minor = torch.cuda.get_device_capability(device)
+            else:  # no CUDA torch: ask the driver (the recording stand-in in CPU tests)
+                major, minor = _C.device_capability(device)
+            target = self._targets[device] = abi.cuda_target(major, minor)
+        return target
+
+    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
+                 reason: Optional[str]):
+        """Called by the native entry on a miss (``key`` set) or a fallback (``key`` None).
+
+        Returns None after registering a launch record for ``key``; otherwise the result of
+        launching through Triton itself.
+        """
+        if key is None:
+            return self._fallback(grid, args, kwargs, reason or "unsupported call")
+        with self._lock:
+            target = self._target(device)
+            try:
+                spec = abi.specialize(self.fn, target, args, kwargs)
+            except abi.UnsupportedByNativePath as exc:
+                return self._fallback(grid, args, kwargs, str(exc))
+            try:
+                compiled = abi.compile_specialization(self.fn, target, spec)
+            except Exception as exc:
+                self._raise_kind_mismatch(args, kwargs, exc)
+                raise
+            try:
+                meta = abi.launch_metadata(compiled)
+            except abi.UnsupportedByNativePath as exc:
+                return self._fallback(grid, args, kwargs, str(exc))
+            _C.register(self, key, device, meta.name, meta.cubin, meta.block_x, meta.shared_mem,
+                        meta.num_ctas, meta.cooperative_grid, meta.pdl, spec.plan,
+                        abi.num_scratch_params(), meta.global_scratch_size,
+                        meta.global_scratch_align, meta.profile_scratch_size,
+                        meta.profile_scratch_align, compiled)
+            self._compiled.append(compiled)
+            self._remember_kinds(args, kwargs)
+            log.debug("fastkernel: registered %s on device %d (%d parameters)", meta.name, device,
+                      len(spec.plan))
+            return None
+
+    def _fallback(self, grid, args, kwargs, reason: str):
+        count = self._fallback_reasons.get(reason, 0)
+        if count == 0:
+            log.warning("fastkernel: %s goes through Triton's own launcher: %s", self.__name__,
+                        reason)
+        self._fallback_reasons[reason] = count + 1
+        result = self.fn[grid](*args, **kwargs)
+        return result if result is not None else True
+
+    def _bound_kinds(self, args, kwargs) -> Dict[int, str]:
+        kinds = {}
+        names = [p.name for p in self.fn.params]
+        for i, v in enumerate(args):
+            kinds[i] = _kind_of(v)
+        for name, v in kwargs.items():
+            if name in names:
+                kinds[names.index(name)] = _kind_of(v)
+        return kinds
+
+    def _remember_kinds(self, args, kwargs) -> None:
+        for i, kind in self._bound_kinds(args, kwargs).items():
+            self._arg_kinds.setdefault(i, set()).add(kind)
+
+    def _raise_kind_mismatch(self, args, kwargs, exc: Exception) -> None:
+        """After a failed compile, name a parameter whose kind differs from earlier calls."""
+        for i, kind in self._bound_kinds(args, kwargs).items():
+            seen = self._arg_kinds.get(i)
+            if seen and kind not in seen and ("tensor" in seen) != (kind == "tensor"):
+                name = self.fn.params[i].name
+                raise TypeError(f"{self.__name__}: argument '{name}' is {kind!s} but earlier "
+                                f"calls passed {'/'.join(sorted(seen))}; Triton could not compile "
+                                f"this specialization") from exc
+
+
+class _InterpretedKernel:
+    """What ``@fastkernel`` returns under ``TRITON_INTERPRET=1``: Triton's interpreter runs the
+    kernel on CPU tensors, with no native launch (there is no GPU to launch on)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "kernel")
+
+    def __getitem__(self, grid):
+        return self.fn[grid]
+
+    def run(self, *args, **kwargs):
+        return self.fn.run(*args, **kwargs)
+
+    def stats(self) -> Dict[str, Any]:
+        return {"hits": 0, "misses": 0, "fallbacks": 0, "specializations": 0,
+                "fallback_reasons": {"TRITON_INTERPRET=1": 1}}
+
+
+def fastkernel(fn: Optional[Callable] = None, **jit_kwargs):
+    """Decorate a Triton kernel so that ``kernel[grid](...)`` launches through native code.
+
+    Parameters
+    ----------
+    fn : triton.jit function or plain Python function
+        A ``@triton.jit`` function, or a plain function (``triton.jit`` is applied, with
+        ``jit_kwargs`` such as ``do_not_specialize``).
+    **jit_kwargs
+        Passed to ``triton.jit`` when ``fn`` is a plain function.
+
+    Returns
+    -------
+    FastKernel
+        (or Triton's own object when ``FASTKERNEL_DISABLE=1`` or ``TRITON_INTERPRET=1``).
+
+    Examples
+    --------
+    >>> @fastkernel
+    ... @triton.jit
+    ... def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr): ...
+    >>> add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+    """
+    if fn is None:
+        return lambda f: fastkernel(f, **jit_kwargs)
+    if isinstance(fn, FastKernel):
+        return fn
+    if not isinstance(fn, JITFunction):
+        if jit_kwargs and isinstance(fn, triton.runtime.interpreter.InterpretedFunction):
+            raise TypeError("jit options can only be given with a plain function")
+        if not isinstance(fn, triton.runtime.interpreter.InterpretedFunction):
+            if not inspect.isfunction(fn):
+                raise TypeError(f"fastkernel decorates functions, got {type(fn).__name__}")
+            fn = triton.jit(fn, **jit_kwargs)
+    elif jit_kwargs:
+        raise TypeError("jit options can only be given with a plain function")
+    if os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0"):
+        return fn
+    if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1 made it an InterpretedFunction
+        return _InterpretedKernel(fn)
+    return FastKernel(fn)
