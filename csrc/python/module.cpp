@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fastkernel/fastkernel.h"
+#include "bench_floor.h"
 #include "kernel_object.h"
 #include "launch_context.h"
 
@@ -297,6 +298,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("driver_loaded", &driver_loaded, "Whether the driver has been opened in this process.");
   m.def("device_capability", &device_capability, py::arg("device"),
         "(major, minor) compute capability of `device`, from the driver.");
+
+  register_bench_floor(m);
 
   py::module_ t = m.def_submodule("_testing", "Test-only access to native internals.");
   t.def("set_host_testing", &set_host_testing, py::arg("enabled"), py::arg("device") = 0,
