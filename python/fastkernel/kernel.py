@@ -16,6 +16,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import triton
+from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 from . import _C
@@ -235,9 +236,9 @@ def fastkernel(fn: Optional[Callable] = None, **jit_kwargs):
     if isinstance(fn, FastKernel):
         return fn
     if not isinstance(fn, JITFunction):
-        if jit_kwargs and isinstance(fn, triton.runtime.interpreter.InterpretedFunction):
+        if jit_kwargs and isinstance(fn, InterpretedFunction):
             raise TypeError("jit options can only be given with a plain function")
-        if not isinstance(fn, triton.runtime.interpreter.InterpretedFunction):
+        if not isinstance(fn, InterpretedFunction):
             if not inspect.isfunction(fn):
                 raise TypeError(f"fastkernel decorates functions, got {type(fn).__name__}")
             fn = triton.jit(fn, **jit_kwargs)

@@ -1,0 +1,49 @@
+"""Test configuration: CPU tests launch against the recording stand-in driver; GPU tests
+(marked ``gpu``) use the real driver. One process can load only one driver library, so the
+mode is chosen once: the stand-in when there is no CUDA device (or FASTKERNEL_TEST_STAND_IN=1),
+else the real GPU. On a GPU machine run pytest twice to cover both."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from stand_in_driver.recording import RecordingDriver, build_recording_driver  # noqa: E402
+
+import torch  # noqa: E402
+
+STAND_IN = os.environ.get("FASTKERNEL_TEST_STAND_IN") == "1" or not torch.cuda.is_available()
+STAND_IN_PATH = None
+if STAND_IN:
+    STAND_IN_PATH = build_recording_driver()
+    os.environ["FASTKERNEL_CUDA_DRIVER"] = str(STAND_IN_PATH)
+    os.environ.setdefault("FKSTUB_DEVICES", "2")
+
+# A stream handle the stand-in records, distinct from the legacy default stream (0).
+TEST_STREAM = 0x5EED5
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "gpu" in item.keywords and STAND_IN:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (running against the stand-in driver)"))
+        if "stand_in" in item.fixturenames and not STAND_IN:
+            item.add_marker(pytest.mark.skip(
+                reason="stand-in driver tests: rerun with FASTKERNEL_TEST_STAND_IN=1"))
+
+
+@pytest.fixture
+def stand_in():
+    """The recording stand-in driver, reset, with CPU tensors standing in for device tensors on
+    device 0 and launches going to TEST_STREAM."""
+    from fastkernel import _C
+    driver = RecordingDriver(STAND_IN_PATH)
+    driver.reset()
+    _C._testing.set_host_testing(True, 0, TEST_STREAM)
+    yield driver
+    _C._testing.set_host_testing(False)
+    driver.reset()

@@ -1,0 +1,140 @@
+"""Bad input gets a clear exception naming the argument; nothing crashes, nothing launches."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from fastkernel import CudaError, DriverUnavailableError, fastkernel
+
+import kernels
+
+REPO_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def add(stand_in):
+    return fastkernel(kernels.add_kernel)
+
+
+X = torch.randn(64)
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda k: k[(1,)](X, X, X, 64, 64, 5), TypeError, "add_kernel takes 5 arguments but 6 were given"),
+    (lambda k: k[(1,)](X, X, X, 64, BLOCK=64, bogus=1), TypeError, "unexpected keyword argument 'bogus'"),
+    (lambda k: k[(1,)](X, X, X, BLOCK=64), TypeError, "missing required argument 'n'"),
+    (lambda k: k[(1,)](X, X, X, 64, BLOCK=64, n=3), TypeError, "multiple values for argument 'n'"),
+    (lambda k: k[(1,)](X, X, X, 64, BLOCK=64, stream=0), TypeError, "unexpected keyword argument 'stream'"),
+    (lambda k: k[(1,)](X, X, X, 2**64, BLOCK=64), OverflowError, "argument 'n'"),
+    (lambda k: k[(-1,)](X, X, X, 64, BLOCK=64), ValueError, r"grid\[0\]"),
+    (lambda k: k[(1, 70000)](X, X, X, 64, BLOCK=64), ValueError, r"grid\[1\]"),
+    (lambda k: k[(1, 1, 1, 1)](X, X, X, 64, BLOCK=64), ValueError, "1 to 3 dimensions"),
+    (lambda k: k[(1.5,)](X, X, X, 64, BLOCK=64), TypeError, r"grid\[0\] must be an int"),
+    (lambda k: k["abc"](X, X, X, 64, BLOCK=64), TypeError, r"grid\[0\] must be an int"),
+    (lambda k: k[5](X, X, X, 64, BLOCK=64), TypeError, "grid must be a tuple"),
+    (lambda k: k[lambda meta: None](X, X, X, 64, BLOCK=64), TypeError, "grid must be a tuple"),
+], ids=["too_many", "unknown_keyword", "missing", "duplicate", "stream_keyword", "int_overflow",
+        "negative_grid", "grid_y_limit", "grid_4d", "float_grid", "str_grid", "int_grid",
+        "callable_grid_returns_none"])
+def test_bad_calls_raise_and_launch_nothing(add, stand_in, call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(add)
+    assert stand_in.launches() == []
+
+
+def test_tensor_where_an_int_is_declared(stand_in):
+    k = fastkernel(kernels.typed_kernel)
+    out = torch.empty(16)
+    with pytest.raises(TypeError, match="argument 'n': expected i32, got a tensor"):
+        k[(1,)](out, out, 2, 3, BLOCK=16)
+    assert stand_in.launches() == []
+
+
+def test_int_where_a_tensor_was_passed_before(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    k[(1,)](X, X, X, 64, BLOCK=64)
+    with pytest.raises(TypeError, match="argument 'x_ptr' is int but earlier calls passed tensor"):
+        k[(1,)](12345, X, X, 64, BLOCK=64)
+    assert len(stand_in.launches()) == 1
+
+
+@pytest.mark.parametrize("args,match", [
+    ((2**40, 1, 1), "argument 'n': value 1099511627776 is out of range for i32"),
+    ((1, 1, 300), "argument 'small': value 300 is out of range for u8"),
+    ((1, 1, -1), "argument 'small': value -1 is out of range for u8"),
+])
+def test_int_out_of_range_for_declared_width(stand_in, args, match):
+    k = fastkernel(kernels.typed_kernel)
+    with pytest.raises(OverflowError, match=match):
+        k[(1,)](torch.empty(16), *args, BLOCK=16)
+    assert stand_in.launches() == []
+
+
+def test_cpu_tensor_for_a_gpu_launch(stand_in):
+    from fastkernel import _C
+    _C._testing.set_host_testing(False)
+    k = fastkernel(kernels.add_kernel)
+    with pytest.raises(ValueError, match="argument 'x_ptr' is a tensor on 'cpu'"):
+        k[(1,)](X, X, X, 64, BLOCK=64)
+    assert stand_in.launches() == []
+
+
+def test_failed_launch_names_the_cuda_error_and_kernel(add, stand_in):
+    add[(1,)](X, X, X, 64, BLOCK=64)
+    stand_in.set_launch_result(700)
+    try:
+        with pytest.raises(CudaError, match=r"'add_kernel'.*CUDA_ERROR_ILLEGAL_ADDRESS \(700\)") as info:
+            add[(1,)](X, X, X, 64, BLOCK=64)
+    finally:
+        stand_in.set_launch_result(0)
+    assert info.value.code == 700
+    assert isinstance(info.value, RuntimeError)
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=full_env, cwd=REPO_TESTS, timeout=300)
+
+
+def test_no_driver_imports_and_fails_at_first_launch():
+    result = _run("""
+        import torch, fastkernel, kernels
+        from fastkernel import _C
+        k = fastkernel.fastkernel(kernels.add_kernel)
+        assert not _C.driver_loaded()
+        _C._testing.set_host_testing(True, 0, 0)
+        x = torch.zeros(16)
+        try:
+            k[(1,)](x, x, x, 16, BLOCK=16)
+        except fastkernel.DriverUnavailableError as e:
+            assert isinstance(e, RuntimeError)
+            print("RAISED:", e)
+    """, FASTKERNEL_CUDA_DRIVER="/nonexistent/libcuda.so.1")
+    assert result.returncode == 0, result.stderr
+    assert "RAISED: fastkernel: cannot open the CUDA driver library '/nonexistent/libcuda.so.1'" in result.stdout
+
+
+def test_import_under_another_torch_raises_clearly():
+    result = _run("""
+        import torch
+        torch.__version__ = "0.0.1"
+        try:
+            import fastkernel
+        except ImportError as e:
+            print("RAISED:", e)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "RAISED: fastkernel was built against torch" in result.stdout
+    assert "torch 0.0.1 is installed" in result.stdout
+
+
+def test_decorator_rejects_non_functions():
+    with pytest.raises(TypeError, match="decorates functions"):
+        fastkernel(42)

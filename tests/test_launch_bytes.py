@@ -1,0 +1,211 @@
+"""The exact bytes a launch sends, checked on CPU against the recording stand-in driver.
+
+The stand-in reads each parameter's size and offset from the cubin (EIATTR_KPARAM_INFO), as the
+real driver does, so these tests also check that the parameter count the launcher passes is the
+one the binary expects. Expected bytes follow Triton's launcher (driver.c extractors)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+import pytest
+import torch
+import triton
+
+from fastkernel import fastkernel
+from fastkernel import _triton_abi as abi
+
+import kernels
+from conftest import TEST_STREAM
+
+SCRATCH = [b"\0" * 8] * abi.num_scratch_params()
+
+
+def ptr(t: torch.Tensor) -> bytes:
+    return struct.pack("<Q", t.data_ptr())
+
+
+def bf16(x: float) -> bytes:
+    return struct.pack("<f", x)[2:]  # top 16 bits of the fp32 value (little-endian)
+
+
+def test_add_kernel_launch(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    k[(4,)](x, y, out, 4096, BLOCK=1024)
+    (launch,) = stand_in.launches()
+    assert launch.name == "add_kernel"
+    assert launch.grid == (4, 1, 1)
+    assert launch.block == (128, 1, 1)  # num_warps=4 by default
+    assert launch.stream == TEST_STREAM
+    assert launch.device == 0
+    assert not launch.is_ex
+    assert launch.params == [ptr(x), ptr(y), ptr(out), struct.pack("<i", 4096)] + SCRATCH
+
+
+def test_every_scalar_kind_is_packed_like_triton(stand_in):
+    k = fastkernel(kernels.scalars_kernel)
+    out = torch.empty(16)
+    k[(1,)](out, 5, 2**40, 2**63 + 5, 1.25, 0.3, -2.7, 3.14159, True, None, 1, BLOCK=16)
+    (launch,) = stand_in.launches()
+    # None and the int equal to 1 are specialized to constexprs and dropped.
+    assert launch.params == [
+        ptr(out),
+        struct.pack("<i", 5),
+        struct.pack("<q", 2**40),
+        struct.pack("<Q", 2**63 + 5),
+        struct.pack("<f", 1.25),
+        struct.pack("<e", 0.3),  # IEEE half, as CPython's PyFloat_Pack2 (driver.c extractFP16)
+        bf16(-2.7),
+        struct.pack("<d", 3.14159),
+        # A bool is packed in a 4-byte u1 slot (driver.c extractU32); the cubin declares a
+        # 1-byte parameter, so the driver reads its first byte.
+        b"\x01",
+    ] + SCRATCH
+    assert launch.param_layout[8][1] == 1
+
+
+def test_int_one_none_and_pointers_change_the_parameter_list(stand_in):
+    k = fastkernel(kernels.scalars_kernel)
+    out, extra = torch.empty(16), torch.ones(16)
+    args = (5, 7, 9, 0.0, 0.0, 0.0, 0.0, False)
+    k[(1,)](out, *args, None, 1, BLOCK=16)
+    k[(1,)](out, *args, extra, 3, BLOCK=16)
+    first, second = stand_in.launches()
+    assert len(second.params) == len(first.params) + 2
+    assert second.params[-len(SCRATCH) - 2:len(second.params) - len(SCRATCH)] == \
+        [ptr(extra), struct.pack("<i", 3)]
+    assert k.stats()["specializations"] == 2
+
+
+@pytest.mark.parametrize("value,packed", [(0, b"\0"), (7, b"\x07"), (255, b"\xff")])
+def test_annotated_integer_widths(stand_in, value, packed):
+    k = fastkernel(kernels.typed_kernel)
+    out = torch.empty(16)
+    k[(1,)](out, 12, 2**33, value, BLOCK=16)
+    (launch,) = stand_in.launches()
+    assert launch.params[:4] == [ptr(out), struct.pack("<i", 12), struct.pack("<q", 2**33), packed]
+
+
+def test_repeated_calls_are_native_hits(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(1024)
+    for _ in range(100):
+        k[(1,)](x, x, x, 1024, BLOCK=1024)
+    stats = k.stats()
+    assert (stats["misses"], stats["hits"], stats["specializations"]) == (1, 99, 1)
+    assert stand_in.launch_count() == 100
+    assert stand_in.module_loads() == 1
+
+
+def test_unaligned_pointer_gets_its_own_binary(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(1025)
+    k[(1,)](x, x, x, 1024, BLOCK=1024)
+    k[(1,)](x[1:], x, x, 1024, BLOCK=1024)
+    k[(1,)](x, x, x, 1024, BLOCK=1024)
+    assert k.stats()["specializations"] == 2
+    aligned, unaligned = k._compiled
+    # Triton marks 16-byte-aligned pointers divisible; the unaligned binary must not assume it.
+    assert aligned.src.attrs[(0,)] == [["tt.divisibility", 16]]
+    assert unaligned.src.attrs[(0,)] == []
+    launches = stand_in.launches()
+    assert launches[1].params[0] == ptr(x[1:])
+    assert launches[0].raw != launches[1].raw
+
+
+def test_num_warps_and_callable_grid(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(5000)
+    seen = {}
+
+    def grid(meta):
+        seen.update(meta)
+        return (triton.cdiv(meta["n"], meta["BLOCK"]),)
+
+    k[grid](x, x, x, 5000, BLOCK=512, num_warps=8)
+    (launch,) = stand_in.launches()
+    assert launch.grid == (10, 1, 1)
+    assert launch.block == (256, 1, 1)
+    assert set(seen) == {"x_ptr", "y_ptr", "out_ptr", "n", "BLOCK"} and seen["BLOCK"] == 512
+
+
+def test_three_dimensional_grid_and_empty_grid(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(2, 3, 4)](x, x, x, 64, BLOCK=64)
+    k[(0, 3)](x, x, x, 64, BLOCK=64)  # launches nothing, as Triton
+    launches = stand_in.launches()
+    assert len(launches) == 1 and launches[0].grid == (2, 3, 4)
+
+
+def test_constexpr_and_defaults(stand_in):
+    k = fastkernel(kernels.constexpr_kernel)
+    out = torch.empty(16)
+    k[(1,)](out, SCALE=2.0, MODE="double", BLOCK=16)
+    k[(1,)](out, SCALE=2.0, MODE="single", BLOCK=16)
+    k[(1,)](out, SCALE=2.0, MODE="double", BLOCK=16)
+    assert k.stats()["specializations"] == 2 and k.stats()["hits"] == 1
+    assert all(launch.params == [ptr(out)] + SCRATCH for launch in stand_in.launches())
+
+
+def test_do_not_specialize_shares_one_binary(stand_in):
+    k = fastkernel(kernels.no_spec_kernel)
+    x = torch.randn(64)
+    for n, base in [(16, x), (1, x), (17, x[1:])]:
+        k[(1,)](base, x, n, BLOCK=64)
+    assert k.stats()["specializations"] == 1
+    assert [launch.params[2] for launch in stand_in.launches()] == \
+        [struct.pack("<i", n) for n in (16, 1, 17)]
+
+
+def _make_current(stand_in, device: int) -> None:
+    """What torch.cuda.set_device does to the driver: make the device's primary context current."""
+    ctx = ctypes.c_void_p()
+    assert stand_in.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device) == 0
+    assert stand_in.lib.cuCtxSetCurrent(ctx) == 0
+
+
+def test_device_index_selects_the_module(stand_in):
+    from fastkernel import _C
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    _make_current(stand_in, 0)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    _C._testing.set_host_testing(True, 1, TEST_STREAM + 1)
+    _make_current(stand_in, 1)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    _C._testing.set_host_testing(True, 0, TEST_STREAM)
+    _make_current(stand_in, 0)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    first, second, third = stand_in.launches()
+    assert (first.device, second.device, third.device) == (0, 1, 0)
+    assert second.stream == TEST_STREAM + 1
+    assert k.stats()["specializations"] == 2 and stand_in.module_loads() == 2
+
+
+def test_a_module_is_never_launched_on_another_device(stand_in):
+    """The device index is in the key; if the thread's context disagrees with torch's current
+    device the driver rejects the launch and fastkernel raises instead of retrying elsewhere."""
+    from fastkernel import CudaError, _C
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    _C._testing.set_host_testing(True, 1, TEST_STREAM)
+    _make_current(stand_in, 1)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    _make_current(stand_in, 0)
+    with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_HANDLE.*|add_kernel"):
+        k[(1,)](x, x, x, 64, BLOCK=64)
+    assert [launch.device for launch in stand_in.launches()] == [1]
+
+
+def test_fallback_path_counts_and_warns_once(stand_in, caplog):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    # A tuple argument is not covered by the native key: Triton's own launcher takes it, which
+    # needs Triton's GPU driver; on this machine that raises, after the fallback is counted.
+    with pytest.raises(Exception):
+        k[(1,)](x, x, x, (64,), BLOCK=64)
+    assert k.stats()["fallbacks"] == 1
+    assert "goes through Triton's own launcher" in caplog.text
