@@ -40,8 +40,9 @@ const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
       return slot.record.get();
     }
     if (slot.hash == hash && key.equals(slot.words.get(), slot.size)) {
-      unload_launch_record(*slot.record);
-      slot.record = std::move(record);
+      // Another registration won the race: keep its record, which launches may already be
+      // using (its module can be executing), and drop the new, never-launched one.
+      unload_launch_record(*record);
       return slot.record.get();
     }
   }

@@ -23,7 +23,8 @@ class LaunchTable {
   /// The record registered under `key`, or nullptr.
   const LaunchRecord* find(const SpecializationKey& key, uint64_t hash) const noexcept;
 
-  /// Registers `record` under `key`, replacing (and unloading) any previous record for it.
+  /// Registers `record` under `key`; if `key` is already registered, the existing record is kept
+  /// (it may be in use) and `record` is unloaded. Returns the record now registered.
   const LaunchRecord* insert(const SpecializationKey& key, std::unique_ptr<LaunchRecord> record);
 
   /// Drops every record (modules unloaded).
