@@ -80,3 +80,21 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
         acc += tl.dot(a, b)
     tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def times_two(x):
+    return x * 2
+
+
+@triton.jit
+def times_three(x):
+    return x * 3
+
+
+@triton.jit
+def cast_kernel(out_ptr, in_ptr, n, OUT_DTYPE: tl.constexpr, FN: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(in_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, FN(x).to(OUT_DTYPE), mask=mask)

@@ -209,3 +209,30 @@ def test_fallback_path_counts_and_warns_once(stand_in, caplog):
         k[(1,)](x, x, x, (64,), BLOCK=64)
     assert k.stats()["fallbacks"] == 1
     assert "goes through Triton's own launcher" in caplog.text
+
+
+def test_dtype_and_jit_function_constexprs_stay_native(stand_in):
+    import triton.language as tl
+    k = fastkernel(kernels.cast_kernel)
+    src, out16, out32 = torch.randn(64), torch.empty(64, dtype=torch.float16), torch.empty(64)
+    for _ in range(3):
+        k[(1,)](out16, src, 64, OUT_DTYPE=tl.float16, FN=kernels.times_two, BLOCK=64)
+        k[(1,)](out32, src, 64, OUT_DTYPE=tl.float32, FN=kernels.times_two, BLOCK=64)
+        k[(1,)](out32, src, 64, OUT_DTYPE=tl.float32, FN=kernels.times_three, BLOCK=64)
+        k[(1,)](out32, src, 64, OUT_DTYPE=tl.constexpr(tl.float32), FN=kernels.times_three, BLOCK=64)
+    stats = k.stats()
+    assert stats["fallbacks"] == 0
+    assert stats["specializations"] == 4 and stats["hits"] == 8
+    assert all(launch.params == [ptr(launch_out), ptr(src), struct.pack("<i", 64)] + SCRATCH
+               for launch, launch_out in zip(stand_in.launches(), [out16, out32, out32, out32] * 3))
+
+
+def test_constexpr_objects_in_unannotated_parameters(stand_in):
+    import triton.language as tl
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, tl.constexpr(64), BLOCK=64)
+    k[(1,)](x, x, x, tl.constexpr(64), BLOCK=64)
+    assert k.stats()["fallbacks"] == 0 and k.stats()["hits"] == 1
+    # n became a constexpr: only the three pointers (and scratch) are passed.
+    assert stand_in.launches()[0].params == [ptr(x)] * 3 + SCRATCH

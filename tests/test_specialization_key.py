@@ -192,6 +192,25 @@ def test_constexpr_values_are_keyed_by_type_and_value():
         native_key(k, [out], {"SCALE": 2, "MODE": "single", "BLOCK": 16})
 
 
+def test_dtype_jit_function_and_wrapped_constexprs():
+    k = fastkernel(kernels.constexpr_kernel)
+    out = torch.zeros(16)
+
+    def key(scale, mode="m"):
+        return native_key(k, [out], {"SCALE": scale, "MODE": mode, "BLOCK": 16})
+
+    assert key(tl.float16) == key(tl.float16)
+    assert key(tl.float16) != key(tl.float32)
+    assert key(kernels.times_two) != key(kernels.times_three)
+    assert key(tl.constexpr(3)) == key(tl.constexpr(3))
+    assert key(tl.constexpr(3)) != key(tl.constexpr(4))
+    assert key(tl.constexpr("a")) != key(tl.constexpr("b"))
+    # A tl.constexpr around an object that is not keyed by value falls back.
+    fallback, reason = _C._testing.build_key(
+        k, (out,), {"SCALE": tl.constexpr([1]), "MODE": "m", "BLOCK": 16}, 0)
+    assert fallback is None and "constexpr" in reason
+
+
 def test_keyword_order_does_not_change_the_key():
     k = fastkernel(kernels.constexpr_kernel)
     out = torch.zeros(16)
@@ -224,8 +243,8 @@ def test_defaults_fill_missing_arguments():
     assert native_key(k, [x]) != native_key(k, [x, 17])
 
 
-@pytest.mark.parametrize("value", [(1, 2), tl.constexpr(3), torch.nn.Parameter(torch.zeros(2))],
-                         ids=["tuple", "constexpr_object", "tensor_subclass_parameter"])
+@pytest.mark.parametrize("value", [(1, 2), object(), torch.nn.Parameter(torch.zeros(2))],
+                         ids=["tuple", "plain_object", "tensor_subclass_parameter"])
 def test_uncovered_kinds_take_the_fallback(value):
     result = _C._testing.build_key(PROBES[(True, True)], (value,), {}, 0)
     if isinstance(value, torch.nn.Parameter):

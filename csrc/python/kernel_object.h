@@ -77,6 +77,10 @@ struct BoundCall {
 KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                              PyObject* kwnames, BoundCall* call);
 
+/// Sets Triton's constexpr wrapper class and the tuple of types keyed by identity (tl.dtype,
+/// jit functions). Called once by the Python layer at import.
+void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types);
+
 /// Appends the launch device to a built key.
 inline void finish_key(SpecializationKey* key, int device) {
   key->push(uint64_t(ArgKind::Device) | (uint64_t(uint32_t(device)) << 8));

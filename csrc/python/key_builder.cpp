@@ -29,9 +29,50 @@ int find_name(PyObject* name, const PyObject* const* names, int count) {
   return -1;
 }
 
-// A constexpr (or option) value: ints, floats, bools, None and strings are keyed by value.
-// Anything else (tl.dtype, jit functions, tuples...) goes to the fallback path for now.
-bool push_constexpr(PyObject* v, SpecializationKey* key) {
+// Types whose instances are keyed by identity, and Triton's constexpr wrapper class (set once
+// at import by the Python layer; see set_constexpr_types).
+PyObject* g_identity_types = nullptr;  // a tuple of types
+PyObject* g_constexpr_type = nullptr;
+PyObject* g_value_name = nullptr;
+
+bool is_identity_keyed(PyObject* v) {
+  if (g_identity_types == nullptr) {
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g_identity_types); ++i) {
+    if (PyObject_TypeCheck(v, reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(g_identity_types, i)))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool is_constexpr_wrapper(PyObject* v) {
+  return g_constexpr_type != nullptr &&
+         PyObject_TypeCheck(v, reinterpret_cast<PyTypeObject*>(g_constexpr_type));
+}
+
+// A constexpr (or option) value: ints, floats, bools, None and strings are keyed by value;
+// tl.constexpr objects by their wrapped value; tl.dtype and jit functions by identity (the
+// Python layer keeps every such object it registers alive, so an address is never reused
+// while a record keyed on it exists). Anything else goes to the fallback path.
+bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
+  if (is_identity_keyed(v)) {
+    key->push(uint64_t(ArgKind::ConstexprObject));
+    key->push(reinterpret_cast<uint64_t>(v));
+    return true;
+  }
+  if (is_constexpr_wrapper(v) && depth == 0) {
+    PyObject* inner = PyObject_GetAttr(v, g_value_name);
+    if (inner == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    key->push(uint64_t(ArgKind::ConstexprWrapped));
+    const bool ok = push_constexpr(inner, key, depth + 1);
+    Py_DECREF(inner);
+    return ok;
+  }
   if (v == Py_None) {
     key->push(uint64_t(ArgKind::ConstexprNone));
     return true;
@@ -155,6 +196,16 @@ KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param, PyObject* v,
 
 }  // namespace
 
+void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types) {
+  Py_XINCREF(constexpr_type);
+  Py_XINCREF(identity_types);
+  Py_XSETREF(g_constexpr_type, constexpr_type);
+  Py_XSETREF(g_identity_types, identity_types);
+  if (g_value_name == nullptr) {
+    g_value_name = PyUnicode_InternFromString("value");
+  }
+}
+
 KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                              PyObject* kwnames, BoundCall* call) {
   KernelState& st = *kernel->state;
@@ -248,6 +299,10 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       value->kind = ArgKind::None;
       value->u = 0;
       key.push(uint64_t(ArgKind::None));
+    } else if ((is_constexpr_wrapper(v) || is_identity_keyed(v)) && push_constexpr(v, &key)) {
+      // Triton specializes tl.constexpr objects and jit functions to constexprs wherever they
+      // are passed (specialize.cc); they never reach the parameter buffer.
+      value->kind = ArgKind::None;
     } else {
       // Tensor subclasses (FakeTensor under torch.compile), tuples, tensor descriptors,
       // constexpr objects, jit functions: Triton's own path handles them.

@@ -290,6 +290,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("global_scratch_align"), py::arg("profile_scratch_size"),
         py::arg("profile_scratch_align"), py::arg("compiled"),
         "Load a compiled specialization on `device` and register its launch record under `key`.");
+  m.def(
+      "set_constexpr_types",
+      [](py::object constexpr_type, py::tuple identity_types) {
+        set_constexpr_types(constexpr_type.ptr(), identity_types.ptr());
+      },
+      py::arg("constexpr_type"), py::arg("identity_types"),
+      "Tell the key builder Triton's constexpr class and the types it may key by identity.");
   m.def("stats", &stats, py::arg("kernel"), "Hits, misses, fallbacks and specializations.");
   m.def("clear", [](py::handle k) { as_kernel(k)->state->table.clear(); }, py::arg("kernel"),
         "Drop every launch record of a kernel (modules unloaded).");

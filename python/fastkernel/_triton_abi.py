@@ -22,6 +22,12 @@ from triton.runtime import jit as triton_jit
 TRITON_VERSION: Tuple[int, int] = tuple(int(p) for p in triton.__version__.split(".")[:2])  # type: ignore
 
 
+#: Immutable objects Triton specializes as constexprs: dtypes and jit functions (JITCallable in
+#: Triton >= 3.6 also covers constexpr_function helpers; 3.5 has only JITFunction).
+IDENTITY_CONSTEXPR_TYPES = (triton.language.dtype,
+                            getattr(triton_jit, "JITCallable", triton_jit.JITFunction))
+
+
 def num_scratch_params(version: Tuple[int, int] = TRITON_VERSION) -> int:
     """Device pointers Triton appends after the declared parameters.
 

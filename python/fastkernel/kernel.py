@@ -24,6 +24,12 @@ from . import _triton_abi as abi
 
 log = logging.getLogger("fastkernel")
 
+# Immutable objects Triton takes as constexprs, keyed natively by identity. Every one seen at a
+# registration is kept alive by its kernel (FastKernel._keepalive), so no address in a
+# registered key can be reused by another object.
+_IDENTITY_TYPES = abi.IDENTITY_CONSTEXPR_TYPES
+_C.set_constexpr_types(triton.language.constexpr, _IDENTITY_TYPES)
+
 _KIND_NAMES = {bool: "bool", int: "int", float: "float", type(None): "None"}
 
 
@@ -79,6 +85,7 @@ class FastKernel(_C.Kernel):
         self.__doc__ = jit_fn.__doc__
         self.__module__ = jit_fn.__module__
         self._compiled: List[Any] = []  # keeps every registered CompiledKernel alive
+        self._keepalive: Dict[int, Any] = {}  # identity-keyed constexpr objects, by id
         self._arg_kinds: Dict[int, set] = {}
         self._lock = threading.RLock()
         self._fallback_reasons: Dict[str, int] = {}
@@ -150,6 +157,9 @@ class FastKernel(_C.Kernel):
                         meta.global_scratch_align, meta.profile_scratch_size,
                         meta.profile_scratch_align, compiled)
             self._compiled.append(compiled)
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, _IDENTITY_TYPES):
+                    self._keepalive[id(value)] = value
             self._remember_kinds(args, kwargs)
             log.debug("fastkernel: registered %s on device %d (%d parameters)", meta.name, device,
                       len(spec.plan))

@@ -24,6 +24,9 @@ enum class ArgKind : uint8_t {
   ConstexprStr = 10,  ///< a str constexpr; bits 8..39 are its byte length, the bytes follow
   Option = 11,        ///< a compile option set by keyword; bits 8..15 its index, a value word follows
   Device = 12,        ///< the device the launch runs on (bits 8..39)
+  ConstexprObject = 13,  ///< an immutable object keyed by identity (tl.dtype, jit function);
+                         ///< the next word is its address, kept alive by the registrant
+  ConstexprWrapped = 14, ///< a tl.constexpr object; its unwrapped value's words follow
 };
 
 /// Triton's integer widths (triton/_C specialize.cc: i32 when it fits, u64 when >= 2**63, else i64).
