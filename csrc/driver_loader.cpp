@@ -1,6 +1,7 @@
 // Opens the CUDA driver library at run time (dlopen), resolves the entry points fastkernel
 // calls and initializes it; importing fastkernel never touches the driver.
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -13,7 +14,9 @@ namespace {
 std::mutex g_load_mutex;
 DriverApi g_api{};
 bool g_loaded = false;
-std::string g_failure;  // why the last attempt failed; retried on the next call
+bool g_forked = false;
+
+void mark_forked_child() { g_forked = true; }
 
 template <typename Fn>
 bool resolve(void* lib, const char* name, Fn* slot, bool required, std::string* missing) {
@@ -69,6 +72,8 @@ void load_locked() {
                             " (" + std::to_string(init) + "); no usable GPU");
   }
   g_api = api;
+  // From here on the process holds CUDA handles; a forked child must not use them.
+  pthread_atfork(nullptr, nullptr, mark_forked_child);
   g_loaded = true;
 }
 
@@ -81,6 +86,7 @@ std::string driver_library_path() {
 
 const DriverApi& driver() {
   if (g_loaded) {  // written once under the mutex, before any reader can see true
+    check_not_forked();
     return g_api;
   }
   std::lock_guard<std::mutex> lock(g_load_mutex);
@@ -91,6 +97,16 @@ const DriverApi& driver() {
 }
 
 bool driver_loaded() noexcept { return g_loaded; }
+
+bool forked_after_driver_load() noexcept { return g_forked; }
+
+void check_not_forked() {
+  if (g_forked) {
+    throw std::runtime_error(
+        "fastkernel: this process was forked after CUDA was initialized in its parent; CUDA "
+        "handles cannot be used after fork (use the 'spawn' multiprocessing start method)");
+  }
+}
 
 std::string describe_cuda_error(CUresult code) {
   const char* name = nullptr;

@@ -113,6 +113,14 @@ const DriverApi& driver();
 /// True once driver() has succeeded in this process; never opens the library itself.
 bool driver_loaded() noexcept;
 
+/// True in a child process forked after the driver was loaded: the parent's contexts, modules
+/// and functions are not valid there, so every launch and load refuses (CUDA does not support
+/// fork after initialization; use the "spawn" start method).
+bool forked_after_driver_load() noexcept;
+
+/// Throws std::runtime_error if forked_after_driver_load().
+void check_not_forked();
+
 /// The path driver() opened, or the one it would open.
 std::string driver_library_path();
 

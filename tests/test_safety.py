@@ -1,0 +1,103 @@
+"""Safety of the native path under threads and fork, and the kill switch (CPU, stand-in)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+from fastkernel import fastkernel
+
+import kernels
+
+THREADS = 8
+CALLS_PER_THREAD = 100_000
+
+
+def test_concurrent_hits_and_misses_from_many_threads(stand_in):
+    """8 threads x 100k calls with a changing mix of alignments, int classes and constexprs."""
+    k = fastkernel(kernels.add_kernel)
+    base = torch.randn(4096)
+    pointers = [base, base[1:], base[4:]]           # aligned, unaligned, aligned again
+    sizes = [1024, 1023, 1, 2048]                   # D, other, == 1 (constexpr), D
+    blocks = [64, 128]
+    combos = [(p, n, b) for p in pointers for n in sizes for b in blocks]
+    errors = []
+    barrier = threading.Barrier(THREADS)
+
+    def worker(seed: int):
+        try:
+            barrier.wait()
+            for i in range(CALLS_PER_THREAD):
+                p, n, b = combos[(i * 7 + seed) % len(combos)]
+                k[(2,)](p, p, p, n, BLOCK=b)
+        except Exception as exc:  # reported below; a thread must not swallow a failure
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    total = THREADS * CALLS_PER_THREAD
+    stats = k.stats()
+    # x and x[4:] share an alignment class, and 1024 and 2048 an int class ("divisible by 16"),
+    # so they share binaries: 2 alignments x 3 int classes x 2 blocks.
+    assert stats["specializations"] == 2 * 3 * len(blocks)
+    assert stats["hits"] + stats["misses"] == total and stats["fallbacks"] == 0
+    assert stand_in.launch_count() == total
+    valid = {(p.data_ptr(), n) for p, n, _ in combos}
+    for launch in stand_in.launches():
+        ptr = struct.unpack("<Q", launch.params[0])[0]
+        n = struct.unpack("<i", launch.params[3])[0] if len(launch.params) == 6 else 1
+        assert (ptr, n) in valid
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env={**os.environ, **env},
+                          cwd=os.path.dirname(os.path.abspath(__file__)), timeout=300)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_never_reuses_parent_cuda_handles(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report what a launch does, then leave without running pytest's exit
+        try:
+            k[(1,)](x, x, x, 64, BLOCK=64)
+            message = b"launched"
+        except RuntimeError as exc:
+            message = str(exc).encode()
+        os.write(write_fd, message)
+        os._exit(0)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    message = os.read(read_fd, 4096).decode()
+    os.close(read_fd)
+    assert status == 0
+    assert "forked after CUDA was initialized" in message
+    assert stand_in.launch_count() == 1  # the child launched nothing
+    k[(1,)](x, x, x, 64, BLOCK=64)  # the parent is unaffected
+    assert stand_in.launch_count() == 2
+
+
+def test_kill_switch_returns_tritons_own_kernel():
+    result = _run("""
+        import fastkernel, kernels
+        from triton.runtime.jit import JITFunction
+        k = fastkernel.fastkernel(kernels.add_kernel)
+        print(type(k).__name__, isinstance(k, JITFunction))
+    """, FASTKERNEL_DISABLE="1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "JITFunction True"
