@@ -236,3 +236,14 @@ def test_constexpr_objects_in_unannotated_parameters(stand_in):
     assert k.stats()["fallbacks"] == 0 and k.stats()["hits"] == 1
     # n became a constexpr: only the three pointers (and scratch) are passed.
     assert stand_in.launches()[0].params == [ptr(x)] * 3 + SCRATCH
+
+
+def test_keywords_built_at_run_time_match_by_value(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    block, warps, n = "".join(["BLO", "CK"]), "_".join(["num", "warps"]), "".join(["n"])
+    k[(1,)](x, x, x, **{n: 64, block: 64, warps: 2})
+    k[(1,)](x, x, x, n=64, BLOCK=64, num_warps=2)
+    first, second = stand_in.launches()
+    assert first.block == second.block == (64, 1, 1)
+    assert k.stats()["specializations"] == 1 and k.stats()["hits"] == 1

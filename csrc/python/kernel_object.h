@@ -29,6 +29,7 @@ struct ParamSpec {
 /// Per-kernel native state (owned by KernelObject).
 struct KernelState {
   std::vector<ParamSpec> params;
+  std::vector<PyObject*> param_names;   ///< params[i].name, contiguous for the keyword scan
   std::vector<PyObject*> option_names;  ///< interned, owned; the index is the option's key tag
   LaunchTable table;
   uint64_t hits = 0, misses = 0, fallbacks = 0;

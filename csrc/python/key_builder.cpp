@@ -12,16 +12,21 @@
 namespace fastkernel {
 namespace {
 
-// Finds `name` among `names`: interned pointers first (the common case: keyword names in call
-// sites are interned), then by value.
-int find_name(PyObject* name, const PyObject* const* names, int count) {
+// Finds `name` among `names` by identity: keyword names at call sites are interned, and so are
+// the declared names, so this is the common case.
+int find_interned(PyObject* name, PyObject* const* names, int count) {
   for (int i = 0; i < count; ++i) {
     if (names[i] == name) {
       return i;
     }
   }
+  return -1;
+}
+
+// Finds `name` among `names` by value (a keyword built at run time, e.g. from **kwargs).
+int find_by_value(PyObject* name, PyObject* const* names, int count) {
   for (int i = 0; i < count; ++i) {
-    if (PyUnicode_Compare(name, const_cast<PyObject*>(names[i])) == 0) {
+    if (PyUnicode_Compare(name, names[i]) == 0) {
       return i;
     }
   }
@@ -224,14 +229,17 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   }
   if (kwnames != nullptr) {
     const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
-    PyObject* names[kMaxArgs];
-    for (int i = 0; i < num_params; ++i) {
-      names[i] = st.params[i].name;
-    }
     for (Py_ssize_t k = 0; k < nkw; ++k) {
       PyObject* kw = PyTuple_GET_ITEM(kwnames, k);
       PyObject* value = args[nargs + k];
-      int index = find_name(kw, names, num_params);
+      int index = find_interned(kw, st.param_names.data(), num_params);
+      int option = index < 0 ? find_interned(kw, st.option_names.data(), num_options) : -1;
+      if (index < 0 && option < 0) {
+        index = find_by_value(kw, st.param_names.data(), num_params);
+        if (index < 0) {
+          option = find_by_value(kw, st.option_names.data(), num_options);
+        }
+      }
       if (index >= 0) {
         if (call->args[index] != nullptr) {
           PyErr_Format(PyExc_TypeError, "%U got multiple values for argument '%U'", kernel->name,
@@ -241,15 +249,14 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
         call->args[index] = value;
         continue;
       }
-      index = find_name(kw, st.option_names.data(), num_options);
-      if (index < 0) {
+      if (option < 0) {
         PyErr_Format(PyExc_TypeError,
                      "%U got an unexpected keyword argument '%U' (neither a kernel parameter nor "
                      "a Triton compile option)",
                      kernel->name, kw);
         return KeyStatus::Error;
       }
-      call->options[index] = value;
+      call->options[option] = value;
     }
   }
 

@@ -65,6 +65,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
     Py_XDECREF(p.default_value);
   }
   st.params.clear();
+  st.param_names.clear();
   for (PyObject* o : st.option_names) {
     Py_XDECREF(o);
   }
@@ -83,6 +84,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
       p.default_value = py::object(t[6]).release().ptr();
     }
     st.params.push_back(p);
+    st.param_names.push_back(p.name);  // borrowed: owned by the ParamSpec
   }
   for (const std::string& o : option_names) {
     st.option_names.push_back(interned(o));
