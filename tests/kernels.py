@@ -98,3 +98,16 @@ def cast_kernel(out_ptr, in_ptr, n, OUT_DTYPE: tl.constexpr, FN: tl.constexpr, B
     mask = offs < n
     x = tl.load(in_ptr + offs, mask=mask)
     tl.store(out_ptr + offs, FN(x).to(OUT_DTYPE), mask=mask)
+
+
+@triton.jit
+def device_descriptor_kernel(in_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # A device-side tensor descriptor: on Hopper Triton needs a per-CTA global scratch buffer
+    # for the TMA descriptor, so the launcher must allocate one.
+    desc_in = tl.make_tensor_descriptor(in_ptr, shape=[M, N], strides=[N, 1],
+                                        block_shape=[BLOCK_M, BLOCK_N])
+    desc_out = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1],
+                                         block_shape=[BLOCK_M, BLOCK_N])
+    pid = tl.program_id(0)
+    tile = desc_in.load([pid * BLOCK_M, 0])
+    desc_out.store([pid * BLOCK_M, 0], tile)

@@ -247,3 +247,41 @@ def test_keywords_built_at_run_time_match_by_value(stand_in):
     first, second = stand_in.launches()
     assert first.block == second.block == (64, 1, 1)
     assert k.stats()["specializations"] == 1 and k.stats()["hits"] == 1
+
+
+@pytest.fixture
+def triton_allocator():
+    """Restore Triton's allocator (a ContextVar) after a test sets one."""
+    from triton.runtime import _allocation
+    token = _allocation._allocator.set(_allocation._allocator.get())
+    yield
+    _allocation._allocator.reset(token)
+
+
+def test_global_scratch_comes_from_tritons_allocator(stand_in, triton_allocator):
+    k = fastkernel(kernels.device_descriptor_kernel)
+    src, dst = torch.randn(64, 32), torch.empty(64, 32)
+    calls = []
+
+    def allocator(size, alignment, stream):
+        buffer = torch.empty(size + alignment, dtype=torch.int8)
+        calls.append((size, alignment, stream, buffer))
+        return buffer
+
+    # Without an allocator Triton's NullAllocator refuses, and nothing launches.
+    with pytest.raises(RuntimeError, match="triton.set_allocator"):
+        k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)
+    assert stand_in.launches() == []
+    triton.set_allocator(allocator)
+    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)
+    compiled = k._compiled[-1]
+    per_cta = compiled.metadata.global_scratch_size
+    assert per_cta > 0
+    ((size, alignment, stream, buffer),) = calls
+    # Triton's sizing: grid CTAs x num_ctas x per-CTA bytes, on the launch stream.
+    assert size == 4 * 1 * per_cta
+    assert alignment == compiled.metadata.global_scratch_align
+    assert stream == TEST_STREAM
+    (launch,) = stand_in.launches()
+    assert launch.params[-2] == ptr(buffer)  # global_scratch
+    assert launch.params[-1] == b"\0" * 8    # profile_scratch: size 0, NULL
