@@ -1,0 +1,537 @@
+"""The host-side part of ``python -m fastkernel bench``: fastkernel's own cost per hit, no GPU.
+
+Launches go to the recording stand-in for the CUDA driver (``tests/stand_in_driver`` in the
+fastkernel checkout), whose ``cuLaunchKernel`` validates the call, copies the parameter bytes
+into a 4096-entry record and returns. CPU tensors stand in for device tensors
+(``fastkernel._C._testing.set_host_testing``). So the wall time of a hit is everything fastkernel
+does on the host (bind, key, lookup, stream query, packing) plus the stand-in's small launch, and
+the floor (``_C.BenchFloor`` against the same stand-in) measures that launch alone.
+
+Triton's own ``kernel[grid]`` cannot run without a GPU (its launcher needs the CUDA runtime),
+so its host cost is not measured here.
+
+``--callgrind`` re-runs the hit loops under ``valgrind --tool=callgrind``, collecting only inside
+``_C.bench_call_loop`` (``--toggle-collect=fastkernel_bench_call_loop``) and dumping once per
+loop (``--dump-after``), which gives instructions per hit, deterministic on a noisy machine, and
+a breakdown by function group from ``callgrind_annotate``'s inclusive counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import bench
+
+#: The stream the host-side run launches on (any value: the stand-in records it).
+HOST_STREAM = 0x1234
+
+HOST_LABELS: Dict[str, str] = {
+    "floor": "floor: C++ cuLaunchKernel loop (stand-in)",
+    "fastkernel": "fastkernel, tuple grid",
+    "fastkernel_callable": "fastkernel, callable grid",
+}
+
+#: Warm-up hits before a collected callgrind loop.
+_CALLGRIND_WARMUP = 20
+#: Hits per collected loop unless --iterations says otherwise.
+_CALLGRIND_HITS = 1000
+#: The function callgrind collects in and dumps after (csrc/python/bench_floor.cpp): an exact
+#: name, as --dump-after takes no wildcard.
+_TOGGLE = "fastkernel_bench_call_loop"
+
+#: Function groups of a hit, by the symbol whose inclusive count measures them (in call order).
+#: "fastkernel::launch" includes the driver call; the breakdown subtracts it.
+GROUP_SYMBOLS: List[Tuple[str, str]] = [
+    ("key build", "fastkernel::bind_and_build_key("),
+    ("lookup", "fastkernel::LaunchTable::find("),
+    ("stream query", "fastkernel::current_launch_context("),
+    ("packing + launch", "fastkernel::launch("),
+    ("driver call", "cuLaunchKernel"),
+]
+
+
+class StandInUnavailable(RuntimeError):
+    """The host-side benchmark cannot use the recording stand-in driver."""
+
+
+# ---- the stand-in driver ----------------------------------------------------------------------
+
+
+def use_stand_in_driver(repo: Optional[pathlib.Path]):
+    """Point fastkernel at the recording stand-in driver and let CPU tensors stand in.
+
+    Must run before this process's first launch: the driver library is opened once.
+
+    Parameters
+    ----------
+    repo : pathlib.Path or None
+        The fastkernel checkout (``tests/stand_in_driver`` is not part of the wheel).
+
+    Returns
+    -------
+    RecordingDriver
+        ctypes view of the stand-in (``reset()`` forgets recorded launches).
+
+    Raises
+    ------
+    StandInUnavailable
+        Without a checkout, when the stand-in cannot be built, or when this process already
+        opened another driver library.
+    """
+    from . import _C
+    if repo is None:
+        raise StandInUnavailable(
+            "the host-side benchmark needs the recording stand-in driver from a fastkernel "
+            "checkout (tests/stand_in_driver), which an installed wheel does not include: run "
+            "`python benchmarks/dispatch.py` in the repository, or pass --repo DIR")
+    tests_dir = str(repo / "tests")
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
+    try:
+        from stand_in_driver.recording import RecordingDriver, build_recording_driver
+        path = build_recording_driver()
+    except (ImportError, OSError, RuntimeError) as exc:
+        raise StandInUnavailable(f"cannot build the stand-in driver in {repo}: {exc}") from exc
+    if _C.driver_loaded() and _C.driver_library_path() != str(path):
+        raise StandInUnavailable(
+            f"this process already opened the driver {_C.driver_library_path()!r}; the "
+            f"host-side benchmark must run before any launch")
+    os.environ["FASTKERNEL_CUDA_DRIVER"] = str(path)
+    _C._testing.set_host_testing(True, 0, HOST_STREAM)
+    return RecordingDriver(path)
+
+
+def floor_params_match(drv, fk, shape, args: tuple, floor: "bench.Timed") -> bool:
+    """Whether one fastkernel hit and one floor launch hand the driver the same bytes."""
+    drv.reset()
+    fk[shape.grid](*args)
+    floor.loop(1)
+    launches = drv.launches()
+    if len(launches) != 2:
+        return False
+    hit, ref = launches
+    return (hit.name, hit.grid, hit.block, hit.shared_mem, hit.stream, hit.raw) == (
+        ref.name, ref.grid, ref.block, ref.shared_mem, ref.stream, ref.raw)
+
+
+# ---- wall clock -------------------------------------------------------------------------------
+
+
+def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
+    """Time fastkernel hits (tuple and callable grid) and the floor against the stand-in."""
+    import triton
+
+    from . import _C
+    from ._bench_kernels import SHAPES
+    from .kernel import FastKernel
+
+    try:
+        drv = use_stand_in_driver(repo)
+    except StandInUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    iterations, repeats = bench._mode_counts(
+        opts, bench._HOST_QUICK if opts.quick else bench._HOST_DEFAULTS)
+    cold_repeats = bench._COLD_REPEATS_QUICK if opts.quick else bench._COLD_REPEATS
+    env = bench.environment("host", None)
+    print(f"host-side cost per hit on {env['cpu']} ({env['cpu_count']} CPUs), stand-in driver "
+          f"{env['driver_library']}; {iterations} calls x {repeats} repeats per system")
+    print("Triton's kernel[grid] and CompiledKernel.run need a GPU to run at all: not measured.")
+
+    def no_sync() -> None:
+        pass
+
+    shape_results: Dict[str, Dict[str, List[float]]] = {}
+    shape_info: Dict[str, Dict[str, int]] = {}
+    cold: Dict[str, Dict[str, float]] = {}
+    fast_path: Dict[str, Dict[str, Any]] = {}
+    params_match: Dict[str, bool] = {}
+    try:
+        for shape in SHAPES:
+            args = shape.make_args("cpu")
+            grid = shape.grid
+            fk = FastKernel(shape.kernel)
+            start = time.perf_counter_ns()
+            compiled = fk[grid](*args)  # a miss: compiles, or loads from Triton's disk cache
+            first_us = (time.perf_counter_ns() - start) / 1e3
+            print(f"  {shape.name}: first call {first_us / 1e3:.1f} ms", flush=True)
+
+            def callable_grid(meta, _grid=grid):
+                return _grid
+
+            floor = bench.floor_timed(compiled, args, grid, 0, HOST_STREAM)
+            params_match[shape.name] = floor_params_match(drv, fk, shape, args, floor)
+            systems = {
+                "floor": floor,
+                "fastkernel": bench.Timed(bench.call_loop(fk, grid, args)),
+                "fastkernel_callable": bench.Timed(bench.call_loop(fk, callable_grid, args)),
+            }
+            before = fk.stats()
+            shape_results[shape.name] = bench.time_systems(systems, iterations, repeats, no_sync,
+                                                           before_repeat=drv.reset)
+            fast_path[shape.name] = bench._fast_path_record(before, fk.stats())
+            shape_info[shape.name] = {"num_args": shape.num_args, "num_tensors": shape.num_tensors}
+
+            def miss(fk=fk, grid=grid, args=args):
+                _C.clear(fk)  # the next call registers the specialization again, from disk
+                return lambda: fk[grid](*args)
+
+            def first(shape=shape, grid=grid, args=args):
+                fresh = FastKernel(triton.jit(shape.kernel.fn))
+                return lambda: fresh[grid](*args)
+
+            cold[shape.name] = {
+                # The first compile of the process also imports Triton's compiler stack.
+                "fastkernel_first_call_this_process": first_us,
+                "fastkernel_miss_from_disk_cache": bench.median(
+                    bench.time_single_calls(miss, cold_repeats, no_sync)),
+                "fastkernel_first_call": bench.median(
+                    bench.time_single_calls(first, cold_repeats, no_sync)),
+            }
+            drv.reset()
+    finally:
+        _C._testing.set_host_testing(False, 0, 0)
+
+    rows = bench.result_rows(shape_results, shape_info)
+    report = {
+        "environment": env,
+        "method": {**bench._method(iterations, repeats), "sync_before_clock": False,
+                   "driver": "recording stand-in (tests/stand_in_driver)"},
+        "systems": HOST_LABELS,
+        "absent": {"triton": "needs a GPU", "triton_run": "needs a GPU",
+                   "inductor_static": "needs a GPU", "cuda_graph": "needs a GPU"},
+        "results": rows,
+        "cold_us": cold,
+        "fastkernel_path": fast_path,
+        "floor_params_match": params_match,
+    }
+    stem = f"host-{bench.slug(env['cpu'])}-{env['date'][:10]}"
+    bench.finish_report(report, bench.results_dir(opts.out, repo), stem, list(HOST_LABELS),
+                        HOST_LABELS, "ns")
+    us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
+    print("\nfastkernel's own cost per hit (tuple grid minus the floor), ns:")
+    print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel')] - us[(s, 'floor')]):.0f}"
+                           for s in shape_results))
+    print("callable grid minus tuple grid, ns:")
+    print("  " + "  ".join(
+        f"{s}: {1e3 * (us[(s, 'fastkernel_callable')] - us[(s, 'fastkernel')]):.0f}"
+        for s in shape_results))
+    bench._print_cold(cold, "us")
+    bench._print_fast_path(fast_path)
+    ok = bench._all_hits(fast_path)
+    for name, match in params_match.items():
+        if not match:
+            ok = False
+            print(f"WARNING: {name}: the floor's parameter bytes differ from fastkernel's")
+    return 0 if ok else 1
+
+
+# ---- callgrind --------------------------------------------------------------------------------
+
+# Run by the callgrind child: loads the unstripped profiling build of the extension as
+# fastkernel._C before the package imports the installed one, then runs callgrind_child.
+_CHILD_BOOTSTRAP = """\
+import importlib.util
+import sys
+import torch  # the extension resolves torch's libraries, which torch loads
+spec = importlib.util.spec_from_file_location("fastkernel._C", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["fastkernel._C"] = module
+spec.loader.exec_module(module)
+from fastkernel import _bench_host
+sys.exit(_bench_host.callgrind_child(sys.argv[2:]))
+"""
+
+
+def _tool(name: str) -> Optional[str]:
+    """``name`` on PATH or beside this interpreter (a virtual environment's bin)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    beside = pathlib.Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else None
+
+
+def build_profile_extension(repo: pathlib.Path) -> pathlib.Path:
+    """Build an unstripped, non-LTO copy of ``_C`` for callgrind's symbol names.
+
+    The wheel's extension is stripped and link-time optimized (pybind11's defaults for a
+    Release build), which removes the names of the functions the breakdown is about. This copy
+    is built from the same sources at the same ``-O3``, without LTO and unstripped (CMake build
+    type "None", which pybind11 leaves unstripped), in ``build/callgrind-profile`` of the
+    checkout; kept between runs and rebuilt incrementally. It has no ``-g`` on purpose: with
+    line tables, callgrind_annotate splits a function's count by the source file of each inlined
+    piece, and the groups are read per function.
+
+    Returns
+    -------
+    pathlib.Path
+        The built extension module.
+
+    Raises
+    ------
+    RuntimeError
+        When cmake or pybind11 is missing or the build fails (with the build's output).
+    """
+    cmake = _tool("cmake")
+    if cmake is None:
+        raise RuntimeError("--callgrind builds a profiling copy of the extension and needs cmake")
+    try:
+        import pybind11
+    except ImportError as exc:
+        raise RuntimeError("--callgrind needs pybind11 (a build dependency) to build the "
+                           "profiling copy of the extension") from exc
+    build_dir = repo / "build" / "callgrind-profile"
+    env = dict(os.environ)
+    env["PATH"] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    configure = [cmake, "-S", str(repo), "-B", str(build_dir),
+                 "-DCMAKE_BUILD_TYPE=None",
+                 "-DCMAKE_CXX_FLAGS=-O3 -DNDEBUG",
+                 "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF",
+                 f"-DPython_EXECUTABLE={sys.executable}",
+                 f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"]
+    if _tool("ninja"):
+        configure += ["-G", "Ninja"]
+    stamp = build_dir / "fastkernel-configure.txt"
+    steps = []
+    if not stamp.is_file() or stamp.read_text() != "\n".join(configure):
+        steps.append(configure)
+    steps.append([cmake, "--build", str(build_dir), "--target", "_C"])
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the profiling extension failed ({' '.join(cmd)}):\n"
+                               f"{(proc.stdout + proc.stderr)[-4000:]}")
+        if cmd is configure:
+            stamp.write_text("\n".join(configure))
+    built = sorted(build_dir.glob("_C*.so"))
+    if not built:
+        raise RuntimeError(f"no _C*.so in {build_dir} after the build")
+    return built[0]
+
+
+def parse_annotate_output(text: str) -> Tuple[Optional[int], Dict[str, int]]:
+    """Parse ``callgrind_annotate --inclusive=yes`` output.
+
+    Parameters
+    ----------
+    text : str
+        The annotate report.
+
+    Returns
+    -------
+    total : int or None
+        The ``PROGRAM TOTALS`` instruction count.
+    functions : dict of str to int
+        Inclusive instruction count per function name (file and object stripped).
+    """
+    total = None
+    functions: Dict[str, int] = {}
+    line_re = re.compile(r"^\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?(.+?)\s*$")
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if m is None:
+            continue
+        count = int(m.group(1).replace(",", ""))
+        rest = m.group(2)
+        if rest.startswith("PROGRAM TOTALS"):
+            total = count
+            continue
+        rest = re.sub(r"\s+\[[^\]]*\]$", "", rest)  # the object file
+        _, _, name = rest.partition(":")  # "file:function"; a file name has no ':'
+        functions[name] = max(functions.get(name, 0), count)
+    return total, functions
+
+
+def _inclusive(functions: Dict[str, int], symbol: str) -> Optional[int]:
+    """The inclusive count of ``symbol`` (a name prefix; an exact name when it has no '(')."""
+    if "(" in symbol:
+        counts = [c for name, c in functions.items() if name.startswith(symbol)]
+    else:
+        counts = [c for name, c in functions.items()
+                  if name == symbol or name.startswith(symbol + "'")]
+    return max(counts) if counts else None
+
+
+def breakdown(total: int, functions: Dict[str, int], hits: int) -> Dict[str, Optional[float]]:
+    """Instructions per hit, in total and by function group.
+
+    ``entry`` (Python to native: ``kernel[grid]``, vectorcall dispatch, grid, counters and the
+    return value) is what remains after the named groups; ``packing`` is ``fastkernel::launch``
+    less the driver call it makes. A group whose symbol is absent (inlined or renamed) is None
+    and its cost stays in ``entry``.
+    """
+    inc = {group: _inclusive(functions, symbol) for group, symbol in GROUP_SYMBOLS}
+    driver_call = inc["driver call"] or 0
+    launch = inc["packing + launch"]
+    named = sum(v for k, v in inc.items() if v is not None and k != "driver call")
+    if launch is None:
+        named += driver_call
+    per = {
+        "total": total / hits,
+        "entry": (total - named) / hits,
+        "key build": None if inc["key build"] is None else inc["key build"] / hits,
+        "lookup": None if inc["lookup"] is None else inc["lookup"] / hits,
+        "stream query": None if inc["stream query"] is None else inc["stream query"] / hits,
+        "packing": None if launch is None else (launch - driver_call) / hits,
+        "driver call": driver_call / hits if inc["driver call"] is not None else None,
+    }
+    per["fastkernel"] = (total - driver_call) / hits if inc["driver call"] is not None else None
+    return per
+
+
+def callgrind_child(argv: List[str]) -> int:
+    """Under valgrind: register each shape, then one collected loop of hits per grid kind."""
+    parser = argparse.ArgumentParser(prog="fastkernel callgrind child")
+    parser.add_argument("--hits", type=int, required=True)
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--repo", required=True)
+    opts = parser.parse_args(argv)
+
+    from . import _C
+    from ._bench_kernels import SHAPES
+    from .kernel import FastKernel
+
+    drv = use_stand_in_driver(pathlib.Path(opts.repo))
+    loops = []
+    for shape in SHAPES:
+        args = shape.make_args("cpu")
+        fk = FastKernel(shape.kernel)
+        fk[shape.grid](*args)  # the miss: registers from Triton's disk cache (warmed by the parent)
+
+        def callable_grid(meta, _grid=shape.grid):
+            return _grid
+
+        for grid_kind, grid in (("tuple", shape.grid), ("callable", callable_grid)):
+            for _ in range(_CALLGRIND_WARMUP):
+                fk[grid](*args)
+            drv.reset()
+            hits_before = fk.stats()["hits"]
+            _C.bench_call_loop(fk, grid, args, opts.hits)  # collected, then dumped
+            hits = fk.stats()["hits"] - hits_before
+            loops.append({"shape": shape.name, "grid": grid_kind, "num_args": shape.num_args,
+                          "num_tensors": shape.num_tensors, "hits": hits,
+                          "launches": drv.launch_count()})
+    _C._testing.set_host_testing(False, 0, 0)
+    with open(opts.manifest, "w") as f:
+        json.dump({"loops": loops, "hits_requested": opts.hits}, f)
+    return 0
+
+
+def _dump_index(path: pathlib.Path) -> int:
+    suffix = path.name.rsplit(".", 1)[-1]
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def run_callgrind(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
+    """Instructions per hit per shape under callgrind, with the function-group breakdown."""
+    from ._bench_kernels import SHAPES
+    from .kernel import FastKernel
+
+    valgrind, annotate = _tool("valgrind"), _tool("callgrind_annotate")
+    if valgrind is None or annotate is None:
+        print("error: --callgrind needs valgrind and callgrind_annotate on PATH", file=sys.stderr)
+        return 2
+    try:
+        drv = use_stand_in_driver(repo)
+    except StandInUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    hits = opts.iterations if opts.iterations is not None else _CALLGRIND_HITS
+    print("callgrind: building an unstripped, non-LTO copy of the extension (same sources, -O3) "
+          "in build/callgrind-profile, so that function names survive", flush=True)
+    try:
+        extension = build_profile_extension(repo)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # Compiling under valgrind would take minutes: fill Triton's disk cache natively first.
+    for shape in SHAPES:
+        FastKernel(shape.kernel)[shape.grid](*shape.make_args("cpu"))
+    drv.reset()
+
+    with tempfile.TemporaryDirectory(prefix="fastkernel-callgrind-") as tmp:
+        tmp_dir = pathlib.Path(tmp)
+        manifest_path = tmp_dir / "manifest.json"
+        cmd = [valgrind, "--tool=callgrind", "--collect-atstart=no",
+               f"--toggle-collect={_TOGGLE}", f"--dump-after={_TOGGLE}",
+               f"--callgrind-out-file={tmp_dir / 'callgrind.out'}",
+               sys.executable, "-c", _CHILD_BOOTSTRAP, str(extension),
+               "--hits", str(hits), "--manifest", str(manifest_path), "--repo", str(repo)]
+        print(f"callgrind: {hits} hits per shape and grid kind under valgrind (importing torch "
+              f"under valgrind takes about a minute)", flush=True)
+        start = time.monotonic()
+        # A fixed hash seed keeps dict layouts, hence the callable-grid counts, the same run to run.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0 or not manifest_path.is_file():
+            print(f"error: the callgrind run failed (exit {proc.returncode}):\n"
+                  f"{(proc.stdout + proc.stderr)[-4000:]}", file=sys.stderr)
+            return 1
+        print(f"callgrind: done in {time.monotonic() - start:.0f} s")
+        manifest = json.loads(manifest_path.read_text())
+        dumps = sorted((p for p in tmp_dir.glob("callgrind.out.*") if _dump_index(p) > 0),
+                       key=_dump_index)
+        loops = manifest["loops"]
+        if len(dumps) != len(loops):
+            print(f"error: expected {len(loops)} callgrind dumps, found {len(dumps)}",
+                  file=sys.stderr)
+            return 1
+        for loop, dump in zip(loops, dumps):
+            out = subprocess.run([annotate, "--inclusive=yes", "--threshold=100", str(dump)],
+                                 capture_output=True, text=True, check=True).stdout
+            total, functions = parse_annotate_output(out)
+            if total is None or loop["hits"] <= 0:
+                print(f"error: no counts for {loop['shape']} ({loop['grid']} grid)",
+                      file=sys.stderr)
+                return 1
+            loop["instructions_per_hit"] = breakdown(total, functions, loop["hits"])
+
+    _print_callgrind(loops)
+    env = bench.environment("callgrind", None)
+    report = {
+        "environment": env,
+        "method": {"tool": "valgrind --tool=callgrind", "collected_in": _TOGGLE,
+                   "extension": "profiling build: -O3, no LTO, unstripped",
+                   "driver": "recording stand-in (tests/stand_in_driver)",
+                   "hits_per_loop": hits, "groups": dict(GROUP_SYMBOLS)},
+        "loops": loops,
+    }
+    out_dir = bench.results_dir(opts.out, repo)
+    path = out_dir / f"callgrind-{env['date'][:10]}.json"
+    bench.write_json(path, report)
+    print(f"\nresults: {path}")
+    ok = all(loop["hits"] == hits and loop["launches"] == hits for loop in loops)
+    if not ok:
+        print("WARNING: not every collected call was a fastkernel hit that launched")
+    return 0 if ok else 1
+
+
+def _print_callgrind(loops: List[Dict[str, Any]]) -> None:
+    columns = ["total", "fastkernel", "entry", "key build", "lookup", "stream query", "packing",
+               "driver call"]
+    print("\ninstructions per hit (callgrind; driver call = the stand-in's cuLaunchKernel; "
+          "fastkernel = total less the driver call; entry = Python to native, grid and glue):")
+    head = f"  {'shape':<12}{'grid':<10}" + "".join(f"{c:>14}" for c in columns)
+    print(head)
+    print("  " + "-" * (len(head) - 2))
+    for loop in loops:
+        per = loop["instructions_per_hit"]
+        cells = "".join(f"{'n/a' if per[c] is None else format(per[c], '.0f'):>14}"
+                        for c in columns)
+        print(f"  {loop['shape']:<12}{loop['grid']:<10}{cells}")
+    totals = {(l["shape"], l["grid"]): l["instructions_per_hit"]["total"] for l in loops}
+    extra = [f"{shape}: {totals[(shape, 'callable')] - totals[(shape, 'tuple')]:.0f}"
+             for shape, grid in totals if grid == "tuple" and (shape, "callable") in totals]
+    if extra:
+        print("a callable grid adds (instructions per hit): " + "  ".join(extra))

@@ -1,0 +1,209 @@
+"""The dispatch benchmark's host-side part, run at tiny counts on the CPU.
+
+Checks the structure of what ``python -m fastkernel bench --host`` writes and that the timed
+fastkernel calls really were native hits (a fast path that silently never engaged would
+otherwise pass as a fast benchmark). No timing is asserted: this machine's speed is no one's
+contract. The callgrind report parser is checked on a canned ``callgrind_annotate`` report.
+"""
+
+import json
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from fastkernel import CudaError, _C, bench
+from fastkernel._bench_host import breakdown, parse_annotate_output
+from fastkernel._bench_kernels import SHAPES
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+ITERATIONS = 40
+REPEATS = 2
+
+
+@pytest.fixture(scope="module")
+def host_report(tmp_path_factory):
+    """Runs the host-side benchmark once, in its own process (it opens the stand-in driver)."""
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastkernel", "bench", "--host", "--quick",
+         "--iterations", str(ITERATIONS), "--repeats", str(REPEATS),
+         "--out", str(out), "--repo", str(REPO)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = list(out.glob("host-*.json"))
+    assert len(files) == 1, sorted(p.name for p in out.iterdir())
+    return json.loads(files[0].read_text()), proc.stdout
+
+
+def test_environment_is_recorded(host_report):
+    report, _ = host_report
+    env = report["environment"]
+    for key in ("date", "mode", "device", "driver_version", "cuda_version", "torch", "triton",
+                "fastkernel", "cpu"):
+        assert key in env
+    assert env["mode"] == "host"
+    assert env["driver_library"].endswith(".so")
+
+
+def test_every_shape_and_system_has_a_result(host_report):
+    report, _ = host_report
+    rows = {(r["shape"], r["system"]): r for r in report["results"]}
+    for shape in SHAPES:
+        for system in ("floor", "fastkernel", "fastkernel_callable"):
+            row = rows[(shape.name, system)]
+            assert row["num_args"] == shape.num_args
+            assert row["num_tensors"] == shape.num_tensors
+            assert len(row["samples_us"]) == REPEATS
+            assert row["us_per_call"] > 0
+            assert row["ratio_to_floor"] > 0
+        assert rows[(shape.name, "floor")]["ratio_to_floor"] == 1.0
+    assert {"triton", "triton_run"} <= set(report["absent"])
+
+
+def test_timed_calls_were_native_hits(host_report):
+    report, _ = host_report
+    warmup = max(50, ITERATIONS // 5)
+    calls = 2 * (warmup + REPEATS * ITERATIONS)  # tuple grid and callable grid loops
+    for shape in SHAPES:
+        path = report["fastkernel_path"][shape.name]
+        assert path["misses"] == 0 and path["fallbacks"] == 0, path
+        assert path["hits"] == calls, path
+
+
+def test_floor_passes_the_bytes_fastkernel_passes(host_report):
+    report, _ = host_report
+    assert report["floor_params_match"] == {shape.name: True for shape in SHAPES}
+
+
+def test_misses_and_first_calls_are_reported(host_report):
+    report, stdout = host_report
+    for shape in SHAPES:
+        cold = report["cold_us"][shape.name]
+        assert cold["fastkernel_miss_from_disk_cache"] > 0
+        assert cold["fastkernel_first_call"] > 0
+    assert "ns/call (x floor)" in stdout
+
+
+def test_missing_checkout_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # No stand-in under --repo: the run stops before touching the driver.
+    assert bench.find_repo_root(str(tmp_path)) is None
+    assert bench.main(["--host", "--repo", str(tmp_path)]) == 2
+    assert "stand-in driver" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    """The recording stand-in driver, opened by this process's first launch."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from stand_in_driver.recording import RecordingDriver, build_recording_driver
+    path = build_recording_driver()
+    if _C.driver_loaded() and _C.driver_library_path() != str(path):
+        pytest.skip(f"this process already opened the driver {_C.driver_library_path()}")
+    os.environ["FASTKERNEL_CUDA_DRIVER"] = str(path)
+    drv = RecordingDriver(path)
+    drv.reset()
+    yield drv
+    drv.reset()
+
+
+@pytest.fixture(scope="module")
+def add2_cubin():
+    """(cubin, kernel name) of the add-2 benchmark kernel built for sm_90 (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fastkernel._bench_kernels import add2_kernel
+    signature = {"x0": "*fp32", "x1": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    compiled = triton.compile(ASTSource(add2_kernel, signature, {(3,): 1024}),
+                              target=GPUTarget("cuda", 90, 32))
+    return compiled.asm["cubin"], compiled.name
+
+
+# x0, x1, n, then Triton's global_scratch and profile_scratch pointers (NULL).
+ADD2_PARAMS = [struct.pack("<Q", 0x1000), struct.pack("<Q", 0x2000), struct.pack("<i", 4096),
+               bytes(8), bytes(8)]
+
+
+def test_bench_floor_launches_the_given_bytes(stand_in, add2_cubin):
+    cubin, name = add2_cubin
+    stand_in.reset()
+    _C.bench_floor(cubin, name, 0, (4, 1, 1), 128, 0, ADD2_PARAMS, 0x55, 3)
+    launches = stand_in.launches()
+    assert len(launches) == 3
+    for launch in launches:
+        assert (launch.name, launch.grid, launch.block, launch.stream) == (
+            name, (4, 1, 1), (128, 1, 1), 0x55)
+        assert launch.params == ADD2_PARAMS
+
+
+def test_bench_floor_loads_once_and_reports_errors(stand_in, add2_cubin):
+    cubin, name = add2_cubin
+    stand_in.reset()
+    floor = _C.BenchFloor(cubin, name, 0, 128, 0, ADD2_PARAMS)
+    floor.run((1, 1, 1), 0, 2)
+    floor.run((1, 1, 1), 0, 2)
+    assert stand_in.module_loads() == 1 and stand_in.launch_count() == 4
+    with pytest.raises(ValueError, match="grid dimension"):
+        floor.run((0, 1, 1), 0, 1)
+    floor.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        floor.run((1, 1, 1), 0, 1)
+    with pytest.raises(ValueError, match="ELF"):
+        _C.BenchFloor(b"not a cubin", name, 0, 128, 0, ADD2_PARAMS)
+    with pytest.raises(ValueError, match="block_x"):
+        _C.BenchFloor(cubin, name, 0, 0, 0, ADD2_PARAMS)
+    with pytest.raises(CudaError, match="cuModuleGetFunction"):
+        _C.BenchFloor(cubin, "no_such_kernel", 0, 128, 0, ADD2_PARAMS)
+    # Too few parameters: the driver (here the stand-in) rejects the launch.
+    with pytest.raises(CudaError, match="benchmark floor"):
+        _C.bench_floor(cubin, name, 0, (1, 1, 1), 128, 0, ADD2_PARAMS[:2], 0, 1)
+
+
+ANNOTATE = """\
+--------------------------------------------------------------------------------
+Profile data file 'callgrind.out.1' (creator: callgrind-3.19.0)
+--------------------------------------------------------------------------------
+Ir
+--------------------------------------------------------------------------------
+50,000 (100.0%)  PROGRAM TOTALS
+
+--------------------------------------------------------------------------------
+Ir               file:function
+--------------------------------------------------------------------------------
+50,000 (100.0%)  /src/bench_floor.cpp:fastkernel_bench_call_loop [/x/_C.so]
+30,000 (60.00%)  /src/kernel_object.cpp:fastkernel::(anonymous namespace)::launch_bound(_object*, _object* const*, unsigned long, _object*) [/x/_C.so]
+12,000 (24.00%)  /src/trampoline.cpp:fastkernel::launch(fastkernel::LaunchRecord const&, fastkernel::LaunchGrid const&, fastkernel::CUstream_st*, fastkernel::ArgValue const*, unsigned long long, unsigned long long) [/x/_C.so]
+10,000 (20.00%)  /src/key_builder.cpp:fastkernel::bind_and_build_key(fastkernel::KernelObject*, _object* const*, long, _object*, fastkernel::BoundCall*) [/x/_C.so]
+ 9,000 (18.00%)  ???:cuLaunchKernel [/x/librecording_driver.so]
+ 2,000 ( 4.00%)  /src/launch_table.cpp:fastkernel::LaunchTable::find(fastkernel::SpecializationKey const&, unsigned long) const [/x/_C.so]
+   500 ( 1.00%)  /src/launch_context.cpp:fastkernel::current_launch_context() [/x/_C.so]
+   100 ( 0.20%)  ???:cuLaunchKernelEx [/x/librecording_driver.so]
+"""
+
+
+def test_annotate_report_is_parsed_into_groups():
+    total, functions = parse_annotate_output(ANNOTATE)
+    assert total == 50000
+    assert functions["cuLaunchKernel"] == 9000
+    per = breakdown(total, functions, hits=10)
+    assert per["total"] == 5000
+    assert per["key build"] == 1000
+    assert per["lookup"] == 200
+    assert per["stream query"] == 50
+    assert per["driver call"] == 900
+    assert per["packing"] == 300  # fastkernel::launch less the driver call
+    assert per["entry"] == 5000 - 1000 - 200 - 50 - 1200
+
+
+def test_absent_group_stays_in_entry():
+    total, functions = parse_annotate_output(ANNOTATE)
+    del functions["fastkernel::current_launch_context()"]
+    per = breakdown(total, functions, hits=1)
+    assert per["stream query"] is None
+    assert per["entry"] == 50000 - 10000 - 2000 - 12000
