@@ -6,6 +6,10 @@
 #include <cstring>
 #include <limits>
 
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "parameter slots are written little-endian, as the CUDA driver reads them on x86-64 "
+              "and aarch64");
+
 namespace fastkernel {
 namespace {
 
@@ -202,14 +206,29 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
   }
   alignas(16) uint64_t storage[kMaxParams];
   void* params[kMaxParams];
+  const PackSlot* plan = record.plan.data();
   for (size_t i = 0; i < n; ++i) {
-    const PackSlot& slot = record.plan[i];
+    const PackSlot slot = plan[i];
+    const ArgValue& v = args[slot.arg_index];
+    params[i] = &storage[i];
+    // The common exact matches inline; every other combination (conversions, range checks,
+    // errors) goes through pack_param.
+    if (slot.type == ParamType::Pointer && v.kind == ArgKind::Tensor) {
+      storage[i] = v.u;
+      continue;
+    }
+    if (v.kind == ArgKind::Int && ((slot.type == ParamType::I32 && v.width == IntWidth::I32) ||
+                                   (slot.type == ParamType::I64 && v.width != IntWidth::U64) ||
+                                   (slot.type == ParamType::U64 && v.width == IntWidth::U64))) {
+      // Little-endian: the low 4 bytes of the 8-byte slot are the i32 value.
+      storage[i] = slot.type == ParamType::I32 ? uint64_t(uint32_t(int32_t(v.i))) : v.u;
+      continue;
+    }
     try {
-      pack_param(slot.type, args[slot.arg_index], &storage[i]);
+      pack_param(slot.type, v, &storage[i]);
     } catch (ParamError& e) {
       throw ParamError(slot.arg_index, e.overflow, e.what());
     }
-    params[i] = &storage[i];
   }
   // Scratch pointers: as many as the installed Triton's calling convention appends.
   size_t count = n;

@@ -101,9 +101,22 @@ bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
 }
 
 // The dict a callable grid receives: every declared parameter by name (Triton's bound_args).
+// Copied from a template holding every key, so filling it replaces values and never resizes.
 PyObject* grid_meta(KernelObject* kernel, const BoundCall& call) {
-  const KernelState& st = *kernel->state;
-  Ref meta(PyDict_New());
+  KernelState& st = *kernel->state;
+  if (st.grid_meta_template == nullptr) {
+    Ref tmpl(PyDict_New());
+    if (!tmpl) {
+      return nullptr;
+    }
+    for (const ParamSpec& p : st.params) {
+      if (PyDict_SetItem(tmpl.get(), p.name, Py_None) < 0) {
+        return nullptr;
+      }
+    }
+    st.grid_meta_template = tmpl.release();
+  }
+  Ref meta(PyDict_Copy(st.grid_meta_template));
   if (!meta) {
     return nullptr;
   }
@@ -353,6 +366,7 @@ void kernel_release_state(KernelObject* self) {
     for (PyObject* o : self->state->option_names) {
       Py_XDECREF(o);
     }
+    Py_XDECREF(self->state->grid_meta_template);
     delete self->state;
     self->state = nullptr;
   }

@@ -32,6 +32,7 @@ struct KernelState {
   std::vector<PyObject*> param_names;   ///< params[i].name, contiguous for the keyword scan
   std::vector<PyObject*> option_names;  ///< interned, owned; the index is the option's key tag
   LaunchTable table;
+  PyObject* grid_meta_template = nullptr;  ///< {name: None} for every parameter, owned
   uint64_t hits = 0, misses = 0, fallbacks = 0;
 };
 
@@ -67,7 +68,9 @@ enum class KeyStatus { Ok, Fallback, Error };
 /// A call's arguments bound to the declared parameters, their captured values and the key.
 struct BoundCall {
   PyObject* args[kMaxArgs];        ///< borrowed, one per declared parameter
-  PyObject* options[kMaxOptions];  ///< borrowed, nullptr where the option was not given
+  PyObject* options[kMaxOptions];  ///< borrowed; only the entries listed in set_options are valid
+  int set_options[kMaxOptions];    ///< indices of the options given, ascending
+  int num_set_options = 0;
   ArgValue values[kMaxArgs];
   SpecializationKey key;
   const char* fallback_reason = nullptr;

@@ -61,23 +61,9 @@ bool is_constexpr_wrapper(PyObject* v) {
 // tl.constexpr objects by their wrapped value; tl.dtype and jit functions by identity (the
 // Python layer keeps every such object it registers alive, so an address is never reused
 // while a record keyed on it exists). Anything else goes to the fallback path.
+bool push_object_constexpr(PyObject* v, SpecializationKey* key, int depth);
+
 bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
-  if (is_identity_keyed(v)) {
-    key->push(uint64_t(ArgKind::ConstexprObject));
-    key->push(reinterpret_cast<uint64_t>(v));
-    return true;
-  }
-  if (is_constexpr_wrapper(v) && depth == 0) {
-    PyObject* inner = PyObject_GetAttr(v, g_value_name);
-    if (inner == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-    key->push(uint64_t(ArgKind::ConstexprWrapped));
-    const bool ok = push_constexpr(inner, key, depth + 1);
-    Py_DECREF(inner);
-    return ok;
-  }
   if (v == Py_None) {
     key->push(uint64_t(ArgKind::ConstexprNone));
     return true;
@@ -123,6 +109,27 @@ bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
     key->push(uint64_t(ArgKind::ConstexprStr) | (uint64_t(uint32_t(length)) << 8));
     key->push_bytes(data, size_t(length));
     return true;
+  }
+  return push_object_constexpr(v, key, depth);
+}
+
+// The object kinds, checked after the exact value kinds above since they cost type walks.
+bool push_object_constexpr(PyObject* v, SpecializationKey* key, int depth) {
+  if (is_identity_keyed(v)) {
+    key->push(uint64_t(ArgKind::ConstexprObject));
+    key->push(reinterpret_cast<uint64_t>(v));
+    return true;
+  }
+  if (is_constexpr_wrapper(v) && depth == 0) {
+    PyObject* inner = PyObject_GetAttr(v, g_value_name);
+    if (inner == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    key->push(uint64_t(ArgKind::ConstexprWrapped));
+    const bool ok = push_constexpr(inner, key, depth + 1);
+    Py_DECREF(inner);
+    return ok;
   }
   return false;
 }
@@ -224,9 +231,7 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   for (int i = 0; i < num_params; ++i) {
     call->args[i] = i < nargs ? args[i] : nullptr;
   }
-  for (int i = 0; i < num_options; ++i) {
-    call->options[i] = nullptr;
-  }
+  call->num_set_options = 0;
   if (kwnames != nullptr) {
     const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t k = 0; k < nkw; ++k) {
@@ -256,6 +261,14 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
                      kernel->name, kw);
         return KeyStatus::Error;
       }
+      // Keep the given options sorted by index so keyword order never changes the key
+      // (insertion into a list that is almost always 0-2 long).
+      int at = call->num_set_options++;
+      while (at > 0 && call->set_options[at - 1] > option) {
+        call->set_options[at] = call->set_options[at - 1];
+        --at;
+      }
+      call->set_options[at] = option;
       call->options[option] = value;
     }
   }
@@ -317,10 +330,8 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       return KeyStatus::Fallback;
     }
   }
-  for (int i = 0; i < num_options; ++i) {
-    if (call->options[i] == nullptr) {
-      continue;
-    }
+  for (int j = 0; j < call->num_set_options; ++j) {
+    const int i = call->set_options[j];
     key.push(uint64_t(ArgKind::Option) | (uint64_t(i) << 8));
     if (!push_constexpr(call->options[i], &key)) {
       call->fallback_reason = "a compile option value of a kind the native key does not cover";

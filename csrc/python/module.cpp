@@ -66,6 +66,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   }
   st.params.clear();
   st.param_names.clear();
+  Py_CLEAR(st.grid_meta_template);
   for (PyObject* o : st.option_names) {
     Py_XDECREF(o);
   }
