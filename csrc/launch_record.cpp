@@ -10,31 +10,24 @@
 namespace fastkernel {
 namespace {
 
-// Makes `device`'s primary context current for the scope, restoring the previous one after.
-class PrimaryContextScope {
- public:
-  explicit PrimaryContextScope(int device) : api_(driver()) {
-    CUdevice dev = 0;
-    check_cuda(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
-    CUcontext ctx = nullptr;
-    check_cuda(api_.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-    check_cuda(api_.cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
-  }
-  ~PrimaryContextScope() {
-    CUcontext popped = nullptr;
-    api_.cuCtxPopCurrent(&popped);
-  }
-  PrimaryContextScope(const PrimaryContextScope&) = delete;
-  PrimaryContextScope& operator=(const PrimaryContextScope&) = delete;
-
- private:
-  const DriverApi& api_;
-};
-
 std::mutex g_primary_mutex;
 std::unordered_map<int, CUcontext> g_primary_contexts;
 
 }  // namespace
+
+PrimaryContextScope::PrimaryContextScope(int device) {
+  const DriverApi& api = driver();
+  CUdevice dev = 0;
+  check_cuda(api.cuDeviceGet(&dev, device), "cuDeviceGet");
+  CUcontext ctx = nullptr;
+  check_cuda(api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  check_cuda(api.cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
+}
+
+PrimaryContextScope::~PrimaryContextScope() {
+  CUcontext popped = nullptr;
+  driver().cuCtxPopCurrent(&popped);
+}
 
 void make_primary_context_current(int device) {
   const DriverApi& api = driver();

@@ -16,6 +16,7 @@
 #include "fastkernel/cuda_driver.h"
 #include "fastkernel/launch_record.h"
 #include "kernel_object.h"
+#include "python_errors.h"
 
 namespace py = pybind11;
 
@@ -23,43 +24,6 @@ namespace fastkernel {
 namespace {
 
 using Grid3 = std::tuple<unsigned, unsigned, unsigned>;
-
-// Runs `fn`, turning native exceptions into fastkernel's Python exception types.
-template <typename Fn>
-auto with_python_errors(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (py::error_already_set&) {
-    throw;
-  } catch (py::builtin_exception&) {
-    throw;
-  } catch (...) {
-    set_python_error_from_current_exception(nullptr);
-    throw py::error_already_set();
-  }
-}
-
-// Makes `device`'s primary context current for the scope and restores the previous one after,
-// so the floor launches where torch and fastkernel launch without changing the caller's state.
-class PrimaryContextGuard {
- public:
-  explicit PrimaryContextGuard(int device) : api_(driver()) {
-    CUdevice dev = 0;
-    check_cuda(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
-    CUcontext ctx = nullptr;
-    check_cuda(api_.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-    check_cuda(api_.cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
-  }
-  ~PrimaryContextGuard() {
-    CUcontext popped = nullptr;
-    api_.cuCtxPopCurrent(&popped);
-  }
-  PrimaryContextGuard(const PrimaryContextGuard&) = delete;
-  PrimaryContextGuard& operator=(const PrimaryContextGuard&) = delete;
-
- private:
-  const DriverApi& api_;
-};
 
 // One kernel's cubin loaded once, with its parameters packed once: `run` is nothing but the
 // launch loop, so module loading stays out of the timed part.
@@ -103,7 +67,7 @@ class FloorLauncher {
     if (gx == 0 || gy == 0 || gz == 0) {
       throw std::invalid_argument("bench floor: every grid dimension must be >= 1");
     }
-    PrimaryContextGuard context(record_.device);
+    PrimaryContextScope context(record_.device);
     const DriverApi& api = driver();
     CUfunction function = record_.function;
     const unsigned block_x = record_.block_x, shared_mem = record_.shared_mem;

@@ -11,6 +11,7 @@
 #include "bench_floor.h"
 #include "kernel_object.h"
 #include "launch_context.h"
+#include "python_errors.h"
 
 namespace py = pybind11;
 using namespace fastkernel;
@@ -31,21 +32,6 @@ PyObject* interned(const std::string& s) {
   }
   PyUnicode_InternInPlace(&o);
   return o;
-}
-
-// Runs `fn`, translating native exceptions into fastkernel's Python exception types.
-template <typename Fn>
-auto translate(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (py::error_already_set&) {
-    throw;
-  } catch (py::builtin_exception&) {
-    throw;
-  } catch (...) {
-    set_python_error_from_current_exception(nullptr);
-    throw py::error_already_set();
-  }
 }
 
 void configure(py::handle kernel_obj, const std::string& name, const py::list& params,
@@ -145,7 +131,7 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
   }
   rec->user_data = compiled.ptr();  // kept alive by the Python layer's list of compiled kernels
   const std::string image = cubin;
-  translate([&] {
+  with_python_errors([&] {
     load_launch_record(*rec, image.data(), image.size());
     return 0;
   });
@@ -238,7 +224,7 @@ py::bytes testing_pack_param(const std::string& type, py::handle value) {
 }
 
 std::pair<int, int> device_capability(int device) {
-  return translate([&] {
+  return with_python_errors([&] {
     const DriverApi& api = driver();
     CUdevice dev = 0;
     check_cuda(api.cuDeviceGet(&dev, device), "cuDeviceGet");

@@ -55,6 +55,16 @@ struct LaunchRecord {
 /// Throws CudaError (or DriverUnavailable) on failure; leaves nothing loaded on failure.
 void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size);
 
+/// Makes `device`'s primary context current for a scope and restores the previous context after
+/// (module loading and the benchmark floor use it, leaving the caller's context as it was).
+class PrimaryContextScope {
+ public:
+  explicit PrimaryContextScope(int device);
+  ~PrimaryContextScope();
+  PrimaryContextScope(const PrimaryContextScope&) = delete;
+  PrimaryContextScope& operator=(const PrimaryContextScope&) = delete;
+};
+
 /// Makes `device`'s primary context current on this thread (retained once per device). The
 /// launch path calls it only after the driver reports no current context, so a thread that
 /// never touched the CUDA runtime still launches, at no cost to the common case.
