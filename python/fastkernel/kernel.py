@@ -143,14 +143,12 @@ class FastKernel(_C.Kernel):
             except abi.UnsupportedByNativePath as exc:
                 return self._fallback(grid, args, kwargs, str(exc))
             try:
-                compiled = abi.compile_specialization(self.fn, target, spec)
+                meta, compiled = self._launch_artifact(target, spec)
+            except abi.UnsupportedByNativePath as exc:
+                return self._fallback(grid, args, kwargs, str(exc))
             except Exception as exc:
                 self._raise_kind_mismatch(args, kwargs, exc)
                 raise
-            try:
-                meta = abi.launch_metadata(compiled)
-            except abi.UnsupportedByNativePath as exc:
-                return self._fallback(grid, args, kwargs, str(exc))
             _C.register(self, key, device, meta.name, meta.cubin, meta.block_x, meta.shared_mem,
                         meta.num_ctas, meta.cooperative_grid, meta.pdl, spec.plan,
                         abi.num_scratch_params(), meta.global_scratch_size,
@@ -164,6 +162,16 @@ class FastKernel(_C.Kernel):
             log.debug("fastkernel: registered %s on device %d (%d parameters)", meta.name, device,
                       len(spec.plan))
             return None
+
+    def _launch_artifact(self, target, spec: "abi.Specialization"):
+        """The cubin and launch metadata for a specialization: (LaunchMetadata, handle).
+
+        ``handle`` is what a launch returns (Triton's CompiledKernel when compiled here).
+        Raises ``abi.UnsupportedByNativePath`` for binaries the native launcher cannot call,
+        and whatever Triton's compiler raises.
+        """
+        compiled = abi.compile_specialization(self.fn, target, spec)
+        return abi.launch_metadata(compiled), compiled
 
     def _fallback(self, grid, args, kwargs, reason: str):
         count = self._fallback_reasons.get(reason, 0)
