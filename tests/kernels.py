@@ -55,8 +55,9 @@ def constexpr_kernel(out_ptr, SCALE: tl.constexpr, MODE: tl.constexpr, BLOCK: tl
 
 # The demo's softmax and matmul (fastkernel._examples) are the GPU corpus's too; the tests take
 # the plain triton.jit functions so Triton's own launch can run beside fastkernel's.
-softmax_kernel = _examples.softmax_kernel.fn
-matmul_kernel = _examples.matmul_kernel.fn
+# (Under FASTKERNEL_DISABLE=1 the examples are already plain triton.jit functions.)
+softmax_kernel = getattr(_examples.softmax_kernel, "jit_function", _examples.softmax_kernel)
+matmul_kernel = getattr(_examples.matmul_kernel, "jit_function", _examples.matmul_kernel)
 
 
 @triton.jit

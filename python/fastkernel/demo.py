@@ -79,7 +79,7 @@ def time_dispatch(iterations: int) -> None:
     n = 4096
     x, y, out = (torch.randn(n, device="cuda") for _ in range(3))
     fk = lambda: ex.add_kernel[(4,)](x, y, out, n, BLOCK=1024)  # noqa: E731
-    tr = lambda: ex.add_kernel.fn[(4,)](x, y, out, n, BLOCK=1024)  # noqa: E731
+    tr = lambda: ex.add_kernel.jit_function[(4,)](x, y, out, n, BLOCK=1024)  # noqa: E731
     fk_us = _per_call_us(fk, iterations)
     tr_us = _per_call_us(tr, iterations)
     print(f"\nPer-call dispatch, add kernel N={n} fp32 (median of 5 x {iterations} calls, "

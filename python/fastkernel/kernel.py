@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import triton
 from triton.runtime.interpreter import InterpretedFunction
-from triton.runtime.jit import JITFunction
+from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C
 from . import _triton_abi as abi
@@ -55,12 +55,18 @@ def _params_spec(jit_fn: JITFunction) -> List[Tuple[str, bool, bool, bool, bool,
     return spec
 
 
-class FastKernel(_C.Kernel):
+class FastKernel(_C.Kernel, JITFunction):
     """A Triton kernel launched through fastkernel's native dispatch path.
 
     Use it exactly like the ``triton.jit`` function it wraps: ``kernel[grid](*args, **kwargs)``
     with ``grid`` a tuple of 1-3 ints or a callable taking the dict of bound arguments, and
     Triton's compile options (``num_warps``, ``num_stages``, ...) as keywords.
+
+    It is also a ``triton.runtime.jit.JITFunction`` (sharing the wrapped function's state), so
+    everything that accepts a Triton kernel accepts it: ``@triton.autotune`` and
+    ``@triton.heuristics`` stacked above ``@fastkernel`` (their launches stay native),
+    ``torch.compile`` (which captures it as a user-defined Triton kernel and launches it its
+    own way), ``torch.library.wrap_triton``, and passing it as a constexpr to another kernel.
 
     Raises (per call)
     ------
@@ -77,13 +83,13 @@ class FastKernel(_C.Kernel):
     """
 
     def __init__(self, jit_fn: JITFunction):
-        if not isinstance(jit_fn, JITFunction):
+        if not isinstance(jit_fn, JITFunction) or isinstance(jit_fn, FastKernel):
             raise TypeError(f"fastkernel expects a triton.jit function, got {type(jit_fn).__name__}")
-        self.fn = jit_fn
-        self.__name__ = jit_fn.__name__
-        self.__qualname__ = getattr(jit_fn, "__qualname__", jit_fn.__name__)
-        self.__doc__ = jit_fn.__doc__
-        self.__module__ = jit_fn.__module__
+        # Share the wrapped JITFunction's state (source, parameters, Triton's own caches): this
+        # object is the same kernel, seen through a native launch path.
+        self.__dict__.update(jit_fn.__dict__)
+        #: The wrapped ``triton.jit`` function; ``jit_function[grid](...)`` is Triton's own launch.
+        self.jit_function = jit_fn
         self._compiled: List[Any] = []  # keeps every registered CompiledKernel alive
         self._keepalive: Dict[int, Any] = {}  # identity-keyed constexpr objects, by id
         self._arg_kinds: Dict[int, set] = {}
@@ -99,13 +105,15 @@ class FastKernel(_C.Kernel):
     # -- Triton-compatible surface ------------------------------------------------------------
 
     def run(self, *args, grid, warmup: bool = False, **kwargs):
-        """``JITFunction.run`` compatibility: ``run(*args, grid=g, **kw)`` is ``self[g](*args, **kw)``."""
+        """``JITFunction.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``
+        (this is how ``triton.autotune`` and ``triton.heuristics`` call the kernel they wrap);
+        ``warmup=True`` compiles through Triton without launching."""
         if warmup:
-            return self.fn.run(*args, grid=grid, warmup=True, **kwargs)
+            return self.jit_function.run(*args, grid=grid, warmup=True, **kwargs)
         return self[grid](*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"FastKernel({self.fn.module}:{self.fn.fn.__qualname__})"
+        return f"FastKernel({self.module}:{self.fn.__qualname__})"
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
@@ -139,7 +147,7 @@ class FastKernel(_C.Kernel):
         with self._lock:
             target = self._target(device)
             try:
-                spec = abi.specialize(self.fn, target, args, kwargs)
+                spec = abi.specialize(self.jit_function, target, args, kwargs)
             except abi.UnsupportedByNativePath as exc:
                 return self._fallback(grid, args, kwargs, str(exc))
             try:
@@ -170,7 +178,7 @@ class FastKernel(_C.Kernel):
         Raises ``abi.UnsupportedByNativePath`` for binaries the native launcher cannot call,
         and whatever Triton's compiler raises.
         """
-        compiled = abi.compile_specialization(self.fn, target, spec)
+        compiled = abi.compile_specialization(self.jit_function, target, spec)
         return abi.launch_metadata(compiled), compiled
 
     def _fallback(self, grid, args, kwargs, reason: str):
@@ -179,12 +187,12 @@ class FastKernel(_C.Kernel):
             log.warning("fastkernel: %s goes through Triton's own launcher: %s", self.__name__,
                         reason)
         self._fallback_reasons[reason] = count + 1
-        result = self.fn[grid](*args, **kwargs)
+        result = self.jit_function[grid](*args, **kwargs)
         return result if result is not None else True
 
     def _bound_kinds(self, args, kwargs) -> Dict[int, str]:
         kinds = {}
-        names = [p.name for p in self.fn.params]
+        names = [p.name for p in self.params]
         for i, v in enumerate(args):
             kinds[i] = _kind_of(v)
         for name, v in kwargs.items():
@@ -201,7 +209,7 @@ class FastKernel(_C.Kernel):
         for i, kind in self._bound_kinds(args, kwargs).items():
             seen = self._arg_kinds.get(i)
             if seen and kind not in seen and ("tensor" in seen) != (kind == "tensor"):
-                name = self.fn.params[i].name
+                name = self.params[i].name
                 raise TypeError(f"{self.__name__}: argument '{name}' is {kind!s} but earlier "
                                 f"calls passed {'/'.join(sorted(seen))}; Triton could not compile "
                                 f"this specialization") from exc
@@ -253,6 +261,14 @@ def fastkernel(fn: Optional[Callable] = None, **jit_kwargs):
         return lambda f: fastkernel(f, **jit_kwargs)
     if isinstance(fn, FastKernel):
         return fn
+    if isinstance(fn, KernelInterface) and not isinstance(fn, (JITFunction, InterpretedFunction)):
+        # triton.autotune / triton.heuristics wrappers: they call fn.run, which is where the
+        # native path must sit, so it goes under them.
+        raise TypeError(
+            f"fastkernel wraps a triton.jit function, got a {type(fn).__name__}: put @fastkernel "
+            f"directly above @triton.jit, below @triton.autotune / @triton.heuristics, e.g.\n"
+            f"    @triton.autotune(configs=..., key=...)\n    @fastkernel\n    @triton.jit\n"
+            f"    def kernel(...): ...")
     if not isinstance(fn, JITFunction):
         if jit_kwargs and isinstance(fn, InterpretedFunction):
             raise TypeError("jit options can only be given with a plain function")

@@ -1,0 +1,116 @@
+"""@fastkernel is a triton JITFunction: Triton's decorators stack above it and keep launches
+native; the wrong order gets an error saying what to write; torch.compile captures it (GPU)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from fastkernel import FastKernel, fastkernel
+
+import kernels
+
+
+def test_fastkernel_is_a_jit_function_sharing_the_wrapped_state():
+    k = fastkernel(kernels.add_kernel)
+    assert isinstance(k, JITFunction) and isinstance(k, FastKernel)
+    assert k.jit_function is kernels.add_kernel
+    assert k.cache_key == kernels.add_kernel.cache_key
+    assert [p.name for p in k.params] == [p.name for p in kernels.add_kernel.params]
+
+
+def test_heuristics_above_fastkernel_stays_native(stand_in):
+    @triton.heuristics({"BLOCK": lambda args: triton.next_power_of_2(args["n"])})
+    @fastkernel
+    @triton.jit
+    def add_heuristic(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+                 mask=mask)
+
+    x = torch.randn(100)
+    for _ in range(3):
+        add_heuristic[(1,)](x, x, x, 100)
+    inner = add_heuristic.fn
+    assert isinstance(inner, FastKernel)
+    stats = inner.stats()
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0)
+    assert inner._compiled[0].src.constants[(4,)] == 128  # BLOCK from the heuristic
+    assert len(stand_in.launches()) == 3
+
+
+def test_single_config_autotune_above_fastkernel_stays_native(stand_in):
+    @triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2)], key=["n"])
+    @fastkernel
+    @triton.jit
+    def add_tuned(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+                 mask=mask)
+
+    x = torch.randn(256)
+    for _ in range(3):
+        add_tuned[lambda meta: (triton.cdiv(256, meta["BLOCK"]),)](x, x, x, 256)
+    inner = add_tuned.fn
+    assert inner.stats()["hits"] == 2 and inner.stats()["fallbacks"] == 0
+    launches = stand_in.launches()
+    assert [launch.grid for launch in launches] == [(4, 1, 1)] * 3
+    assert launches[0].block == (64, 1, 1)  # the config's num_warps=2
+
+
+@pytest.mark.parametrize("decorator", [
+    lambda f: triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=["n"])(f),
+    lambda f: triton.heuristics({"BLOCK": lambda args: 64})(f),
+], ids=["autotune", "heuristics"])
+def test_fastkernel_above_triton_decorators_says_what_to_write(decorator):
+    wrapped = decorator(kernels.add_kernel)
+    with pytest.raises(TypeError, match=r"put @fastkernel directly above @triton.jit"):
+        fastkernel(wrapped)
+
+
+def test_fastkernel_as_a_constexpr_of_another_kernel(stand_in):
+    helper = fastkernel(kernels.times_two)
+    k = fastkernel(kernels.cast_kernel)
+    src, out = torch.randn(64), torch.empty(64)
+    k[(1,)](out, src, 64, OUT_DTYPE=tl.float32, FN=helper, BLOCK=64)
+    k[(1,)](out, src, 64, OUT_DTYPE=tl.float32, FN=helper, BLOCK=64)
+    assert k.stats()["hits"] == 1 and k.stats()["fallbacks"] == 0
+    assert stand_in.launches()[0].params[:3] == [struct.pack("<Q", out.data_ptr()),
+                                                 struct.pack("<Q", src.data_ptr()),
+                                                 struct.pack("<i", 64)]
+
+
+@pytest.mark.gpu
+def test_torch_compile_fullgraph_captures_the_kernel():
+    k = fastkernel(kernels.add_kernel)
+
+    def f(x, y):
+        out = torch.empty_like(x)
+        k[(triton.cdiv(x.numel(), 1024),)](x, y, out, x.numel(), BLOCK=1024)
+        return out
+
+    x, y = torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda")
+    compiled = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(x, y), x + y, rtol=0, atol=0)
+    # Eager calls go through the native path; the compiled graph launches its own way.
+    torch.testing.assert_close(f(x, y), x + y, rtol=0, atol=0)
+    assert k.stats()["hits"] + k.stats()["misses"] >= 1
+
+
+@pytest.mark.gpu
+def test_wrap_triton_accepts_fastkernel():
+    from torch.library import wrap_triton
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(4096, device="cuda")
+    out = torch.empty_like(x)
+    wrap_triton(k)[(4,)](x, x, out, 4096, BLOCK=1024)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + x)
