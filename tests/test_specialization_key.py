@@ -167,9 +167,10 @@ def test_reference_matches_triton(value, flags):
 @pytest.mark.parametrize("value", VALUES, ids=_id)
 def test_native_key_matches_triton(value, flags):
     words = key_words(native_key(PROBES[flags], [value]))
-    assert len(words) == 2  # the argument's word, then the device word
+    assert len(words) == 3  # the argument's word, the device word, the knob-state word
     assert native_class(words[0], value) == reference_specialize(value, *flags)
     assert words[1] == 12  # ArgKind::Device, device 0
+    assert words[2] == abi.knob_state()[0]
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=["specialize", "no_specialize", "no_align"])

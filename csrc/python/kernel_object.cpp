@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fastkernel/trampoline.h"
+#include "knob_watch.h"
 #include "launch_context.h"
 
 namespace fastkernel {
@@ -16,6 +17,9 @@ PyObject* g_cuda_error_type = nullptr;
 PyObject* g_driver_unavailable_type = nullptr;
 
 namespace {
+
+PyObject* g_hook_enter = nullptr;
+PyObject* g_hook_exit = nullptr;
 
 // Owns one Python reference for a scope.
 class Ref {
@@ -128,26 +132,36 @@ PyObject* grid_meta(KernelObject* kernel, const BoundCall& call) {
   return meta.release();
 }
 
+// The call's positional arguments as a tuple and keywords as a dict (new references), for the
+// Python paths (misses, fallbacks, pre-run hooks). False with an exception set on failure.
+bool call_as_tuple_and_dict(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, Ref* pos,
+                            Ref* kw) {
+  pos->reset(PyTuple_New(nargs));
+  kw->reset(PyDict_New());
+  if (!*pos || !*kw) {
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    PyTuple_SET_ITEM(pos->get(), i, Py_NewRef(args[i]));
+  }
+  if (kwnames != nullptr) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
+      if (PyDict_SetItem(kw->get(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) < 0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Calls the Python miss handler: handler(kernel, grid, args, kwargs, key, device, reason).
 // Returns its result (new reference) or nullptr with an exception set.
 PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* const* args,
                             Py_ssize_t nargs, PyObject* kwnames, const BoundCall* call, int device,
                             const char* reason) {
-  Ref pos(PyTuple_New(nargs));
-  Ref kw(PyDict_New());
-  if (!pos || !kw) {
+  Ref pos, kw;
+  if (!call_as_tuple_and_dict(args, nargs, kwnames, &pos, &kw)) {
     return nullptr;
-  }
-  for (Py_ssize_t i = 0; i < nargs; ++i) {
-    Py_INCREF(args[i]);
-    PyTuple_SET_ITEM(pos.get(), i, args[i]);
-  }
-  if (kwnames != nullptr) {
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); ++k) {
-      if (PyDict_SetItem(kw.get(), PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) < 0) {
-        return nullptr;
-      }
-    }
   }
   Ref key(call ? PyBytes_FromStringAndSize(reinterpret_cast<const char*>(call->key.words),
                                            Py_ssize_t(call->key.size * sizeof(uint64_t)))
@@ -160,6 +174,47 @@ PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* cons
   PyObject* handler_args[] = {reinterpret_cast<PyObject*>(kernel), grid, pos.get(), kw.get(),
                               key.get(), dev.get(), why.get()};
   return PyObject_Vectorcall(kernel->miss_handler, handler_args, 7, nullptr);
+}
+
+// Runs the JITFunction's pre-run hooks with the call's arguments, as JITFunction.run does.
+bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames) {
+  Ref pos, kw;
+  if (!call_as_tuple_and_dict(args, nargs, kwnames, &pos, &kw)) {
+    return false;
+  }
+  // Iterate over a snapshot: a hook may add or remove hooks.
+  Ref hooks(PySequence_Tuple(kernel->pre_run_hooks));
+  if (!hooks) {
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hooks.get()); ++i) {
+    Ref r(PyObject_Call(PyTuple_GET_ITEM(hooks.get(), i), pos.get(), kw.get()));
+    if (!r) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Calls the enter hook runner; returns the launch metadata to hand to the exit hook.
+PyObject* run_enter_hook(KernelObject* kernel, const LaunchRecord& rec, const LaunchGrid& grid,
+                         CUstream stream, const BoundCall& call) {
+  const size_t n = kernel->state->params.size();
+  Ref bound(PyTuple_New(Py_ssize_t(n)));
+  Ref grid_tuple(Py_BuildValue("(III)", grid.x, grid.y, grid.z));
+  Ref stream_handle(PyLong_FromVoidPtr(stream));
+  Ref function(PyLong_FromVoidPtr(rec.function));
+  if (!bound || !grid_tuple || !stream_handle || !function) {
+    return nullptr;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    PyTuple_SET_ITEM(bound.get(), Py_ssize_t(i), Py_NewRef(call.args[i]));
+  }
+  PyObject* compiled = rec.user_data ? static_cast<PyObject*>(rec.user_data) : Py_None;
+  PyObject* hook_args[] = {reinterpret_cast<PyObject*>(kernel), grid_tuple.get(),
+                           stream_handle.get(), function.get(), compiled, bound.get()};
+  return PyObject_Vectorcall(g_hook_enter, hook_args, 6, nullptr);
 }
 
 // Allocates one scratch buffer through the Python allocator (Triton's sizing: grid CTAs times
@@ -198,18 +253,31 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
   KernelState& st = *kernel->state;
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   BoundCall call;
-  const KeyStatus status = bind_and_build_key(kernel, args, nargs, kwnames, &call);
+  KeyStatus status = bind_and_build_key(kernel, args, nargs, kwnames, &call);
   if (status == KeyStatus::Error) {
     return nullptr;
   }
+  const KnobState* knobs = current_knobs();
+  if (knobs == nullptr) {
+    return nullptr;
+  }
+  if (status == KeyStatus::Ok && knobs->native_disabled) {
+    status = KeyStatus::Fallback;
+    call.fallback_reason = "a Triton knob the native path does not honour is set (a "
+                           "stages-inspection hook)";
+  }
   if (status == KeyStatus::Fallback) {
-    ++st.fallbacks;
+    ++st.fallbacks;  // Triton's own launch runs the pre-run and launch hooks itself
     return call_miss_handler(kernel, self->grid, args, nargs, kwnames, nullptr, -1,
                              call.fallback_reason);
   }
+  if (kernel->pre_run_hooks != nullptr && PyList_GET_SIZE(kernel->pre_run_hooks) > 0 &&
+      !run_pre_run_hooks(kernel, args, nargs, kwnames)) {
+    return nullptr;
+  }
   try {
     const LaunchContext ctx = current_launch_context();
-    finish_key(&call.key, ctx.device);
+    finish_key(&call.key, ctx.device, knobs->key_word);
     const uint64_t hash = call.key.hash();
     const LaunchRecord* rec = st.table.find(call.key, hash);
     if (rec == nullptr) {
@@ -280,7 +348,22 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
         }
       }
     }
+    // Launch hooks (Triton's knobs.runtime.launch_enter_hook / launch_exit_hook), only when set.
+    Ref hook_metadata;
+    const bool hooked = g_hook_enter != nullptr && hooks_active(*knobs);
+    if (hooked) {
+      hook_metadata.reset(run_enter_hook(kernel, *rec, grid, ctx.stream, call));
+      if (!hook_metadata) {
+        return nullptr;
+      }
+    }
     launch(*rec, grid, ctx.stream, call.values, global_scratch, profile_scratch);
+    if (hooked) {
+      Ref r(PyObject_CallOneArg(g_hook_exit, hook_metadata.get()));
+      if (!r) {
+        return nullptr;
+      }
+    }
     PyObject* compiled = static_cast<PyObject*>(rec->user_data);
     return Py_NewRef(compiled ? compiled : Py_None);
   } catch (const ParamError& e) {
@@ -376,6 +459,7 @@ int kernel_traverse(KernelObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->miss_handler);
   Py_VISIT(self->scratch_allocator);
   Py_VISIT(self->cached_bound);
+  Py_VISIT(self->pre_run_hooks);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_VISIT(p.default_value);
@@ -388,6 +472,7 @@ int kernel_clear(KernelObject* self) {
   Py_CLEAR(self->miss_handler);
   Py_CLEAR(self->scratch_allocator);
   Py_CLEAR(self->cached_bound);
+  Py_CLEAR(self->pre_run_hooks);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_CLEAR(p.default_value);
@@ -422,6 +507,11 @@ PyMappingMethods kernel_mapping = {nullptr, reinterpret_cast<binaryfunc>(kernel_
                                    nullptr};
 
 }  // namespace
+
+void set_hook_runners(PyObject* enter, PyObject* exit) {
+  Py_XSETREF(g_hook_enter, Py_NewRef(enter));
+  Py_XSETREF(g_hook_exit, Py_NewRef(exit));
+}
 
 void set_python_error_from_current_exception(KernelObject* kernel) {
   try {

@@ -44,6 +44,7 @@ struct KernelObject {
   PyObject* miss_handler;       ///< Python callable for misses and fallbacks
   PyObject* scratch_allocator;  ///< Python callable(size, align, stream, kind) -> buffer
   PyObject* cached_bound;       ///< a BoundLaunch reused by kernel[grid] when nobody else holds it
+  PyObject* pre_run_hooks;      ///< the JITFunction's pre_run_hooks list (shared), or nullptr
   PyObject* weakrefs;
 };
 
@@ -85,10 +86,15 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
 /// jit functions). Called once by the Python layer at import.
 void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types);
 
-/// Appends the launch device to a built key.
-inline void finish_key(SpecializationKey* key, int device) {
+/// Appends the launch device and the binary-changing knob state to a built key.
+inline void finish_key(SpecializationKey* key, int device, uint64_t knob_word) {
   key->push(uint64_t(ArgKind::Device) | (uint64_t(uint32_t(device)) << 8));
+  key->push(knob_word);
 }
+
+/// Python callables that run Triton's launch hooks around a native launch (set at import):
+/// enter(kernel, grid, stream, function, compiled, args) -> metadata; exit(metadata).
+void set_hook_runners(PyObject* enter, PyObject* exit);
 
 /// Sets the Python exception for the C++ exception in flight (call inside a catch block).
 void set_python_error_from_current_exception(KernelObject* kernel);

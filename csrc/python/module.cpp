@@ -10,6 +10,7 @@
 #include "fastkernel/fastkernel.h"
 #include "bench_floor.h"
 #include "kernel_object.h"
+#include "knob_watch.h"
 #include "launch_context.h"
 #include "python_errors.h"
 
@@ -36,7 +37,7 @@ PyObject* interned(const std::string& s) {
 
 void configure(py::handle kernel_obj, const std::string& name, const py::list& params,
                const std::vector<std::string>& option_names, py::object miss_handler,
-               py::object scratch_allocator) {
+               py::object scratch_allocator, py::object pre_run_hooks) {
   KernelObject* kernel = as_kernel(kernel_obj);
   if (py::len(params) > size_t(kMaxArgs)) {
     throw py::value_error("fastkernel: kernels with more than " + std::to_string(kMaxArgs) +
@@ -80,6 +81,11 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   Py_XSETREF(kernel->name, new_name);
   Py_XSETREF(kernel->miss_handler, miss_handler.inc_ref().ptr());
   Py_XSETREF(kernel->scratch_allocator, scratch_allocator.inc_ref().ptr());
+  if (!pre_run_hooks.is_none() && !PyList_Check(pre_run_hooks.ptr())) {
+    throw py::type_error("fastkernel: pre_run_hooks must be a list or None");
+  }
+  Py_XSETREF(kernel->pre_run_hooks,
+             pre_run_hooks.is_none() ? nullptr : pre_run_hooks.inc_ref().ptr());
 }
 
 void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
@@ -170,7 +176,11 @@ py::tuple testing_build_key(py::handle kernel_obj, py::tuple args, py::dict kwar
   if (status == KeyStatus::Fallback) {
     return py::make_tuple(py::none(), py::str(call->fallback_reason));
   }
-  finish_key(&call->key, device);
+  const KnobState* knobs = current_knobs();
+  if (knobs == nullptr) {
+    throw py::error_already_set();
+  }
+  finish_key(&call->key, device, knobs->key_word);
   return py::make_tuple(py::bytes(reinterpret_cast<const char*>(call->key.words),
                                   call->key.size * sizeof(uint64_t)),
                         py::none());
@@ -271,7 +281,24 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("configure", &configure, py::arg("kernel"), py::arg("name"), py::arg("params"),
         py::arg("option_names"), py::arg("miss_handler"), py::arg("scratch_allocator"),
+        py::arg("pre_run_hooks") = py::none(),
         "Describe a kernel's parameters and compile options to the native key builder.");
+  m.def(
+      "configure_knob_watch",
+      [](py::list dicts, py::object refresh) {
+        if (!configure_knob_watch(dicts.ptr(), refresh.ptr())) {
+          throw py::error_already_set();
+        }
+      },
+      py::arg("dicts"), py::arg("refresh"),
+      "Watch Triton's knob dicts; `refresh()` recomputes the knob state after a change.");
+  m.def("mark_knobs_dirty", &mark_knobs_dirty,
+        "Note that a Triton knob was assigned (called by the knob classes' __setattr__).");
+  m.def(
+      "set_hook_runners",
+      [](py::object enter, py::object exit) { set_hook_runners(enter.ptr(), exit.ptr()); },
+      py::arg("enter"), py::arg("exit"),
+      "Python callables that run Triton's launch hooks around a native launch.");
   m.def("register", &register_record, py::arg("kernel"), py::arg("key"), py::arg("device"),
         py::arg("kernel_name"), py::arg("cubin"), py::arg("block_x"), py::arg("shared_mem"),
         py::arg("num_ctas"), py::arg("cooperative_grid"), py::arg("pdl"), py::arg("plan"),

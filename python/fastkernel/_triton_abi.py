@@ -185,3 +185,85 @@ def allocate_scratch(size: int, align: int, stream: Optional[int], kind: str):
     if _allocation.has_profile_allocator():
         return _allocation._profile_allocator.get()(size, align, stream)
     return triton.runtime.driver.active.allocate_default_profile_scratch(size, align, stream)
+
+
+# ---- knobs and launch hooks -----------------------------------------------------------------
+#
+# JITFunction.run reads knobs.runtime.debug, knobs.compilation.instrumentation_mode and
+# fpsan_homomorphic_casts into the compile options, refuses nothing when a stages-inspection
+# hook is set (it appends to the cache key), and passes knobs.runtime.launch_enter_hook /
+# launch_exit_hook to the launcher, which calls them around the launch (driver.c launchHook).
+# Triton 3.9 keeps hooks in HookChain objects (empty chains are no-ops); earlier versions
+# keep a plain callable or None.
+
+_BINARY_KNOB_WORDS: Dict[Tuple[Any, ...], int] = {}
+
+
+def knob_dicts() -> List[dict]:
+    """The dicts whose modification can change a knob the native path reads."""
+    from triton import knobs
+    return [knobs.runtime.__dict__, knobs.compilation.__dict__]
+
+
+def knob_classes() -> List[type]:
+    """The knob classes on which attribute assignment must notify the native path."""
+    from triton import knobs
+    return [type(knobs.runtime), type(knobs.compilation)]
+
+
+def _hook_parts(hook) -> Tuple[Optional[list], bool]:
+    """(list of chained hooks, None) for a HookChain, (None, True) for a plain callable."""
+    if hook is None:
+        return None, False
+    calls = getattr(hook, "calls", None)
+    if type(hook).__name__ == "HookChain" and isinstance(calls, list):
+        return calls, False
+    return None, True
+
+
+def knob_state() -> Tuple[int, bool, Optional[list], bool, Optional[list], bool]:
+    """The knob state for the native path: (key word, native path disabled, enter hook list,
+    enter is a plain callable, exit hook list, exit is a plain callable).
+
+    The key word is a small int, distinct for each distinct combination of the knobs that
+    change the compiled binary, so a knob change selects (and compiles) a new binary.
+    """
+    from triton import knobs
+    runtime, compilation = knobs.runtime, knobs.compilation
+    binary = (bool(runtime.debug), str(getattr(compilation, "instrumentation_mode", "")),
+              bool(getattr(compilation, "fpsan_homomorphic_casts", False)))
+    word = _BINARY_KNOB_WORDS.setdefault(binary, len(_BINARY_KNOB_WORDS) + 1)
+    disabled = getattr(runtime, "add_stages_inspection_hook", None) is not None
+    enter_calls, enter_plain = _hook_parts(runtime.launch_enter_hook)
+    exit_calls, exit_plain = _hook_parts(runtime.launch_exit_hook)
+    return word, disabled, enter_calls, enter_plain, exit_calls, exit_plain
+
+
+def launch_hook_metadata(jit_fn, compiled, grid, stream: int, function: int, args: tuple):
+    """The metadata Triton hands to launch hooks (CompiledKernel.launch_metadata): a LazyDict
+    of name, function and stream, extended by the kernel's own ``launch_metadata`` callback."""
+    from triton.compiler.compiler import LazyDict
+    name = compiled.name if compiled is not None else jit_fn.__name__
+    metadata = LazyDict({"name": name, "function": function, "stream": stream})
+    if jit_fn.launch_metadata is not None and compiled is not None:
+        arg_dict = dict(zip(jit_fn.arg_names, args))
+        metadata.add(jit_fn.launch_metadata, (grid, compiled.metadata, arg_dict))
+    return metadata
+
+
+def run_enter_hooks(kernel, grid, stream, function, compiled, args):
+    """Build the launch metadata and call ``knobs.runtime.launch_enter_hook`` with it."""
+    from triton import knobs
+    metadata = launch_hook_metadata(kernel.jit_function, compiled, grid, stream, function, args)
+    hook = knobs.runtime.launch_enter_hook
+    if hook is not None:
+        hook(metadata)
+    return metadata
+
+
+def run_exit_hooks(metadata) -> None:
+    """Call ``knobs.runtime.launch_exit_hook`` with the metadata the enter hooks saw."""
+    from triton import knobs
+    hook = knobs.runtime.launch_exit_hook
+    if hook is not None:
+        hook(metadata)

@@ -30,6 +30,35 @@ log = logging.getLogger("fastkernel")
 _IDENTITY_TYPES = abi.IDENTITY_CONSTEXPR_TYPES
 _C.set_constexpr_types(triton.language.constexpr, _IDENTITY_TYPES)
 
+
+def _notify_on_assignment(cls: type) -> None:
+    """Make attribute assignment on a Triton knob class mark the native knob state stale.
+
+    Dict watchers (and, on 3.11, dict version tags) see edits of the knobs' dicts, but on
+    Python 3.13 plain attribute stores bypass the dict, so assignment notifies explicitly.
+    """
+    if cls.__dict__.get("_fastkernel_notifies"):
+        return
+    set_attr, del_attr = cls.__setattr__, cls.__delattr__
+
+    def __setattr__(self, name, value):
+        set_attr(self, name, value)
+        _C.mark_knobs_dirty()
+
+    def __delattr__(self, name):
+        del_attr(self, name)
+        _C.mark_knobs_dirty()
+
+    cls.__setattr__ = __setattr__
+    cls.__delattr__ = __delattr__
+    cls._fastkernel_notifies = True
+
+
+for _cls in abi.knob_classes():
+    _notify_on_assignment(_cls)
+_C.configure_knob_watch(abi.knob_dicts(), abi.knob_state)
+_C.set_hook_runners(abi.run_enter_hooks, abi.run_exit_hooks)
+
 _KIND_NAMES = {bool: "bool", int: "int", float: "float", type(None): "None"}
 
 
@@ -100,7 +129,7 @@ class FastKernel(_C.Kernel, JITFunction):
         # CUDA target, so any target serves to list them.
         options = abi.option_names(abi.cuda_target(9, 0))
         _C.configure(self, jit_fn.__name__, _params_spec(jit_fn), options, FastKernel._on_miss,
-                     abi.allocate_scratch)
+                     abi.allocate_scratch, self.pre_run_hooks)
 
     # -- Triton-compatible surface ------------------------------------------------------------
 

@@ -1,0 +1,42 @@
+// Triton's runtime knobs as the native path sees them: the knobs that change the binary
+// (debug, instrumentation mode, ...) folded into one key word, and whether launch hooks are
+// set. Knob changes are noticed without a per-call lookup: the knobs objects' dicts are watched.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+
+namespace fastkernel {
+
+/// The knob state a launch uses.
+struct KnobState {
+  uint64_t key_word = 0;        ///< identifies the binary-changing knob values (0 until set)
+  bool native_disabled = false; ///< a knob the native path cannot honour is set: use Triton's
+  PyObject* enter_calls = nullptr;  ///< the enter HookChain's list of hooks (owned), or nullptr
+  PyObject* exit_calls = nullptr;
+  bool enter_plain = false;     ///< a plain callable is set as the enter hook
+  bool exit_plain = false;
+};
+
+/// Watches `dicts` (the knobs objects' __dict__s) and calls `refresh()` whenever one changed
+/// since the last call; `refresh` returns (key_word, native_disabled, enter_calls_or_None,
+/// enter_plain, exit_calls_or_None, exit_plain). Returns false with a Python exception set.
+bool configure_knob_watch(PyObject* dicts, PyObject* refresh);
+
+/// Marks the knob state stale (called by the notifying __setattr__ installed on Triton's knob
+/// classes, which catches attribute assignment where dict watchers do not fire).
+void mark_knobs_dirty() noexcept;
+
+/// The current knob state, refreshed if a watched dict changed. nullptr with an exception set
+/// if the refresh failed.
+const KnobState* current_knobs();
+
+/// Whether a launch hook would run now (a non-empty HookChain or a plain callable).
+inline bool hooks_active(const KnobState& s) {
+  return s.enter_plain || s.exit_plain ||
+         (s.enter_calls != nullptr && PyList_GET_SIZE(s.enter_calls) > 0) ||
+         (s.exit_calls != nullptr && PyList_GET_SIZE(s.exit_calls) > 0);
+}
+
+}  // namespace fastkernel
