@@ -8,86 +8,82 @@
 #include <vector>
 
 namespace fastkernel {
+namespace knob_watch_detail {
+
+KnobState state;
+bool dirty = true;
+int num_watched = 0;
+#if PY_VERSION_HEX < 0x030C0000
+PyDictObject* watched[kMaxWatched];
+uint64_t versions[kMaxWatched];
+#endif
+
+}  // namespace knob_watch_detail
+
 namespace {
 
-KnobState g_state;
+using namespace knob_watch_detail;
+
 PyObject* g_refresh = nullptr;
-std::vector<PyObject*> g_dicts;  // owned
-bool g_dirty = true;
+std::vector<PyObject*> g_dicts;  // owned; what `watched` points into
 
 #if PY_VERSION_HEX >= 0x030C0000
 int g_watcher_id = -1;
 
 int on_dict_event(PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) {
-  g_dirty = true;
+  dirty = true;
   return 0;
-}
-
-bool changed() { return g_dirty; }
-void mark_clean() { g_dirty = false; }
-#else
-std::vector<uint64_t> g_versions;
-
-bool changed() {
-  if (g_dirty) {
-    return true;
-  }
-  for (size_t i = 0; i < g_dicts.size(); ++i) {
-    if (reinterpret_cast<PyDictObject*>(g_dicts[i])->ma_version_tag != g_versions[i]) {
-      return true;
-    }
-  }
-  return false;
-}
-
-void mark_clean() {
-  g_versions.resize(g_dicts.size());
-  for (size_t i = 0; i < g_dicts.size(); ++i) {
-    g_versions[i] = reinterpret_cast<PyDictObject*>(g_dicts[i])->ma_version_tag;
-  }
-  g_dirty = false;
 }
 #endif
 
-bool refresh() {
-  PyObject* result = PyObject_CallNoArgs(g_refresh);
-  if (result == nullptr) {
-    return false;
+void mark_clean() {
+#if PY_VERSION_HEX < 0x030C0000
+  for (int i = 0; i < num_watched; ++i) {
+    versions[i] = watched[i]->ma_version_tag;
   }
-  PyObject *enter = nullptr, *exit = nullptr;
-  unsigned long long word = 0;
-  int disabled = 0, enter_plain = 0, exit_plain = 0;
-  const bool ok = PyArg_ParseTuple(result, "KpOpOp", &word, &disabled, &enter, &enter_plain,
-                                   &exit, &exit_plain);
-  if (ok && ((enter != Py_None && !PyList_Check(enter)) || (exit != Py_None && !PyList_Check(exit)))) {
-    PyErr_SetString(PyExc_TypeError, "fastkernel: knob refresh must return hook lists or None");
-    Py_DECREF(result);
-    return false;
-  }
-  if (ok) {
-    g_state.key_word = word;
-    g_state.native_disabled = disabled != 0;
-    g_state.enter_plain = enter_plain != 0;
-    g_state.exit_plain = exit_plain != 0;
-    Py_XSETREF(g_state.enter_calls, enter == Py_None ? nullptr : Py_NewRef(enter));
-    Py_XSETREF(g_state.exit_calls, exit == Py_None ? nullptr : Py_NewRef(exit));
-  }
-  Py_DECREF(result);
-  if (ok) {
-    // Read the version tags after the refresh: knob reads in it may not modify the dicts, but
-    // if they did the new state already reflects those values.
-    mark_clean();
-  }
-  return ok;
+#endif
+  dirty = false;
 }
 
 }  // namespace
 
-void mark_knobs_dirty() noexcept { g_dirty = true; }
+const KnobState* knob_watch_detail::refresh() {
+  if (g_refresh == nullptr) {
+    return &state;  // not configured (the Python layer configures it at import)
+  }
+  PyObject* result = PyObject_CallNoArgs(g_refresh);
+  if (result == nullptr) {
+    return nullptr;
+  }
+  PyObject *enter = nullptr, *exit = nullptr;
+  unsigned long long word = 0;
+  int disabled = 0, enter_plain = 0, exit_plain = 0;
+  bool ok = PyArg_ParseTuple(result, "KpOpOp", &word, &disabled, &enter, &enter_plain, &exit,
+                             &exit_plain);
+  if (ok && ((enter != Py_None && !PyList_Check(enter)) || (exit != Py_None && !PyList_Check(exit)))) {
+    PyErr_SetString(PyExc_TypeError, "fastkernel: knob refresh must return hook lists or None");
+    ok = false;
+  }
+  if (ok) {
+    state.key_word = word;
+    state.native_disabled = disabled != 0;
+    state.enter_plain = enter_plain != 0;
+    state.exit_plain = exit_plain != 0;
+    Py_XSETREF(state.enter_calls, enter == Py_None ? nullptr : Py_NewRef(enter));
+    Py_XSETREF(state.exit_calls, exit == Py_None ? nullptr : Py_NewRef(exit));
+    mark_clean();
+  }
+  Py_DECREF(result);
+  return ok ? &state : nullptr;
+}
+
+void mark_knobs_dirty() noexcept { dirty = true; }
 
 bool configure_knob_watch(PyObject* dicts, PyObject* refresh_fn) {
-  if (!PyList_Check(dicts) || !PyCallable_Check(refresh_fn)) {
-    PyErr_SetString(PyExc_TypeError, "fastkernel: configure_knob_watch(list of dicts, callable)");
+  if (!PyList_Check(dicts) || !PyCallable_Check(refresh_fn) ||
+      PyList_GET_SIZE(dicts) > kMaxWatched) {
+    PyErr_SetString(PyExc_TypeError,
+                    "fastkernel: configure_knob_watch(list of at most 4 dicts, callable)");
     return false;
   }
   for (PyObject* d : g_dicts) {
@@ -97,6 +93,7 @@ bool configure_knob_watch(PyObject* dicts, PyObject* refresh_fn) {
     Py_DECREF(d);
   }
   g_dicts.clear();
+  num_watched = 0;
 #if PY_VERSION_HEX >= 0x030C0000
   if (g_watcher_id < 0) {
     g_watcher_id = PyDict_AddWatcher(on_dict_event);
@@ -115,19 +112,15 @@ bool configure_knob_watch(PyObject* dicts, PyObject* refresh_fn) {
     if (PyDict_Watch(g_watcher_id, d) < 0) {
       return false;
     }
+#else
+    watched[num_watched] = reinterpret_cast<PyDictObject*>(d);
 #endif
     g_dicts.push_back(Py_NewRef(d));
+    ++num_watched;
   }
   Py_XSETREF(g_refresh, Py_NewRef(refresh_fn));
-  g_dirty = true;
+  dirty = true;
   return true;
-}
-
-const KnobState* current_knobs() {
-  if (g_refresh != nullptr && changed() && !refresh()) {
-    return nullptr;
-  }
-  return &g_state;
 }
 
 }  // namespace fastkernel

@@ -28,9 +28,32 @@ bool configure_knob_watch(PyObject* dicts, PyObject* refresh);
 /// classes, which catches attribute assignment where dict watchers do not fire).
 void mark_knobs_dirty() noexcept;
 
+namespace knob_watch_detail {
+constexpr int kMaxWatched = 4;
+extern KnobState state;
+extern bool dirty;
+extern int num_watched;
+#if PY_VERSION_HEX < 0x030C0000
+extern PyDictObject* watched[kMaxWatched];
+extern uint64_t versions[kMaxWatched];
+#endif
+/// Recomputes the state through the Python refresh callback; nullptr with an exception set.
+const KnobState* refresh();
+}  // namespace knob_watch_detail
+
 /// The current knob state, refreshed if a watched dict changed. nullptr with an exception set
-/// if the refresh failed.
-const KnobState* current_knobs();
+/// if the refresh failed. Inline: on a hit with no change this is a flag test (and, on 3.11,
+/// a version-tag compare per watched dict).
+inline const KnobState* current_knobs() {
+  using namespace knob_watch_detail;
+  bool stale = dirty;
+#if PY_VERSION_HEX < 0x030C0000
+  for (int i = 0; i < num_watched; ++i) {
+    stale |= watched[i]->ma_version_tag != versions[i];
+  }
+#endif
+  return stale ? refresh() : &state;
+}
 
 /// Whether a launch hook would run now (a non-empty HookChain or a plain callable).
 inline bool hooks_active(const KnobState& s) {
