@@ -253,7 +253,14 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
   KernelState& st = *kernel->state;
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   BoundCall call;
-  KeyStatus status = bind_and_build_key(kernel, args, nargs, kwnames, &call);
+  KeyStatus status;
+  try {
+    // torch can throw (c10::Error) from a tensor accessor; nothing may escape into CPython.
+    status = bind_and_build_key(kernel, args, nargs, kwnames, &call);
+  } catch (...) {
+    set_python_error_from_current_exception(kernel);
+    return nullptr;
+  }
   if (status == KeyStatus::Error) {
     return nullptr;
   }

@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <c10/util/StringUtil.h>
+
 #include <cstring>
 
 #include "kernel_object.h"
@@ -180,10 +182,20 @@ KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param, PyObject* v,
                       SpecializationKey* key) {
   const at::Tensor& tensor = THPVariable_Unpack(v);
   const c10::Device device = tensor.device();
-  if (device.type() != c10::DeviceType::CUDA && !host_testing()) {
+  if (device.type() != c10::DeviceType::CUDA &&
+      !(host_testing() && device.type() == c10::DeviceType::CPU)) {
     PyErr_Format(PyExc_ValueError,
                  "%U: argument '%U' is a tensor on '%s'; a GPU launch needs CUDA tensors",
                  kernel->name, param.name, c10::DeviceTypeName(device.type(), true).c_str());
+    return KeyStatus::Error;
+  }
+  if (tensor.layout() != c10::kStrided) {
+    // Triton kernels take a strided tensor's data pointer; sparse, mkldnn and other layouts
+    // have none (data_ptr() would throw).
+    PyErr_Format(PyExc_ValueError,
+                 "%U: argument '%U' is a tensor with a %s layout; Triton kernels take strided "
+                 "tensors",
+                 kernel->name, param.name, c10::str(tensor.layout()).c_str());
     return KeyStatus::Error;
   }
   const uint64_t ptr = reinterpret_cast<uint64_t>(tensor.data_ptr());

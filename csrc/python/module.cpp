@@ -168,8 +168,10 @@ py::tuple testing_build_key(py::handle kernel_obj, py::tuple args, py::dict kwar
     vec.push_back(item.second.ptr());
   }
   auto call = std::make_unique<BoundCall>();
-  KeyStatus status = bind_and_build_key(kernel, vec.data(), Py_ssize_t(args.size()),
-                                        kwargs.size() ? names.ptr() : nullptr, call.get());
+  KeyStatus status = with_python_errors([&] {
+    return bind_and_build_key(kernel, vec.data(), Py_ssize_t(args.size()),
+                              kwargs.size() ? names.ptr() : nullptr, call.get());
+  });
   if (status == KeyStatus::Error) {
     throw py::error_already_set();
   }
