@@ -36,6 +36,22 @@ def pytest_collection_modifyitems(config, items):
                 reason="stand-in driver tests: rerun with FASTKERNEL_TEST_STAND_IN=1"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_kernel_cache_root(tmp_path_factory):
+    """The tests never read or write the user's on-disk kernel cache (fastkernel/cache.py):
+    session- and module-scoped fixtures (and their subprocesses) share one under the session's
+    temporary directory..."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FASTKERNEL_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache-session")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _private_kernel_cache(_private_kernel_cache_root, tmp_path_factory, monkeypatch):
+    """...and each test gets its own empty one, so no test sees entries another test wrote."""
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
+
+
 @pytest.fixture
 def stand_in():
     """The recording stand-in driver, reset, with CPU tensors standing in for device tensors on

@@ -1,5 +1,5 @@
-"""``python -m fastkernel demo|bench``: the demo (examples checked against torch) and the
-dispatch benchmark."""
+"""``python -m fastkernel demo|bench|cache``: the demo (examples checked against torch), the
+dispatch benchmark, and the on-disk kernel cache (``cache info|list|clear|export|import``)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,15 @@ def main(argv=None) -> int:
                    add_help=False)
     sub.add_parser("bench", help="measure per-call dispatch cost against the alternatives",
                    add_help=False)
+    sub.add_parser("cache", help="inspect, clear, export or import the on-disk kernel cache",
+                   add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         from . import demo
         return demo.main(rest)
+    if args.command == "cache":
+        from . import cache
+        return cache.main(rest)
     from . import bench
     return bench.main(rest)
 

@@ -21,6 +21,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C
 from . import _triton_abi as abi
+from . import cache as _cache
 
 log = logging.getLogger("fastkernel")
 
@@ -203,12 +204,13 @@ class FastKernel(_C.Kernel, JITFunction):
     def _launch_artifact(self, target, spec: "abi.Specialization"):
         """The cubin and launch metadata for a specialization: (LaunchMetadata, handle).
 
-        ``handle`` is what a launch returns (Triton's CompiledKernel when compiled here).
-        Raises ``abi.UnsupportedByNativePath`` for binaries the native launcher cannot call,
-        and whatever Triton's compiler raises.
+        Read from the on-disk kernel cache when it holds this exact binary (then ``handle`` is a
+        read-only ``fastkernel.cache.CachedKernel`` and Triton's compiler is not called), else
+        compiled by Triton and written there (``handle`` is Triton's CompiledKernel). ``handle``
+        is what a launch returns. Raises ``abi.UnsupportedByNativePath`` for binaries the native
+        launcher cannot call, and whatever Triton's compiler raises (see fastkernel/cache.py).
         """
-        compiled = abi.compile_specialization(self.jit_function, target, spec)
-        return abi.launch_metadata(compiled), compiled
+        return _cache.load_or_compile(self.jit_function, target, spec)
 
     def _fallback(self, grid, args, kwargs, reason: str):
         count = self._fallback_reasons.get(reason, 0)

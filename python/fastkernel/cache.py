@@ -1,0 +1,935 @@
+"""The persistent kernel cache: compiled specializations on disk, so a warm process never compiles.
+
+Each entry is one file holding a cubin and the launch metadata needed to register it with the
+native table (:class:`fastkernel._triton_abi.LaunchMetadata`), named by a key that covers
+everything that changes the binary (see :func:`entry_key`). On a miss the native entry asks
+:func:`load_or_compile` for the launch artifact; with a warm cache that is a file read and a
+checksum, and Triton's compiler is never called. The parameter plan is not stored: it comes from
+``_triton_abi.specialize``, which runs Triton's binder (not its compiler) on every miss anyway.
+
+Controls (read at each call, never at import):
+
+``FASTKERNEL_CACHE_DIR``
+    The cache directory. Default: :func:`default_cache_dir`.
+``FASTKERNEL_CACHE=0``
+    No disk cache: every miss compiles and nothing is read or written.
+``FASTKERNEL_ALWAYS_COMPILE=1``
+    Compile on every miss even when an entry exists, and still write the entry (for debugging).
+
+The file format, the key's ingredients and the integrity rules are described in docs/cache.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import secrets
+import shutil
+import struct
+import sys
+import sysconfig
+import time
+import types
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import triton
+
+from . import _triton_abi as abi
+
+log = logging.getLogger("fastkernel.cache")
+
+#: Bumped whenever the file layout, the header schema or the key's ingredients change.
+FORMAT_VERSION = 1
+ENTRY_SUFFIX = ".fkc"
+_MAGIC = b"FKCACHE\0"
+# magic, format version (u32), header length (u32), cubin length (u64), then the sha256 of
+# everything else in the file (the fixed fields, the header and the cubin).
+_FIXED = struct.Struct("<8sIIQ")
+_DIGEST_SIZE = 32
+_PREFIX_SIZE = _FIXED.size + _DIGEST_SIZE
+_MAX_HEADER = 1 << 20  # a header is a few KB; anything far larger is not ours
+
+#: The fields of ``abi.LaunchMetadata`` stored in an entry's header (all but the cubin), with the
+#: JSON type each must have.
+_LAUNCH_FIELDS: Dict[str, type] = {
+    "name": str, "block_x": int, "shared_mem": int, "num_ctas": int, "cooperative_grid": bool,
+    "pdl": bool, "global_scratch_size": int, "global_scratch_align": int,
+    "profile_scratch_size": int, "profile_scratch_align": int,
+}
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> pathlib.Path:
+    """The cache directory used when ``FASTKERNEL_CACHE_DIR`` is not set.
+
+    Follows each platform's convention for per-user caches (the same choices as the
+    ``platformdirs`` package's ``user_cache_dir``): ``$XDG_CACHE_HOME/fastkernel`` (when
+    ``XDG_CACHE_HOME`` is an absolute path, per the XDG Base Directory specification), else
+    ``~/.cache/fastkernel`` on Linux and other Unix systems; ``~/Library/Caches/fastkernel`` on
+    macOS; ``%LOCALAPPDATA%\\fastkernel\\Cache`` on Windows.
+
+    Returns
+    -------
+    pathlib.Path
+        The directory (not created here).
+    """
+    home = pathlib.Path.home()
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        return pathlib.Path(base) / "fastkernel" / "Cache"
+    if sys.platform == "darwin":
+        return home / "Library" / "Caches" / "fastkernel"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = pathlib.Path(xdg) if xdg and os.path.isabs(xdg) else home / ".cache"
+    return base / "fastkernel"
+
+
+def cache_dir() -> pathlib.Path:
+    """The cache directory in effect now: ``FASTKERNEL_CACHE_DIR`` if set, else
+    :func:`default_cache_dir`. Read from the environment at each call."""
+    configured = os.environ.get("FASTKERNEL_CACHE_DIR", "")
+    return pathlib.Path(configured).expanduser() if configured else default_cache_dir()
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value not in ("0", "false", "off", "no")
+
+
+def enabled() -> bool:
+    """False when ``FASTKERNEL_CACHE=0`` (or ``false``, ``off``, ``no``) turns the disk cache
+    off."""
+    return _flag("FASTKERNEL_CACHE", True)
+
+
+def always_compile() -> bool:
+    """True when ``FASTKERNEL_ALWAYS_COMPILE=1``: compile on every miss, still write the entry."""
+    return _flag("FASTKERNEL_ALWAYS_COMPILE", False)
+
+
+def _entries_dir(root: pathlib.Path) -> pathlib.Path:
+    return root / "entries"
+
+
+def entry_path(root: pathlib.Path, key: str) -> pathlib.Path:
+    """Where the entry for ``key`` lives under cache directory ``root``
+    (``entries/<first two hex digits>/<key>.fkc``)."""
+    return _entries_dir(root) / key[:2] / f"{key}{ENTRY_SUFFIX}"
+
+
+_logged: set = set()
+
+
+def _log_once(level: int, tag: Tuple[Any, ...], msg: str, *args: Any) -> None:
+    if tag not in _logged:
+        _logged.add(tag)
+        log.log(level, msg, *args)
+
+
+# -- the key --------------------------------------------------------------------------------
+
+
+class Uncacheable(Exception):
+    """A specialization whose binary identity cannot be written down stably (so it is compiled
+    and launched, but not stored on disk)."""
+
+
+def _render(value: Any) -> Any:
+    """A JSON-able rendering of a constexpr, attribute or global value that is equal across
+    processes and machines exactly when the value compiles to the same code.
+
+    Types are tagged (``1``, ``1.0`` and ``True`` differ); floats are exact (``float.hex``);
+    dtypes by their fields; jit functions by Triton's ``cache_key`` (a hash of their source and
+    of the jit functions and constexpr globals they use). Anything else raises Uncacheable.
+    """
+    if value is None:
+        return ["none"]
+    if isinstance(value, bool):
+        return ["bool", value]
+    if isinstance(value, int):
+        return ["int", str(value)]
+    if isinstance(value, float):
+        return ["float", value.hex()]
+    if isinstance(value, str):
+        return ["str", value]
+    if isinstance(value, (tuple, list)):
+        return [type(value).__name__, [_render(v) for v in value]]
+    if isinstance(value, triton.language.constexpr):
+        return ["constexpr", _render(value.value)]
+    if isinstance(value, triton.language.dtype):
+        fields = sorted(vars(value).items())
+        return ["dtype", type(value).__qualname__, [[k, _render(v)] for k, v in fields]]
+    if isinstance(value, abi.IDENTITY_CONSTEXPR_TYPES):  # jit functions (JITCallable)
+        return ["jit", value.cache_key, bool(getattr(value, "noinline", False))]
+    raise Uncacheable(f"a value of type {type(value).__module__}.{type(value).__qualname__} "
+                      f"has no stable rendering for the cache key")
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _triton_key_sources() -> List[str]:
+    """The files Triton's ``triton_key()`` hashes (triton/runtime/cache.py: the frontend, the
+    compiler and backend packages, libtriton, the language package), as a superset: every .py
+    file under those packages."""
+    root = os.path.dirname(os.path.abspath(triton.__file__))
+    paths = [os.path.join(root, "runtime", "cache.py")]
+    for sub in ("compiler", "backends", "language"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            paths += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
+    paths.append(os.path.join(root, "_C", f"libtriton.{ext}"))
+    return paths
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_stat_signature() -> str:
+    """A hash of the installed Triton's version and the path, size, mtime, inode and device of
+    every file ``triton_key()`` reads. Taken once per process: the Triton this process runs is
+    the one it imported."""
+    parts = [triton.__version__]
+    for path in _triton_key_sources():
+        try:
+            st = os.stat(path)
+            parts.append(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}")
+        except OSError:
+            parts.append(f"{path}\0missing")
+    return _sha256("\n".join(parts))
+
+
+def _compute_triton_key_digest() -> str:
+    from triton.runtime.cache import triton_key
+    return _sha256(triton_key())
+
+
+_triton_key_digests: Dict[str, str] = {}
+_memo_dirs_seen: set = set()
+
+
+def _triton_key_digest(memo_dir: Optional[str]) -> str:
+    """sha256 of Triton's ``triton_key()`` (its version and a hash of its compiler's sources and
+    of libtriton, about 500 MB read in Triton 3.9).
+
+    Hashing libtriton takes about 0.4 s, which would dominate a warm start, so the digest is
+    memoized, in the process and on disk under ``memo_dir``, by the stats of every file it reads
+    (:func:`_triton_stat_signature`, the way ccache's direct mode trusts file stats): a
+    reinstalled or edited Triton changes a stat and is hashed again. The memo is local; entries
+    carry the content digest, which is what another machine compares.
+    """
+    signature = _triton_stat_signature()
+    memo = pathlib.Path(memo_dir) / f"triton-{signature[:40]}.txt" if memo_dir else None
+    digest = _triton_key_digests.get(signature)
+    if digest is None and memo is not None:
+        try:
+            text = memo.read_text("ascii").strip()
+            if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+                digest = text
+        except (OSError, UnicodeDecodeError):
+            pass
+    if digest is None:
+        digest = _compute_triton_key_digest()
+    _triton_key_digests[signature] = digest
+    if memo is not None and memo_dir not in _memo_dirs_seen:
+        _memo_dirs_seen.add(memo_dir)
+        try:
+            if not memo.exists():
+                _atomic_write(memo, digest.encode("ascii"))
+        except OSError as exc:
+            _log_once(logging.DEBUG, ("memo", memo_dir), "fastkernel: cannot write %s: %s", memo,
+                      exc)
+    return digest
+
+
+def toolchain_fingerprint(target, memo_dir: Optional[pathlib.Path] = None) -> Dict[str, Any]:
+    """What identifies the toolchain that compiles for ``target``; stored in every entry and part
+    of its key.
+
+    Parameters
+    ----------
+    target : triton.backends.compiler.GPUTarget
+        The compile target (its backend hash depends on the arch: Triton 3.9 runs
+        ``ptxas-blackwell`` for sm_90 and later, ``ptxas`` below).
+    memo_dir : pathlib.Path, optional
+        Where the ``triton_key`` digest is memoized (the cache directory's ``toolchain/``).
+
+    Returns
+    -------
+    dict
+        ``format`` (this module's FORMAT_VERSION), ``fastkernel`` (its version), ``triton`` (its
+        version), ``triton_key`` (sha256 of ``triton.runtime.cache.triton_key()``), ``backend``
+        (sha256 of the backend's ``hash()``: for CUDA the ptxas version text and the arch,
+        triton/backends/nvidia/compiler.py ``CUDABackend.hash``).
+    """
+    import fastkernel
+    return {
+        "format": FORMAT_VERSION,
+        "fastkernel": fastkernel.__version__,
+        "triton": triton.__version__,
+        "triton_key": _triton_key_digest(str(memo_dir) if memo_dir else None),
+        "backend": _sha256(abi.backend_for(target).hash()),
+    }
+
+
+def _target_dict(target) -> Dict[str, Any]:
+    return {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
+
+
+def key_document(jit_fn, target, spec: "abi.Specialization",
+                 memo_dir: Optional[pathlib.Path] = None) -> Dict[str, Any]:
+    """Everything that decides the binary Triton compiles for one specialization, as JSON data.
+
+    Parameters
+    ----------
+    jit_fn : triton.runtime.jit.JITFunction
+        The kernel.
+    target : triton.backends.compiler.GPUTarget
+        The compile target.
+    spec : fastkernel._triton_abi.Specialization
+        The call's specialization (``abi.specialize``).
+    memo_dir : pathlib.Path, optional
+        Passed to :func:`toolchain_fingerprint`.
+
+    Returns
+    -------
+    dict
+        ``toolchain`` and ``target`` (see :func:`toolchain_fingerprint`); ``source``: Triton's own
+        ``ASTSource.hash()`` (triton/compiler/compiler.py: the kernel's ``cache_key``, attrs,
+        signature and constants), the identity Triton's on-disk cache uses; ``kernel``: the
+        kernel's ``cache_key`` (triton/runtime/jit.py: the source, the ``cache_key`` of every jit
+        function it calls, the values of the constexpr globals it reads, its line number);
+        ``globals``: every global it and its callees read, by name and current value (Triton's
+        ``cache_key`` covers only the constexpr ones, as first seen); ``signature``,
+        ``constexprs``, ``attrs``: the specialization, values rendered with type tags and jit
+        functions by their ``cache_key``; ``options``: the backend options' ``hash()`` (a sorted
+        dict of every option, with extern libraries such as libdevice by content, not path);
+        ``env``: Triton's cache-invalidating environment variables that are set
+        (``get_cache_invalidating_env_vars()``, as ``triton.compile`` reads them).
+
+    Raises
+    ------
+    Uncacheable
+        When the kernel's source or dependencies cannot be hashed, a value has no stable
+        rendering, or ``TRITON_KERNEL_OVERRIDE`` substitutes IR from files outside the key.
+    """
+    from triton import knobs
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler import ASTSource
+
+    if knobs.compilation.override:
+        raise Uncacheable("TRITON_KERNEL_OVERRIDE substitutes IR from files outside the key")
+    try:
+        kernel_key = jit_fn.cache_key  # also fills jit_fn.used_global_vals
+        source_key = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs).hash()
+    except Exception as exc:  # Triton's DependenciesFinder raises RuntimeError, parsing OSError...
+        raise Uncacheable(f"its source cannot be hashed ({type(exc).__name__}: {exc})") from exc
+    # The value compiled in is the one in the globals dict now (Triton's code generator reads
+    # it at compile time); used_global_vals holds a copy taken when cache_key was first computed.
+    missing = object()
+    globals_used = []
+    for (name, _), (first_value, var_dict) in jit_fn.used_global_vals.items():
+        value = var_dict.get(name, missing)
+        globals_used.append([name, _render(first_value if value is missing else value)])
+    globals_used.sort()
+    env_vars = get_cache_invalidating_env_vars()
+    return {
+        "format": FORMAT_VERSION,
+        "toolchain": toolchain_fingerprint(target, memo_dir),
+        "target": _target_dict(target),
+        "source": source_key,
+        "kernel": kernel_key,
+        "globals": globals_used,
+        "signature": [[str(name), str(ty)] for name, ty in spec.signature.items()],
+        "constexprs": sorted([list(path), _render(v)] for path, v in spec.constexprs.items()),
+        "attrs": sorted([list(path), _render(v)] for path, v in spec.attrs.items()),
+        "options": spec.options.hash(),
+        "env": sorted([str(k), str(v)] for k, v in env_vars.items()),
+    }
+
+
+def _canonical(doc: Any) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def entry_key(jit_fn, target, spec: "abi.Specialization",
+              memo_dir: Optional[pathlib.Path] = None) -> str:
+    """The entry key: the sha256 (hex) of :func:`key_document` serialized canonically (JSON,
+    sorted keys, no whitespace). Raises Uncacheable as :func:`key_document` does."""
+    return hashlib.sha256(_canonical(key_document(jit_fn, target, spec, memo_dir))).hexdigest()
+
+
+# -- one entry on disk ----------------------------------------------------------------------
+
+
+class CorruptEntry(Exception):
+    """An entry file that is truncated, corrupted or not a fastkernel entry."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One entry read and verified from disk."""
+
+    path: pathlib.Path
+    header: Mapping[str, Any]
+    cubin: bytes
+
+    @property
+    def key(self) -> str:
+        return self.header["key"]
+
+    def launch_metadata(self) -> "abi.LaunchMetadata":
+        return abi.LaunchMetadata(cubin=self.cubin, **self.header["launch"])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CachedKernel:
+    """What a launch returns for a specialization registered from the disk cache, in place of
+    Triton's ``CompiledKernel`` (which a warm process never builds). Read-only.
+
+    It has the attributes of a ``CompiledKernel`` that describe the binary, with the same
+    meaning, but cannot launch through Triton (no ``run``, ``function``, ``packed_metadata``).
+
+    Attributes
+    ----------
+    name : str
+        The kernel's symbol name in the cubin (``CompiledKernel.name``).
+    metadata : namedtuple
+        Triton's compiled metadata as ``CompiledKernel.metadata`` has it (a ``KernelMetadata``
+        namedtuple of the fields Triton produced when it compiled: ``num_warps``, ``shared``
+        (bytes), ``hash``, ``target`` as a ``GPUTarget``, ...), so launch hooks and
+        ``launch_metadata`` callbacks see the same object either way.
+    asm : mapping
+        ``{"cubin": bytes}`` (``CompiledKernel.asm`` also has the IRs, which are not stored).
+    src : triton.compiler.ASTSource
+        The compile source of this specialization (kernel, signature, constants, attrs), as
+        ``CompiledKernel.src``.
+    hash : str
+        Triton's own cache key of the binary (``CompiledKernel.hash``).
+    key : str
+        fastkernel's entry key (64 hex digits).
+    path : str
+        The entry file it was read from.
+    kernel : str
+        ``module:qualname`` of the Python kernel that produced it.
+    launch : mapping
+        The launch metadata it was registered with: ``block_x`` (threads), ``shared_mem``
+        (bytes), ``num_ctas``, ``cooperative_grid``, ``pdl``, scratch sizes and alignments
+        (bytes).
+    """
+
+    name: str
+    metadata: Any
+    asm: Mapping[str, bytes]
+    src: Any
+    hash: str
+    key: str
+    path: str
+    kernel: str
+    launch: Mapping[str, Any]
+
+    @property
+    def target(self):
+        """The compile target (``triton.backends.compiler.GPUTarget``)."""
+        return self.metadata.target
+
+    @classmethod
+    def from_entry(cls, entry: Entry, src: Any = None) -> "CachedKernel":
+        import collections
+        from triton.backends.compiler import GPUTarget
+        h = entry.header
+        md = dict(h["triton_metadata"])
+        t = h["target"]  # the same target, checked by _check_header
+        # As CompiledKernel.__init__ (triton/compiler/compiler.py) rebuilds it from its JSON.
+        md["target"] = GPUTarget(t["backend"], t["arch"], t["warp_size"])
+        kernel_metadata = collections.namedtuple("KernelMetadata", sorted(md))(**md)
+        return cls(name=h["launch"]["name"], metadata=kernel_metadata,
+                   asm=types.MappingProxyType({"cubin": entry.cubin}), src=src,
+                   hash=str(md.get("hash", "")), key=h["key"], path=str(entry.path),
+                   kernel=h["kernel"], launch=types.MappingProxyType(dict(h["launch"])))
+
+
+def encode_entry(header: Mapping[str, Any], cubin: bytes) -> bytes:
+    """The bytes of an entry file: the fixed fields, the sha256 of the rest, header, cubin."""
+    header_bytes = _canonical(dict(header))
+    fixed = _FIXED.pack(_MAGIC, FORMAT_VERSION, len(header_bytes), len(cubin))
+    digest = hashlib.sha256(fixed + header_bytes + cubin).digest()
+    return fixed + digest + header_bytes + cubin
+
+
+def _check_header(header: Any) -> None:
+    if not isinstance(header, dict):
+        raise CorruptEntry("the header is not an object")
+    for field, kind in (("format", int), ("key", str), ("kernel", str), ("launch", dict),
+                        ("target", dict), ("toolchain", dict), ("triton_metadata", dict)):
+        if not isinstance(header.get(field), kind):
+            raise CorruptEntry(f"the header has no valid {field!r}")
+    if header["format"] != FORMAT_VERSION:
+        raise CorruptEntry(f"format {header['format']}, expected {FORMAT_VERSION}")
+    key = header["key"]
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise CorruptEntry("the header's key is not a sha256")
+    launch = header["launch"]
+    if set(launch) != set(_LAUNCH_FIELDS):
+        raise CorruptEntry("the launch metadata has other fields than this version stores")
+    for field, kind in _LAUNCH_FIELDS.items():
+        value = launch[field]
+        if type(value) is not kind or (kind is int and value < 0):
+            raise CorruptEntry(f"launch field {field!r} is {value!r}")
+    target = header["target"]
+    if not (isinstance(target.get("backend"), str) and isinstance(target.get("arch"), int)
+            and isinstance(target.get("warp_size"), int)):
+        raise CorruptEntry("the header has no valid target")
+    # Field names of the KernelMetadata namedtuple rebuilt from it.
+    if not all(k.isidentifier() and not k.startswith("_") for k in header["triton_metadata"]):
+        raise CorruptEntry("Triton's metadata has a field that is not a name")
+
+
+def decode_entry(data: bytes, path: pathlib.Path = pathlib.Path("<bytes>")) -> Entry:
+    """Parse and verify the bytes of an entry file.
+
+    Raises
+    ------
+    CorruptEntry
+        When the magic, format version, lengths (a truncated or extended file), checksum
+        (sha256 over the whole file) or header schema do not match.
+    """
+    if len(data) < _PREFIX_SIZE:
+        raise CorruptEntry(f"{len(data)} bytes, shorter than the fixed header")
+    magic, version, header_len, cubin_len = _FIXED.unpack_from(data)
+    if magic != _MAGIC:
+        raise CorruptEntry("not a fastkernel cache entry (bad magic)")
+    if version != FORMAT_VERSION:
+        raise CorruptEntry(f"format {version}, expected {FORMAT_VERSION}")
+    if header_len > _MAX_HEADER or len(data) != _PREFIX_SIZE + header_len + cubin_len:
+        raise CorruptEntry(f"{len(data)} bytes, expected {_PREFIX_SIZE + header_len + cubin_len} "
+                           f"(truncated or extended)")
+    digest = data[_FIXED.size:_PREFIX_SIZE]
+    body = memoryview(data)[_PREFIX_SIZE:]
+    hasher = hashlib.sha256(data[:_FIXED.size])
+    hasher.update(body)
+    if hasher.digest() != digest:
+        raise CorruptEntry("checksum mismatch")
+    try:
+        header = json.loads(bytes(body[:header_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptEntry(f"unreadable header ({exc})") from exc
+    _check_header(header)
+    return Entry(path, types.MappingProxyType(header), bytes(body[header_len:]))
+
+
+def read_entry(path: pathlib.Path) -> Entry:
+    """Read and verify one entry file.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    CorruptEntry
+        As :func:`decode_entry`, or when the file's name is not its header's key.
+    """
+    entry = decode_entry(pathlib.Path(path).read_bytes(), pathlib.Path(path))
+    if pathlib.Path(path).name != entry.key + ENTRY_SUFFIX:
+        raise CorruptEntry(f"file name does not match the entry's key {entry.key[:16]}")
+    return entry
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one: a
+    temporary file in the same directory, fsync, ``os.replace`` (atomic on POSIX and Windows
+    within one file system), then fsync of the directory so the rename survives a crash.
+    The file gets mode 0666 less the umask, like any file the user creates."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def _remove_if_unchanged(path: pathlib.Path, seen: Optional[os.stat_result]) -> None:
+    """Remove a bad entry unless another process has replaced it since it was read."""
+    try:
+        now = os.stat(path)
+        if seen is None or (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns) == \
+                (seen.st_ino, seen.st_dev, seen.st_size, seen.st_mtime_ns):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) -> Optional[Entry]:
+    """The verified entry at ``path``, or None (missing; or bad, then logged and removed)."""
+    try:
+        with open(path, "rb") as f:
+            seen = os.fstat(f.fileno())
+            data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        _log_once(logging.WARNING, ("read", str(path.parent)),
+                  "fastkernel: cannot read cache entry %s (%s); compiling", path, exc)
+        return None
+    try:
+        entry = decode_entry(data, path)
+        if entry.key != key:
+            raise CorruptEntry(f"a foreign entry (key {entry.key[:16]}...)")
+        if dict(entry.header["target"]) != _target_dict(target):
+            raise CorruptEntry(f"an entry for target {dict(entry.header['target'])}")
+        if dict(entry.header["toolchain"]) != dict(toolchain):
+            raise CorruptEntry("an entry built by another toolchain "
+                               f"({_describe_toolchain(entry.header['toolchain'])})")
+    except CorruptEntry as exc:
+        log.warning("fastkernel: removed cache entry %s: %s; compiling again", path, exc)
+        _remove_if_unchanged(path, seen)
+        return None
+    return entry
+
+
+def _describe_toolchain(toolchain: Mapping[str, Any]) -> str:
+    return (f"fastkernel {toolchain.get('fastkernel')}, triton {toolchain.get('triton')}, "
+            f"triton_key {str(toolchain.get('triton_key'))[:12]}, "
+            f"backend {str(toolchain.get('backend'))[:12]}, format {toolchain.get('format')}")
+
+
+def _kernel_name(jit_fn) -> str:
+    return f"{getattr(jit_fn, 'module', '?')}:{getattr(jit_fn.fn, '__qualname__', jit_fn.__name__)}"
+
+
+def _triton_metadata(compiled) -> Dict[str, Any]:
+    """CompiledKernel.metadata as Triton writes it to its own cache (json.dumps(default=vars))."""
+    md = compiled.metadata
+    md = md._asdict() if hasattr(md, "_asdict") else dict(vars(md))
+    return json.loads(json.dumps(md, default=vars))
+
+
+def _header(key: str, jit_fn, target, doc: Mapping[str, Any], meta: "abi.LaunchMetadata",
+            compiled) -> Dict[str, Any]:
+    launch = {field: getattr(meta, field) for field in _LAUNCH_FIELDS}
+    for field, kind in _LAUNCH_FIELDS.items():
+        launch[field] = kind(launch[field])
+    return {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "kernel": _kernel_name(jit_fn),
+        "launch": launch,
+        "target": _target_dict(target),
+        "toolchain": doc["toolchain"],
+        "triton_metadata": _triton_metadata(compiled),
+        # For `cache list` only; the key already covers them.
+        "signature": doc["signature"],
+        "created": time.time(),
+    }
+
+
+# -- the miss path --------------------------------------------------------------------------
+
+
+def _compile(jit_fn, target, spec):
+    compiled = abi.compile_specialization(jit_fn, target, spec)
+    return abi.launch_metadata(compiled), compiled
+
+
+def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
+    """The launch artifact of a specialization: from the disk cache, or compiled and stored.
+
+    Parameters
+    ----------
+    jit_fn : triton.runtime.jit.JITFunction
+        The kernel.
+    target : triton.backends.compiler.GPUTarget
+        The compile target of the device.
+    spec : fastkernel._triton_abi.Specialization
+        The call's specialization, from ``abi.specialize``.
+
+    Returns
+    -------
+    (fastkernel._triton_abi.LaunchMetadata, handle)
+        ``handle`` is a :class:`CachedKernel` for an entry read from disk, Triton's
+        ``CompiledKernel`` when compiled here.
+
+    Raises
+    ------
+    fastkernel._triton_abi.UnsupportedByNativePath
+        For a binary the native launcher cannot call (then nothing is written).
+    Exception
+        Whatever Triton's compiler raises. Cache problems are never raised: an unreadable or bad
+        entry is logged, removed and compiled again; a failed write is logged.
+    """
+    if not enabled():
+        return _compile(jit_fn, target, spec)
+    root = cache_dir()
+    memo_dir = root / "toolchain"
+    try:
+        doc = key_document(jit_fn, target, spec, memo_dir)
+    except Uncacheable as exc:
+        _log_once(logging.WARNING, ("uncacheable", _kernel_name(jit_fn), str(exc)),
+                  "fastkernel: %s is not cached on disk: %s", _kernel_name(jit_fn), exc)
+        return _compile(jit_fn, target, spec)
+    key = hashlib.sha256(_canonical(doc)).hexdigest()
+    path = entry_path(root, key)
+    if not always_compile():
+        entry = _load(path, key, target, doc["toolchain"])
+        if entry is not None:
+            log.debug("fastkernel: %s loaded from %s", _kernel_name(jit_fn), path)
+            from triton.compiler import ASTSource
+            src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
+            return entry.launch_metadata(), CachedKernel.from_entry(entry, src)
+    meta, compiled = _compile(jit_fn, target, spec)
+    try:
+        header = _header(key, jit_fn, target, doc, meta, compiled)
+        _atomic_write(path, encode_entry(header, meta.cubin))
+    except Exception as exc:  # a failed store must not fail a launch that compiled
+        _log_once(logging.WARNING, ("write", str(root), type(exc).__name__),
+                  "fastkernel: cannot write the kernel cache under %s (%s: %s); kernels still "
+                  "run, compiled in each process", root, type(exc).__name__, exc)
+    return meta, compiled
+
+
+# -- managing a cache directory -------------------------------------------------------------
+
+
+def iter_entry_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
+    """Every ``*.fkc`` file under ``root`` (a cache directory or an export), sorted."""
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return iter(())
+    return iter(sorted(p for p in root.rglob(f"*{ENTRY_SUFFIX}") if p.is_file()))
+
+
+def _temp_files(root: pathlib.Path) -> List[pathlib.Path]:
+    entries = _entries_dir(root)
+    return sorted(entries.rglob(".*.tmp")) if entries.is_dir() else []
+
+
+def scan(root: Optional[pathlib.Path] = None) -> Tuple[List[Entry], List[Tuple[pathlib.Path, str]]]:
+    """Read every entry under cache directory ``root`` (default :func:`cache_dir`).
+
+    Returns
+    -------
+    (entries, bad)
+        The verified entries, and ``(path, reason)`` for each file that failed verification
+        (left in place; a launch that needs one removes it).
+    """
+    root = cache_dir() if root is None else pathlib.Path(root)
+    good, bad = [], []
+    for path in iter_entry_files(_entries_dir(root)):
+        try:
+            good.append(read_entry(path))
+        except (OSError, CorruptEntry) as exc:
+            bad.append((path, str(exc)))
+    return good, bad
+
+
+def clear(root: Optional[pathlib.Path] = None) -> Tuple[int, int]:
+    """Remove every entry, temporary file and toolchain memo under cache directory ``root``
+    (default :func:`cache_dir`). Other files there are left alone.
+
+    Returns
+    -------
+    (int, int)
+        Entry files removed, and their total size in bytes.
+    """
+    root = cache_dir() if root is None else pathlib.Path(root)
+    count = size = 0
+    for path in iter_entry_files(_entries_dir(root)):
+        try:
+            st = path.stat()
+            path.unlink()
+        except OSError:
+            continue
+        count += 1
+        size += st.st_size
+    for sub in ("entries", "toolchain"):
+        shutil.rmtree(root / sub, ignore_errors=True)
+    _memo_dirs_seen.discard(str(root / "toolchain"))
+    return count, size
+
+
+def export_entries(dest: pathlib.Path, root: Optional[pathlib.Path] = None) -> int:
+    """Copy every verified entry of cache directory ``root`` into directory ``dest`` (created),
+    as ``dest/<key>.fkc``. Entries carry their target and toolchain; bad files are skipped with
+    a log line.
+
+    Returns
+    -------
+    int
+        Entries exported.
+    """
+    entries, bad = scan(root)
+    for path, reason in bad:
+        log.warning("fastkernel: not exported %s: %s", path, reason)
+    dest = pathlib.Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        # Re-encoded from what was verified (the same bytes: headers are canonical JSON).
+        _atomic_write(dest / (entry.key + ENTRY_SUFFIX), encode_entry(entry.header, entry.cubin))
+    return len(entries)
+
+
+def import_entries(src: pathlib.Path, root: Optional[pathlib.Path] = None) -> Tuple[int, int]:
+    """Install the entries found under directory ``src`` (an export or another cache directory)
+    into cache directory ``root`` (default :func:`cache_dir`).
+
+    An entry is skipped, with a log line, when it fails verification or when its toolchain
+    fingerprint differs from this machine's for the entry's target (another Triton, fastkernel,
+    ptxas or format): its key could never be looked up here. Entries for targets this machine
+    has no device for are installed (targets are not probed here).
+
+    Returns
+    -------
+    (int, int)
+        Entries imported, entries skipped.
+    """
+    root = cache_dir() if root is None else pathlib.Path(root)
+    imported = skipped = 0
+    local: Dict[Tuple[str, int, int], Dict[str, Any]] = {}
+    for path in iter_entry_files(src):
+        try:
+            entry = read_entry(path)
+        except (OSError, CorruptEntry) as exc:
+            log.warning("fastkernel: skipped %s: %s", path, exc)
+            skipped += 1
+            continue
+        t = entry.header["target"]
+        tkey = (t["backend"], t["arch"], t["warp_size"])
+        if tkey not in local:
+            try:
+                from triton.backends.compiler import GPUTarget
+                local[tkey] = toolchain_fingerprint(GPUTarget(*tkey), root / "toolchain")
+            except Exception as exc:  # no backend for this target here
+                local[tkey] = {"error": str(exc)}
+        if dict(entry.header["toolchain"]) != local[tkey]:
+            log.warning("fastkernel: skipped %s (%s for %s): built by %s, this machine has %s",
+                        path.name, entry.header["kernel"], tkey,
+                        _describe_toolchain(entry.header["toolchain"]),
+                        _describe_toolchain(local[tkey]))
+            skipped += 1
+            continue
+        _atomic_write(entry_path(root, entry.key), encode_entry(entry.header, entry.cubin))
+        imported += 1
+    return imported, skipped
+
+
+# -- python -m fastkernel cache ... ---------------------------------------------------------
+
+
+def _entries(count: int) -> str:
+    return f"{count} {'entry' if count == 1 else 'entries'}"
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def _state() -> str:
+    if not enabled():
+        return "disabled (FASTKERNEL_CACHE=0)"
+    if always_compile():
+        return "enabled, always compiling (FASTKERNEL_ALWAYS_COMPILE=1)"
+    return "enabled"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m fastkernel cache info|list|clear|export DIR|import DIR``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fastkernel cache",
+        description="Inspect, clear, export and import fastkernel's on-disk kernel cache "
+                    "(FASTKERNEL_CACHE_DIR, default " + str(default_cache_dir()) + ").")
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("info", help="where the cache is, its state, entries and size")
+    sub.add_parser("list", help="one line per entry: key, kernel, target, size, age")
+    sub.add_parser("clear", help="remove every entry")
+    p = sub.add_parser("export", help="copy every entry into DIR (to ship to other machines)")
+    p.add_argument("dir", type=pathlib.Path)
+    p = sub.add_parser("import", help="install the entries in DIR that match this toolchain")
+    p.add_argument("dir", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    root = cache_dir()
+
+    if args.action == "info":
+        entries, bad = scan(root)
+        size = sum(e.path.stat().st_size for e in entries)
+        print(f"directory  {root}" + ("" if os.environ.get("FASTKERNEL_CACHE_DIR") else
+                                      "  (default; set FASTKERNEL_CACHE_DIR to move it)"))
+        print(f"state      {_state()}")
+        kernels = len({e.header["kernel"] for e in entries})
+        print(f"entries    {len(entries)} ({_human(size)}) of {kernels} "
+              f"kernel{'' if kernels == 1 else 's'}")
+        if bad:
+            print(f"bad files  {len(bad)} (removed when a launch reads them, or by clear)")
+        temps = _temp_files(root)
+        if temps:
+            print(f"temporary  {len(temps)} (writes in progress or interrupted)")
+        import fastkernel
+        print(f"toolchain  fastkernel {fastkernel.__version__}, triton {triton.__version__}, "
+              f"format {FORMAT_VERSION}")
+        return 0
+    if args.action == "list":
+        entries, bad = scan(root)
+        now = time.time()
+        print(f"{'key':16}  {'kernel':40}  {'symbol':24}  {'target':8}  {'size':>9}  age")
+        for e in sorted(entries, key=lambda e: (e.header["kernel"], e.key)):
+            h = e.header
+            age = max(0.0, now - float(h.get("created", now)))
+            age_text = f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min"
+            target = f"{h['target']['backend']}:{h['target']['arch']}"
+            print(f"{e.key[:16]}  {h['kernel']:40}  {h['launch']['name']:24}  {target:8}  "
+                  f"{_human(e.path.stat().st_size):>9}  {age_text}")
+        for path, reason in bad:
+            print(f"{'(bad)':16}  {str(path)}: {reason}")
+        return 0
+    if args.action == "clear":
+        count, size = clear(root)
+        print(f"removed {_entries(count)} ({_human(size)}) from {root}")
+        return 0
+    if args.action == "export":
+        count = export_entries(args.dir, root)
+        print(f"exported {_entries(count)} to {args.dir}")
+        return 0
+    imported, skipped = import_entries(args.dir, root)
+    skipped_text = f", skipped {skipped}" if skipped else ""
+    print(f"imported {_entries(imported)} into {root}{skipped_text}")
+    return 0

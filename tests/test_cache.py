@@ -1,0 +1,603 @@
+"""The on-disk kernel cache (fastkernel/cache.py), on CPU against the recording stand-in driver.
+
+What is checked: every ingredient of the key changes it; a bad entry (truncated, corrupted,
+foreign, from another toolchain) is removed and recompiled, never loaded; processes compiling
+the same kernel at once leave one good entry; a warm process launches the same bytes as the cold
+one without calling Triton's compiler; export/import; the controls and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import fastkernel
+from fastkernel import __main__ as cli
+from fastkernel import _triton_abi as abi
+from fastkernel import cache, fastkernel as fk
+
+import kernels
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+T90 = abi.cuda_target(9, 0)
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch) -> pathlib.Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(root))
+    monkeypatch.delenv("FASTKERNEL_CACHE", raising=False)
+    monkeypatch.delenv("FASTKERNEL_ALWAYS_COMPILE", raising=False)
+    return root
+
+
+@pytest.fixture
+def compiles(monkeypatch) -> list:
+    """Counts calls of Triton's compiler through fastkernel."""
+    calls = []
+    real = abi.compile_specialization
+
+    def counting(jit_fn, target, spec):
+        calls.append(jit_fn.__name__)
+        return real(jit_fn, target, spec)
+
+    monkeypatch.setattr(abi, "compile_specialization", counting)
+    return calls
+
+
+def entry_files(root: pathlib.Path) -> list:
+    return sorted((root / "entries").rglob("*.fkc")) if (root / "entries").is_dir() else []
+
+
+def temp_files(root: pathlib.Path) -> list:
+    return sorted(root.rglob("*.tmp"))
+
+
+def key_of(kernel, args, kwargs, target=T90) -> str:
+    return cache.entry_key(kernel, target, abi.specialize(kernel, target, args, kwargs))
+
+
+def resign(data: bytes, edit) -> bytes:
+    """An entry's bytes with its header changed by ``edit`` and a valid checksum."""
+    entry = cache.decode_entry(data)
+    header = json.loads(json.dumps(dict(entry.header)))
+    edit(header)
+    return cache.encode_entry(header, entry.cubin)
+
+
+def normalized(launch, tensors) -> dict:
+    """A launch with tensor addresses replaced by the tensor's index (they differ by process)."""
+    ptrs = {struct.pack("<Q", t.data_ptr()): f"tensor{i}" for i, t in enumerate(tensors)}
+    return {"name": launch.name, "grid": list(launch.grid), "block": list(launch.block),
+            "shared_mem": launch.shared_mem, "is_ex": launch.is_ex,
+            "layout": [list(p) for p in launch.param_layout],
+            "params": [ptrs.get(p, p.hex()) for p in launch.params]}
+
+
+# -- the key ----------------------------------------------------------------------------------
+
+MODULE = '''\
+import types
+import triton
+import triton.language as tl
+
+SCALE = tl.constexpr({scale})
+OFFSET = {offset}
+CONFIG = types.SimpleNamespace(k=2)
+
+
+@triton.jit
+def helper(x):
+    return x {helper_op} 2
+
+
+@triton.jit
+def kern(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, helper(x) {kern_op} SCALE, mask=mask)
+
+
+@triton.jit
+def with_global(out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.zeros([BLOCK], tl.float32) + OFFSET)
+
+
+@triton.jit
+def with_object_global(out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.zeros([BLOCK], tl.float32) + CONFIG.k)
+'''
+
+
+@pytest.fixture
+def make_module(tmp_path):
+    """Writes MODULE with the given substitutions to a fresh file and imports it (jit functions
+    need a source file); every variant keeps the same line numbers."""
+    count = [0]
+
+    def make(scale=2, offset=3, helper_op="*", kern_op="+"):
+        count[0] += 1
+        name = f"fk_cache_mod_{os.getpid()}_{id(tmp_path)}_{count[0]}"
+        path = tmp_path / f"{name}.py"
+        path.write_text(MODULE.format(scale=scale, offset=offset, helper_op=helper_op,
+                                      kern_op=kern_op))
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    return make
+
+
+def test_key_changes_with_each_ingredient(cache_root, make_module, monkeypatch):
+    x = torch.randn(64)
+    base_mod = make_module()
+    args, kw = (x, x, 64), {"BLOCK": 64}
+    base = key_of(base_mod.kern, args, kw)
+    # The same source in another file and module shares the entry: no path is in the key, so a
+    # cache made on one machine serves another with another install location.
+    assert key_of(make_module().kern, args, kw) == base
+    assert key_of(base_mod.kern, args, kw) == base  # and it is stable
+
+    keys = {
+        "kernel source": key_of(make_module(kern_op="-").kern, args, kw),
+        "called jit function's source": key_of(make_module(helper_op="+").kern, args, kw),
+        "constexpr global": key_of(make_module(scale=3).kern, args, kw),
+        "constexpr value": key_of(base_mod.kern, args, {"BLOCK": 32}),
+        "int specialized to 1": key_of(base_mod.kern, (x, x, 1), kw),
+        "int divisible by 16 or not": key_of(base_mod.kern, (x, x, 63), kw),
+        "pointer alignment": key_of(base_mod.kern, (x[1:], x, 64), kw),
+        "pointer dtype": key_of(base_mod.kern, (x.half(), x, 64), kw),
+        "compile option": key_of(base_mod.kern, args, {**kw, "num_warps": 8}),
+        "target": key_of(base_mod.kern, args, kw, target=abi.cuda_target(8, 0)),
+    }
+    with monkeypatch.context() as m:
+        m.setenv("TRITON_DISABLE_LINE_INFO", "1")  # one of Triton's cache-invalidating variables
+        keys["cache-invalidating env var"] = key_of(base_mod.kern, args, kw)
+    with monkeypatch.context() as m:
+        m.setattr(triton, "__version__", "3.9.0+other")
+        keys["triton version"] = key_of(base_mod.kern, args, kw)
+    with monkeypatch.context() as m:
+        m.setattr(cache, "_triton_key_digest", lambda memo_dir: "0" * 64)
+        keys["triton_key (compiler sources, libtriton)"] = key_of(base_mod.kern, args, kw)
+    with monkeypatch.context() as m:
+        m.setattr(abi.backend_for(T90), "hash", lambda: "ptxas 99.9-90")
+        keys["backend hash (ptxas version)"] = key_of(base_mod.kern, args, kw)
+    with monkeypatch.context() as m:
+        m.setattr(fastkernel, "__version__", "9.9.9")
+        keys["fastkernel version"] = key_of(base_mod.kern, args, kw)
+    assert key_of(base_mod.kern, args, kw) == base  # every change above was undone
+    for what, key in keys.items():
+        assert key != base, what
+    assert len(set(keys.values())) == len(keys)
+
+
+def test_key_covers_dtype_and_jit_function_constexprs(cache_root):
+    x = torch.randn(64)
+
+    def key(dtype, fn):
+        return key_of(kernels.cast_kernel, (x, x, 64), {"OUT_DTYPE": dtype, "FN": fn, "BLOCK": 64})
+
+    keys = [key(tl.float16, kernels.times_two), key(tl.bfloat16, kernels.times_two),
+            key(tl.float16, kernels.times_three)]
+    assert len(set(keys)) == 3
+
+
+def test_key_covers_a_non_constexpr_global_that_triton_does_not_hash(cache_root, make_module,
+                                                                     monkeypatch):
+    monkeypatch.setenv("TRITON_ALLOW_NON_CONSTEXPR_GLOBALS", "1")
+    out = torch.empty(16)
+    three, four = make_module(offset=3), make_module(offset=4)
+    # Same function source, different global: Triton's own cache_key is equal...
+    assert three.with_global.cache_key == four.with_global.cache_key
+    # ...but the binaries differ (the value is compiled in), and so do the entries.
+    assert key_of(three.with_global, (out,), {"BLOCK": 16}) != \
+        key_of(four.with_global, (out,), {"BLOCK": 16})
+
+
+def test_entries_store_every_launch_metadata_field():
+    """An entry holds all of abi.LaunchMetadata; a new field there needs a FORMAT_VERSION bump
+    and a new entry field (else a warm start would register without it)."""
+    assert set(cache._LAUNCH_FIELDS) | {"cubin"} == \
+        {f.name for f in dataclasses.fields(abi.LaunchMetadata)}
+
+
+def test_values_are_rendered_with_their_type():
+    rendered = [cache._render(v) for v in (1, True, 1.0, "1", None, (1,), [1], tl.constexpr(1),
+                                           tl.float16, tl.pointer_type(tl.float16),
+                                           tl.pointer_type(tl.float16, const=True))]
+    assert len({json.dumps(r) for r in rendered}) == len(rendered)
+    assert cache._render(0.1) == ["float", (0.1).hex()]  # exact, not a rounded repr
+    with pytest.raises(cache.Uncacheable, match="SimpleNamespace"):
+        import types
+        cache._render(types.SimpleNamespace(k=2))
+
+
+# -- the miss path ------------------------------------------------------------------------------
+
+
+def test_cold_then_warm_in_one_process(stand_in, cache_root, compiles):
+    x = torch.randn(64)
+    cold = fk(kernels.add_kernel)
+    handle = cold[(1,)](x, x, x, 64, BLOCK=64)
+    assert compiles == ["add_kernel"]
+    (path,) = entry_files(cache_root)
+    entry = cache.read_entry(path)
+    assert entry.cubin == handle.asm["cubin"]
+    assert entry.header["launch"]["name"] == "add_kernel"
+    assert entry.header["launch"]["block_x"] == 128
+    assert entry.header["kernel"] == "kernels:add_kernel"
+
+    warm = fk(kernels.add_kernel)  # a new kernel object: an empty native table
+    cached = warm[(1,)](x, x, x, 64, BLOCK=64)
+    assert compiles == ["add_kernel"]
+    assert isinstance(cached, cache.CachedKernel)
+    assert cached.name == "add_kernel" and cached.key == path.stem
+    assert cached.asm["cubin"] == handle.asm["cubin"]
+    assert cached.metadata.num_warps == handle.metadata.num_warps
+    assert cached.metadata.shared == handle.metadata.shared
+    assert cached.target == handle.metadata.target
+    assert cached.hash == handle.hash  # Triton's own key of the binary
+    assert (cached.src.signature, cached.src.constants, cached.src.attrs) == \
+        (handle.src.signature, handle.src.constants, handle.src.attrs)
+    assert cached.src.hash() == handle.src.hash()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cached.name = "other"  # read-only
+    first, second = stand_in.launches()
+    assert first.params == second.params and first.raw == second.raw
+    assert (warm.stats()["misses"], stand_in.module_loads()) == (1, 2)
+    assert warm[(1,)](x, x, x, 64, BLOCK=64) is cached  # then a native hit, as always
+    assert warm.stats()["hits"] == 1
+
+
+def _damage_truncate(path, other):
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _damage_flip(path, other):
+    data = bytearray(path.read_bytes())
+    data[-50] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def _damage_empty(path, other):
+    path.write_bytes(b"")
+
+
+def _damage_garbage(path, other):
+    path.write_bytes(os.urandom(4096))
+
+
+def _damage_foreign(path, other):
+    path.write_bytes(other.read_bytes())  # a valid entry of another kernel, under this key
+
+
+def _damage_toolchain(path, other):
+    path.write_bytes(resign(path.read_bytes(), lambda h: h["toolchain"].update(triton="0.0.0")))
+
+
+def _damage_extended(path, other):
+    path.write_bytes(path.read_bytes() + b"\0")
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (_damage_truncate, "truncated"), (_damage_extended, "truncated or extended"),
+    (_damage_flip, "checksum"), (_damage_empty, "shorter than"), (_damage_garbage, "bad magic"),
+    (_damage_foreign, "foreign entry"), (_damage_toolchain, "another toolchain"),
+], ids=["truncated", "extended", "corrupted", "empty", "garbage", "foreign", "toolchain"])
+def test_bad_entry_is_removed_and_recompiled(stand_in, cache_root, compiles, caplog, damage,
+                                            reason):
+    x, out = torch.randn(64), torch.empty(16)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    fk(kernels.constexpr_kernel)[(1,)](out, SCALE=2.0, MODE="double", BLOCK=16)
+    key = key_of(kernels.add_kernel, (x, x, x, 64), {"BLOCK": 64})
+    path = cache.entry_path(cache_root, key)
+    (other,) = [p for p in entry_files(cache_root) if p != path]
+    good = path.read_bytes()
+    damage(path, other)
+
+    with caplog.at_level(logging.WARNING, logger="fastkernel.cache"):
+        handle = fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert compiles == ["add_kernel", "constexpr_kernel", "add_kernel"]
+    assert not isinstance(handle, cache.CachedKernel)
+    (record,) = [r for r in caplog.records if r.name == "fastkernel.cache"]
+    assert "removed cache entry" in record.getMessage() and reason in record.getMessage()
+    # Rewritten whole: the same bytes but for the creation time, which the header records.
+    assert cache.read_entry(path).cubin == cache.decode_entry(good).cubin
+    launches = stand_in.launches()
+    assert launches[0].raw == launches[2].raw
+    assert temp_files(cache_root) == []
+
+
+def test_concurrent_processes_leave_one_good_entry(cache_root, tmp_path):
+    """Processes compile (and, in alternate rounds, load) the same kernel into one directory at
+    once, then keep rewriting and reading that entry until a common deadline; every read they
+    make verifies, and one whole entry is left."""
+    go = tmp_path / "go"
+    script = textwrap.dedent(f"""
+        import json, logging, os, sys, time, torch
+        from fastkernel import fastkernel, _C, cache
+        import kernels
+        bad = []
+        class Catch(logging.Handler):
+            def emit(self, record):
+                bad.append(record.getMessage())
+        logging.getLogger("fastkernel.cache").addHandler(Catch(logging.WARNING))
+        _C._testing.set_host_testing(True, 0, 0x5EED5)
+        x = torch.randn(64)
+        open(sys.argv[1], "w").close()
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.005)
+        time.sleep(0.05)
+        deadline = float(open({str(go)!r}).read())
+        kinds = []
+        for i in range(6):
+            os.environ["FASTKERNEL_ALWAYS_COMPILE"] = "1" if i % 2 == 0 else "0"
+            handle = fastkernel(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+            kinds.append(type(handle).__name__)
+        # The store and the load the miss path uses, as fast as they go, against the others.
+        path = cache.entry_path(cache.cache_dir(), handle.key)
+        data = path.read_bytes()
+        rounds = 0
+        while time.time() < deadline or rounds < 50:
+            cache._atomic_write(path, data)
+            try:
+                cache.read_entry(path)
+            except Exception as exc:
+                bad.append(repr(exc))
+            rounds += 1
+        print(json.dumps({{"bad": bad, "kinds": kinds, "rounds": rounds}}))
+    """)
+    procs, ready = [], []
+    for i in range(3):
+        ready.append(tmp_path / f"ready{i}")
+        procs.append(subprocess.Popen([sys.executable, "-c", script, str(ready[-1])], cwd=TESTS,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.time() + 120
+    while not all(r.exists() for r in ready) and time.time() < deadline:
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.02)
+    (tmp_path / "go.tmp").write_text(str(time.time() + 3.0))
+    os.replace(tmp_path / "go.tmp", go)
+    results = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=240)
+        assert p.returncode == 0, stderr
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    for result in results:
+        assert result["bad"] == []  # no torn or corrupt entry was ever read
+        assert result["kinds"][0::2] == ["CompiledKernel"] * 3
+        assert result["kinds"][1::2] == ["CachedKernel"] * 3
+    (path,) = entry_files(cache_root)
+    entry = cache.read_entry(path)
+    assert entry.header["launch"]["name"] == "add_kernel"
+    assert temp_files(cache_root) == []
+
+
+WARM_SCRIPT = """
+    import json, os, struct, sys, torch, triton
+    from fastkernel import fastkernel, _C, cache
+    from fastkernel import _triton_abi as abi
+    from stand_in_driver.recording import RecordingDriver
+    import kernels
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Triton's compiler was called on the warm path")
+
+    abi.compile_specialization = refuse
+    triton.compile = refuse
+    triton.compiler.compile = refuse
+    triton.compiler.compiler.compile = refuse
+
+    driver = RecordingDriver(os.environ["FASTKERNEL_CUDA_DRIVER"])
+    _C._testing.set_host_testing(True, 0, 0x5EED5)
+    x, out = torch.randn(64), torch.empty(16)
+    add, scalars = fastkernel(kernels.add_kernel), fastkernel(kernels.scalars_kernel)
+    handles = [add[(2,)](x, x, x, 64, BLOCK=64),
+               scalars[(1,)](out, 5, 2**40, 2**63 + 5, 1.25, 0.3, -2.7, 3.14159, True, None, 1,
+                             BLOCK=16)]
+    tensors = [x, out]
+    ptrs = {struct.pack("<Q", t.data_ptr()): "tensor%d" % i for i, t in enumerate(tensors)}
+    print(json.dumps({
+        "handles": [type(h).__name__ for h in handles],
+        "cubins": [cache.hashlib.sha256(h.asm["cubin"]).hexdigest() for h in handles],
+        "misses": add.stats()["misses"] + scalars.stats()["misses"],
+        "launches": [{"name": l.name, "grid": list(l.grid), "block": list(l.block),
+                      "shared_mem": l.shared_mem, "is_ex": l.is_ex,
+                      "layout": [list(p) for p in l.param_layout],
+                      "params": [ptrs.get(p, p.hex()) for p in l.params]}
+                     for l in driver.launches()],
+    }))
+"""
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env={**os.environ, **env}, cwd=TESTS, timeout=300)
+
+
+def test_warm_process_launches_the_same_bytes_without_the_compiler(stand_in, cache_root):
+    x, out = torch.randn(64), torch.empty(16)
+    add, scalars = fk(kernels.add_kernel), fk(kernels.scalars_kernel)
+    handles = [add[(2,)](x, x, x, 64, BLOCK=64),
+               scalars[(1,)](out, 5, 2**40, 2**63 + 5, 1.25, 0.3, -2.7, 3.14159, True, None, 1,
+                             BLOCK=16)]
+    cold = [normalized(launch, [x, out]) for launch in stand_in.launches()]
+    assert len(entry_files(cache_root)) == 2
+
+    result = run_python(WARM_SCRIPT)
+    assert result.returncode == 0, result.stderr
+    warm = json.loads(result.stdout.strip().splitlines()[-1])
+    assert warm["handles"] == ["CachedKernel", "CachedKernel"]
+    assert warm["cubins"] == [hashlib.sha256(h.asm["cubin"]).hexdigest() for h in handles]
+    assert warm["misses"] == 2
+    assert warm["launches"] == cold
+
+
+# -- controls -----------------------------------------------------------------------------------
+
+
+def test_cache_off_reads_and_writes_nothing(stand_in, cache_root, compiles, monkeypatch):
+    monkeypatch.setenv("FASTKERNEL_CACHE", "0")
+    x = torch.randn(64)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert compiles == ["add_kernel", "add_kernel"]
+    assert not cache_root.exists()
+
+
+def test_always_compile_compiles_and_still_writes(stand_in, cache_root, compiles, monkeypatch):
+    x = torch.randn(64)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    (path,) = entry_files(cache_root)
+    before = path.stat()
+    monkeypatch.setenv("FASTKERNEL_ALWAYS_COMPILE", "1")
+    handle = fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert compiles == ["add_kernel", "add_kernel"]
+    assert not isinstance(handle, cache.CachedKernel)
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) != (before.st_ino, before.st_mtime_ns)  # rewritten
+    assert entry_files(cache_root) == [path]
+
+
+def test_cache_dir_is_read_at_call_time(stand_in, tmp_path, monkeypatch):
+    x = torch.randn(64)
+    for name in ("one", "two"):
+        monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(tmp_path / name))
+        fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+        assert len(entry_files(tmp_path / name)) == 1
+
+
+def test_default_dir_follows_xdg(monkeypatch, tmp_path):
+    if sys.platform in ("win32", "darwin"):
+        pytest.skip("XDG is the Linux convention")
+    monkeypatch.delenv("FASTKERNEL_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "xdg" / "fastkernel"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the spec says: ignore relative
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "fastkernel"
+
+
+def test_uncacheable_kernel_runs_and_logs_once(stand_in, cache_root, make_module, monkeypatch,
+                                               caplog):
+    """A kernel whose key has a value with no stable rendering (here a global object, allowed by
+    TRITON_ALLOW_NON_CONSTEXPR_GLOBALS) still launches, but nothing is written."""
+    monkeypatch.setenv("TRITON_ALLOW_NON_CONSTEXPR_GLOBALS", "1")
+    module = make_module()
+    out = torch.empty(16)
+    with caplog.at_level(logging.WARNING, logger="fastkernel.cache"):
+        for _ in range(2):
+            handle = fk(module.with_object_global)[(1,)](out, BLOCK=16)
+            assert handle is not None
+    (record,) = [r for r in caplog.records if r.name == "fastkernel.cache"]
+    assert "with_object_global is not cached on disk" in record.getMessage()
+    assert "SimpleNamespace" in record.getMessage()
+    assert entry_files(cache_root) == []
+    assert len(stand_in.launches()) == 2
+
+
+def test_unwritable_cache_dir_still_runs(stand_in, tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(blocker / "cache"))
+    x = torch.randn(64)
+    with caplog.at_level(logging.WARNING, logger="fastkernel.cache"):
+        fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert len(stand_in.launches()) == 1
+    assert any("cannot write the kernel cache" in r.getMessage() for r in caplog.records)
+
+
+# -- shipping and the CLI -------------------------------------------------------------------------
+
+
+def test_export_import_round_trip_skips_a_mismatched_toolchain(stand_in, tmp_path, monkeypatch,
+                                                               capsys, caplog):
+    x, out = torch.randn(64), torch.empty(16)
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(tmp_path / "builder"))
+    add_handle = fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    fk(kernels.constexpr_kernel)[(1,)](out, SCALE=2.0, MODE="double", BLOCK=16)
+    shipped = tmp_path / "shipped"
+    assert cli.main(["cache", "export", str(shipped)]) == 0
+    assert "exported 2 entries" in capsys.readouterr().out
+    files = sorted(shipped.glob("*.fkc"))
+    assert len(files) == 2
+    # One entry was built by another Triton: it must not be installed.
+    constexpr_key = key_of(kernels.constexpr_kernel, (out,),
+                           {"SCALE": 2.0, "MODE": "double", "BLOCK": 16})
+    foreign = shipped / f"{constexpr_key}.fkc"
+    foreign.write_bytes(resign(foreign.read_bytes(),
+                               lambda h: h["toolchain"].update(triton="3.0.0")))
+
+    fleet = tmp_path / "fleet"
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(fleet))
+    with caplog.at_level(logging.WARNING, logger="fastkernel.cache"):
+        assert cli.main(["cache", "import", str(shipped)]) == 0
+    assert "imported 1 entry into" in capsys.readouterr().out
+    (skip,) = [r for r in caplog.records if r.name == "fastkernel.cache"]
+    assert "skipped" in skip.getMessage() and "triton 3.0.0" in skip.getMessage()
+    assert [p.name for p in entry_files(fleet)] == \
+        [f for f in os.listdir(shipped) if f != foreign.name]
+
+    def refuse(*args):
+        raise RuntimeError("compiler called")
+
+    monkeypatch.setattr(abi, "compile_specialization", refuse)
+    handle = fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert isinstance(handle, cache.CachedKernel)
+    assert handle.asm["cubin"] == add_handle.asm["cubin"]
+    with pytest.raises(RuntimeError, match="compiler called"):
+        fk(kernels.constexpr_kernel)[(1,)](out, SCALE=2.0, MODE="double", BLOCK=16)
+
+
+def test_cli_info_list_clear(stand_in, cache_root, capsys):
+    x, out = torch.randn(64), torch.empty(16)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    fk(kernels.add_kernel)[(1,)](x[1:], x, x, 63, BLOCK=64)
+    fk(kernels.constexpr_kernel)[(1,)](out, SCALE=2.0, MODE="double", BLOCK=16)
+    size = sum(p.stat().st_size for p in entry_files(cache_root))
+
+    assert cli.main(["cache", "info"]) == 0
+    info = capsys.readouterr().out
+    assert str(cache_root) in info and "state      enabled" in info
+    assert "entries    3 (" in info and "of 2 kernels" in info
+    assert f"triton {triton.__version__}" in info
+
+    assert cli.main(["cache", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4
+    assert sum("kernels:add_kernel" in line for line in lines) == 2
+    assert sum("kernels:constexpr_kernel" in line and "cuda:90" in line for line in lines) == 1
+
+    assert cli.main(["cache", "clear"]) == 0
+    assert f"removed 3 entries ({cache._human(size)})" in capsys.readouterr().out
+    assert entry_files(cache_root) == []
+    assert cli.main(["cache", "info"]) == 0
+    assert "entries    0 (0 B)" in capsys.readouterr().out
+
+
+def test_cli_runs_as_a_module(cache_root):
+    result = subprocess.run([sys.executable, "-m", "fastkernel", "cache", "info"],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "FASTKERNEL_CACHE": "0"})
+    assert result.returncode == 0, result.stderr
+    assert "disabled (FASTKERNEL_CACHE=0)" in result.stdout
