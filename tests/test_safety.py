@@ -101,3 +101,30 @@ def test_kill_switch_returns_tritons_own_kernel():
     """, FASTKERNEL_DISABLE="1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "JITFunction True"
+
+
+def test_a_cubin_the_driver_rejects_falls_back_to_triton_with_one_warning(stand_in, monkeypatch,
+                                                                           caplog):
+    """A registration failure is Triton's to handle, never a crash or a wrong launch."""
+    import fastkernel as fk
+    from fastkernel import _triton_abi as abi
+    k = fastkernel(kernels.add_kernel)
+    real = abi.launch_metadata
+
+    def corrupt(compiled):
+        meta = real(compiled)
+        meta.cubin = b"\x7fELF" + b"\0" * 60  # an ELF header with nothing in it
+        return meta
+
+    monkeypatch.setattr(abi, "launch_metadata", corrupt)
+    monkeypatch.setenv("FASTKERNEL_CACHE", "0")
+    x = torch.randn(64)
+    for _ in range(2):
+        # Triton's own launcher then takes the call; on this machine it has no GPU driver.
+        with pytest.raises(Exception, match="active drivers|driver"):
+            k[(1,)](x, x, x, 64, BLOCK=64)
+    stats = k.stats()
+    assert stats["fallbacks"] == 2 and stats["specializations"] == 0
+    assert stand_in.launches() == []
+    assert caplog.text.count("registering the cubin failed") == 1
+    assert fk.stats()[f"{k.module}.{k.fn.__qualname__}"]["fallbacks"] >= 2

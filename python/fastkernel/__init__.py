@@ -31,11 +31,11 @@ _check_torch_version()
 
 from . import _C  # noqa: E402
 from ._C import CudaError, DriverUnavailableError  # noqa: E402
-from .kernel import FastKernel, fastkernel  # noqa: E402
+from .kernel import FastKernel, fastkernel, stats  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["fastkernel", "FastKernel", "CudaError", "DriverUnavailableError", "get_include",
-           "__version__"]
+           "stats", "__version__"]
 
 
 def get_include() -> str:

@@ -13,6 +13,7 @@ import inspect
 import logging
 import os
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import triton
@@ -85,6 +86,32 @@ def _params_spec(jit_fn: JITFunction) -> List[Tuple[str, bool, bool, bool, bool,
     return spec
 
 
+_KERNELS: "weakref.WeakSet[FastKernel]" = weakref.WeakSet()
+
+
+def stats() -> Dict[str, Dict[str, Any]]:
+    """Native-path counters of every live fastkernel kernel, by ``module.qualname``.
+
+    Returns
+    -------
+    dict of str to dict
+        Per kernel: ``hits``, ``misses``, ``fallbacks``, ``specializations`` (ints) and
+        ``fallback_reasons`` (reason -> count). Kernels with the same name are merged by
+        summing their counters.
+    """
+    result: Dict[str, Dict[str, Any]] = {}
+    for kernel in list(_KERNELS):
+        name = f"{kernel.module}.{kernel.fn.__qualname__}"
+        own = kernel.stats()
+        merged = result.setdefault(name, {"hits": 0, "misses": 0, "fallbacks": 0,
+                                          "specializations": 0, "fallback_reasons": {}})
+        for counter in ("hits", "misses", "fallbacks", "specializations"):
+            merged[counter] += own[counter]
+        for reason, count in own["fallback_reasons"].items():
+            merged["fallback_reasons"][reason] = merged["fallback_reasons"].get(reason, 0) + count
+    return result
+
+
 class FastKernel(_C.Kernel, JITFunction):
     """A Triton kernel launched through fastkernel's native dispatch path.
 
@@ -125,12 +152,15 @@ class FastKernel(_C.Kernel, JITFunction):
         self._arg_kinds: Dict[int, set] = {}
         self._lock = threading.RLock()
         self._fallback_reasons: Dict[str, int] = {}
+        self._miss_fallbacks = 0  # fallbacks decided on the miss path (the native entry counts the rest)
+        self._refused_keys: Dict[bytes, str] = {}  # keys whose cubin the driver would not load
         self._targets: Dict[int, Any] = {}
         # Option names come from the backend's options dataclass; they are the same for every
         # CUDA target, so any target serves to list them.
         options = abi.option_names(abi.cuda_target(9, 0))
         _C.configure(self, jit_fn.__name__, _params_spec(jit_fn), options, FastKernel._on_miss,
                      abi.allocate_scratch, self.pre_run_hooks)
+        _KERNELS.add(self)
 
     # -- Triton-compatible surface ------------------------------------------------------------
 
@@ -149,6 +179,7 @@ class FastKernel(_C.Kernel, JITFunction):
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
         (ints) and ``fallback_reasons`` (dict of reason -> count)."""
         d = _C.stats(self)
+        d["fallbacks"] += self._miss_fallbacks
         d["fallback_reasons"] = dict(self._fallback_reasons)
         return d
 
@@ -172,26 +203,40 @@ class FastKernel(_C.Kernel, JITFunction):
         Returns None after registering a launch record for ``key``; otherwise the result of
         launching through Triton itself.
         """
-        if key is None:
+        if key is None:  # counted as a fallback by the native entry
             return self._fallback(grid, args, kwargs, reason or "unsupported call")
+        refused = self._refused_keys.get(key)
+        if refused is not None:  # registration failed before: straight to Triton
+            self._miss_fallbacks += 1
+            return self._fallback(grid, args, kwargs, refused)
         with self._lock:
             target = self._target(device)
             try:
                 spec = abi.specialize(self.jit_function, target, args, kwargs)
             except abi.UnsupportedByNativePath as exc:
+                self._miss_fallbacks += 1
                 return self._fallback(grid, args, kwargs, str(exc))
             try:
                 meta, compiled = self._launch_artifact(target, spec)
             except abi.UnsupportedByNativePath as exc:
+                self._miss_fallbacks += 1
                 return self._fallback(grid, args, kwargs, str(exc))
             except Exception as exc:
                 self._raise_kind_mismatch(args, kwargs, exc)
                 raise
-            _C.register(self, key, device, meta.name, meta.cubin, meta.block_x, meta.shared_mem,
-                        meta.num_ctas, meta.cooperative_grid, meta.pdl, spec.plan,
-                        abi.num_scratch_params(), meta.global_scratch_size,
-                        meta.global_scratch_align, meta.profile_scratch_size,
-                        meta.profile_scratch_align, compiled)
+            try:
+                _C.register(self, key, device, meta.name, meta.cubin, meta.block_x,
+                            meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
+                            spec.plan, abi.num_scratch_params(), meta.global_scratch_size,
+                            meta.global_scratch_align, meta.profile_scratch_size,
+                            meta.profile_scratch_align, compiled)
+            except (_C.CudaError, ValueError) as exc:
+                # A binary the native path cannot load (or a launch record it rejects) is
+                # Triton's to launch; a missing driver (DriverUnavailableError) still raises.
+                reason = f"registering the cubin failed: {exc}"
+                self._refused_keys[key] = reason
+                self._miss_fallbacks += 1
+                return self._fallback(grid, args, kwargs, reason)
             self._compiled.append(compiled)
             for value in (*args, *kwargs.values()):
                 if isinstance(value, _IDENTITY_TYPES):
