@@ -89,3 +89,12 @@ def device_descriptor_kernel(in_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK
     pid = tl.program_id(0)
     tile = desc_in.load([pid * BLOCK_M, 0])
     desc_out.store([pid * BLOCK_M, 0], tile)
+
+
+@triton.jit
+def big_shared_kernel(in_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # A transpose through shared memory large enough (fp32 128x128 tiles) to need > 48 KB.
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, COLS)
+    tile = tl.load(in_ptr + r[:, None] * COLS + c[None, :])
+    tl.store(out_ptr + c[:, None] * ROWS + r[None, :], tl.trans(tile))

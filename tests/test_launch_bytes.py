@@ -285,3 +285,56 @@ def test_global_scratch_comes_from_tritons_allocator(stand_in, triton_allocator)
     (launch,) = stand_in.launches()
     assert launch.params[-2] == ptr(buffer)  # global_scratch
     assert launch.params[-1] == b"\0" * 8    # profile_scratch: size 0, NULL
+
+
+# cuda.h: CU_LAUNCH_ATTRIBUTE_{COOPERATIVE=2, CLUSTER_DIMENSION=4,
+# CLUSTER_SCHEDULING_POLICY_PREFERENCE=5, PROGRAMMATIC_STREAM_SERIALIZATION=6};
+# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8.
+COOPERATIVE, CLUSTER_DIMENSION, CLUSTER_SCHEDULING, PDL = 2, 4, 5, 6
+
+
+def _attrs(launch):
+    return {attr_id: value for attr_id, value in launch.attrs}
+
+
+def test_clusters_launch_with_cluster_attributes_and_scaled_grid(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(4096)
+    k[(3, 2)](x, x, x, 4096, BLOCK=1024, num_ctas=2)
+    (launch,) = stand_in.launches()
+    assert launch.is_ex
+    assert launch.grid == (6, 2, 1)  # grid.x times num_ctas, as Triton's driver.c
+    attrs = _attrs(launch)
+    assert set(attrs) == {CLUSTER_DIMENSION, CLUSTER_SCHEDULING}
+    assert struct.unpack("<III", attrs[CLUSTER_DIMENSION][:12]) == (2, 1, 1)
+    assert struct.unpack("<i", attrs[CLUSTER_SCHEDULING][:4]) == (1,)  # SPREAD
+    assert launch.params == [ptr(x)] * 3 + [struct.pack("<i", 4096)] + SCRATCH
+
+
+@pytest.mark.parametrize("option,attr_id", [("launch_cooperative_grid", COOPERATIVE),
+                                            ("launch_pdl", PDL)])
+def test_cooperative_grid_and_pdl_are_launch_attributes(stand_in, option, attr_id):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(4096)
+    k[(4,)](x, x, x, 4096, BLOCK=1024, **{option: True})
+    k[(4,)](x, x, x, 4096, BLOCK=1024)
+    with_attr, plain = stand_in.launches()
+    assert with_attr.is_ex and set(_attrs(with_attr)) == {attr_id}
+    assert struct.unpack("<i", _attrs(with_attr)[attr_id][:4]) == (1,)
+    assert with_attr.grid == (4, 1, 1)
+    assert not plain.is_ex  # no attribute needed: plain cuLaunchKernel
+
+
+def test_more_than_48kb_of_shared_memory_opts_in_at_registration(stand_in):
+    k = fastkernel(kernels.big_shared_kernel)
+    src, dst = torch.randn(128 * 128), torch.empty(128 * 128)
+    k[(1,)](src, dst, ROWS=128, COLS=128, num_warps=8)
+    k[(1,)](src, dst, ROWS=128, COLS=128, num_warps=8)
+    shared = k._compiled[0].metadata.shared
+    assert shared > 49152
+    launches = stand_in.launches()
+    assert [launch.shared_mem for launch in launches] == [shared, shared]
+    # Set once when the module was loaded, to the device's opt-in limit less static shared
+    # memory (the stand-in reports 232448 and 0), as Triton's loadBinary does.
+    assert stand_in.func_attribute("big_shared_kernel", 8) == 232448
+    assert stand_in.module_loads() == 1
