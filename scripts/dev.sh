@@ -3,6 +3,9 @@
 #   scripts/dev.sh demo   the main job: example kernels through fastkernel, checked against torch
 #   scripts/dev.sh test   the test suite (what .ci/run runs)
 #   scripts/dev.sh bench  the dispatch benchmark
+#   scripts/dev.sh sanitize  the test suite against a copy of the native module built with
+#                         AddressSanitizer and UndefinedBehaviorSanitizer
+#   scripts/dev.sh ci     test, then sanitize (what .ci/run runs)
 # Extra arguments go to the command (pytest, the demo or the benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,9 +37,35 @@ rm -rf dist
 "${pip[@]}" wheel --no-build-isolation --no-deps -w dist .
 "${pip[@]}" install --force-reinstall --no-deps dist/fastkernel-*.whl
 
+# The sanitized module: the same sources built with -fsanitize=address,undefined into
+# build/sanitize, staged beside a copy of the Python package so that it shadows the installed
+# wheel, and the sanitizer runtimes preloaded into the (uninstrumented) interpreter.
+sanitize() {
+  local build=build/sanitize stage=build/sanitize-pkg flags
+  flags="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+  PATH="$(dirname "$py"):$PATH" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None \
+    -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=address,undefined" \
+    -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF -DPython_EXECUTABLE="$py" \
+    -Dpybind11_DIR="$("$py" -c 'import pybind11; print(pybind11.get_cmake_dir())')" >/dev/null
+  PATH="$(dirname "$py"):$PATH" cmake --build "$build" --target _C >/dev/null
+  rm -rf "$stage" && mkdir -p "$stage"
+  cp -r python/fastkernel "$stage/"
+  cp "$build"/_C*.so "$build/_build_info.py" "$stage/fastkernel/"
+  # Leak checking is off: CPython and torch keep allocations alive until exit by design.
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
+    ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    PYTHONPATH="$stage" "$py" -m pytest tests "$@"
+}
+
 case "$command" in
   demo) exec "$py" -m fastkernel demo "$@" ;;
   bench) exec "$py" -m fastkernel bench "$@" ;;
   test) exec "$py" -m pytest tests "$@" ;;
-  *) echo "usage: scripts/dev.sh demo|test|bench [args...]" >&2; exit 2 ;;
+  sanitize) sanitize "$@" ;;
+  ci)
+    "$py" -m pytest tests "$@"
+    echo "--- the same suite against the AddressSanitizer/UBSan build of the native module ---"
+    sanitize "$@"
+    ;;
+  *) echo "usage: scripts/dev.sh demo|test|bench|sanitize|ci [args...]" >&2; exit 2 ;;
 esac
