@@ -1,5 +1,6 @@
-// The launch table's open-addressing hash map: linear probing over a power-of-two array,
-// grown at 50% load so that probe sequences stay short on the hit path.
+// The launch table's open-addressing hash map: linear probing over a power-of-two array, rehashed
+// at 50% load (tombstones included) so probe sequences stay short on the hit path; a bounded
+// table evicts its least recently launched record.
 #include "fastkernel/launch_table.h"
 
 namespace fastkernel {
@@ -8,14 +9,15 @@ LaunchTable::LaunchTable() : slots_(16) {}
 
 LaunchTable::~LaunchTable() { clear(); }
 
-const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t hash) const noexcept {
+const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t hash) noexcept {
   const size_t mask = slots_.size() - 1;
   for (size_t i = hash & mask;; i = (i + 1) & mask) {
-    const Slot& slot = slots_[i];
-    if (slot.size < 0) {
+    Slot& slot = slots_[i];
+    if (slot.size == kEmpty) {
       return nullptr;
     }
     if (slot.hash == hash && key.equals(slot.words.get(), slot.size)) {
+      slot.last_used = ++tick_;  // a counter and a store: the LRU order costs nothing more
       return slot.record.get();
     }
   }
@@ -23,33 +25,68 @@ const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t has
 
 const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
                                         std::unique_ptr<LaunchRecord> record) {
-  if ((count_ + 1) * 2 > slots_.size()) {
-    grow();
-  }
   const uint64_t hash = key.hash();
+  if (const LaunchRecord* existing = find(key, hash)) {
+    // Another registration won the race: keep its record, which launches may already be
+    // using (its module can be executing), and drop the new, never-launched one.
+    unload_launch_record(*record);
+    return existing;
+  }
+  if (capacity_ != 0 && count_ >= capacity_) {
+    evict_least_recently_used();
+  }
+  if ((count_ + tombstones_ + 1) * 2 > slots_.size()) {
+    // Grow when the live records need it; otherwise rehashing at the same size clears the
+    // tombstones that evictions left.
+    rehash((count_ + 1) * 2 > slots_.size() ? slots_.size() * 2 : slots_.size());
+  }
   const size_t mask = slots_.size() - 1;
-  for (size_t i = hash & mask;; i = (i + 1) & mask) {
-    Slot& slot = slots_[i];
-    if (slot.size < 0) {
-      slot.hash = hash;
-      slot.size = key.size;
-      slot.words.reset(new uint64_t[key.size > 0 ? key.size : 1]);
-      std::copy(key.words, key.words + key.size, slot.words.get());
-      slot.record = std::move(record);
-      ++count_;
-      return slot.record.get();
+  size_t i = hash & mask;
+  while (slots_[i].size >= 0) {
+    i = (i + 1) & mask;
+  }
+  Slot& slot = slots_[i];
+  if (slot.size == kDeleted) {
+    --tombstones_;
+  }
+  slot.hash = hash;
+  slot.size = key.size;
+  slot.last_used = ++tick_;
+  slot.words.reset(new uint64_t[key.size > 0 ? key.size : 1]);
+  std::copy(key.words, key.words + key.size, slot.words.get());
+  slot.record = std::move(record);
+  ++count_;
+  return slot.record.get();
+}
+
+void LaunchTable::evict_least_recently_used() noexcept {
+  Slot* victim = nullptr;
+  for (Slot& slot : slots_) {
+    if (slot.size >= 0 && (victim == nullptr || slot.last_used < victim->last_used)) {
+      victim = &slot;
     }
-    if (slot.hash == hash && key.equals(slot.words.get(), slot.size)) {
-      // Another registration won the race: keep its record, which launches may already be
-      // using (its module can be executing), and drop the new, never-launched one.
-      unload_launch_record(*record);
-      return slot.record.get();
-    }
+  }
+  if (victim == nullptr) {
+    return;
+  }
+  unload_launch_record(*victim->record);
+  victim->record.reset();
+  victim->words.reset();
+  victim->size = kDeleted;
+  --count_;
+  ++tombstones_;
+  ++evictions_;
+}
+
+void LaunchTable::set_capacity(size_t capacity) noexcept {
+  capacity_ = capacity;
+  while (capacity_ != 0 && count_ > capacity_) {
+    evict_least_recently_used();
   }
 }
 
-void LaunchTable::grow() {
-  std::vector<Slot> old(slots_.size() * 2);
+void LaunchTable::rehash(size_t capacity) {
+  std::vector<Slot> old(capacity);
   old.swap(slots_);
   const size_t mask = slots_.size() - 1;
   for (Slot& slot : old) {
@@ -62,6 +99,7 @@ void LaunchTable::grow() {
     }
     slots_[i] = std::move(slot);
   }
+  tombstones_ = 0;
 }
 
 void LaunchTable::clear() noexcept {
@@ -72,6 +110,7 @@ void LaunchTable::clear() noexcept {
     slot = Slot();
   }
   count_ = 0;
+  tombstones_ = 0;
 }
 
 }  // namespace fastkernel

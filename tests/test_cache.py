@@ -601,3 +601,4 @@ def test_cli_runs_as_a_module(cache_root):
                             env={**os.environ, "FASTKERNEL_CACHE": "0"})
     assert result.returncode == 0, result.stderr
     assert "disabled (FASTKERNEL_CACHE=0)" in result.stdout
+

@@ -135,7 +135,10 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
     }
     rec->plan.push_back({uint16_t(arg_index), pt});
   }
-  rec->user_data = compiled.ptr();  // kept alive by the Python layer's list of compiled kernels
+  // The record owns a reference to what a launch returns; dropped with the record (eviction,
+  // clear, kernel deallocation), always under the GIL.
+  rec->user_data = compiled.inc_ref().ptr();
+  rec->release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
   const std::string image = cubin;
   with_python_errors([&] {
     load_launch_record(*rec, image.data(), image.size());
@@ -151,6 +154,7 @@ py::dict stats(py::handle kernel_obj) {
   d["misses"] = kernel->state->misses;
   d["fallbacks"] = kernel->state->fallbacks;
   d["specializations"] = kernel->state->table.size();
+  d["evictions"] = kernel->state->table.evictions();
   return d;
 }
 
@@ -316,6 +320,11 @@ PYBIND11_MODULE(_C, m) {
       py::arg("constexpr_type"), py::arg("identity_types"),
       "Tell the key builder Triton's constexpr class and the types it may key by identity.");
   m.def("stats", &stats, py::arg("kernel"), "Hits, misses, fallbacks and specializations.");
+  m.def(
+      "set_capacity",
+      [](py::handle k, size_t capacity) { as_kernel(k)->state->table.set_capacity(capacity); },
+      py::arg("kernel"), py::arg("capacity"),
+      "Keep at most `capacity` specializations (0 = unbounded), least recently launched evicted.");
   m.def("clear", [](py::handle k) { as_kernel(k)->state->table.clear(); }, py::arg("kernel"),
         "Drop every launch record of a kernel (modules unloaded).");
   m.def("driver_library_path", &driver_library_path,

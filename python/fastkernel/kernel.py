@@ -9,12 +9,13 @@ launches the new record. Calls the native key does not cover go to Triton itself
 
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 import os
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import triton
 from triton.runtime.interpreter import InterpretedFunction
@@ -88,6 +89,22 @@ def _params_spec(jit_fn: JITFunction) -> List[Tuple[str, bool, bool, bool, bool,
 
 _KERNELS: "weakref.WeakSet[FastKernel]" = weakref.WeakSet()
 
+#: Specializations each kernel keeps registered (FASTKERNEL_MAX_SPECIALIZATIONS; 0 = no limit).
+DEFAULT_MAX_SPECIALIZATIONS = 1024
+
+
+def _max_specializations() -> int:
+    raw = os.environ.get("FASTKERNEL_MAX_SPECIALIZATIONS", "")
+    if not raw:
+        return DEFAULT_MAX_SPECIALIZATIONS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"FASTKERNEL_MAX_SPECIALIZATIONS must be an int >= 0, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"FASTKERNEL_MAX_SPECIALIZATIONS must be an int >= 0, got {raw!r}")
+    return value
+
 
 def stats() -> Dict[str, Dict[str, Any]]:
     """Native-path counters of every live fastkernel kernel, by ``module.qualname``.
@@ -104,8 +121,9 @@ def stats() -> Dict[str, Dict[str, Any]]:
         name = f"{kernel.module}.{kernel.fn.__qualname__}"
         own = kernel.stats()
         merged = result.setdefault(name, {"hits": 0, "misses": 0, "fallbacks": 0,
-                                          "specializations": 0, "fallback_reasons": {}})
-        for counter in ("hits", "misses", "fallbacks", "specializations"):
+                                          "specializations": 0, "evictions": 0,
+                                          "fallback_reasons": {}})
+        for counter in ("hits", "misses", "fallbacks", "specializations", "evictions"):
             merged[counter] += own[counter]
         for reason, count in own["fallback_reasons"].items():
             merged["fallback_reasons"][reason] = merged["fallback_reasons"].get(reason, 0) + count
@@ -147,7 +165,9 @@ class FastKernel(_C.Kernel, JITFunction):
         self.__dict__.update(jit_fn.__dict__)
         #: The wrapped ``triton.jit`` function; ``jit_function[grid](...)`` is Triton's own launch.
         self.jit_function = jit_fn
-        self._compiled: List[Any] = []  # keeps every registered CompiledKernel alive
+        capacity = _max_specializations()
+        # The most recent compiled kernels, for inspection (the native records own theirs).
+        self._compiled: Deque[Any] = collections.deque(maxlen=capacity or None)
         self._keepalive: Dict[int, Any] = {}  # identity-keyed constexpr objects, by id
         self._arg_kinds: Dict[int, set] = {}
         self._lock = threading.RLock()
@@ -160,6 +180,7 @@ class FastKernel(_C.Kernel, JITFunction):
         options = abi.option_names(abi.cuda_target(9, 0))
         _C.configure(self, jit_fn.__name__, _params_spec(jit_fn), options, FastKernel._on_miss,
                      abi.allocate_scratch, self.pre_run_hooks)
+        _C.set_capacity(self, capacity)
         _KERNELS.add(self)
 
     # -- Triton-compatible surface ------------------------------------------------------------
@@ -177,7 +198,7 @@ class FastKernel(_C.Kernel, JITFunction):
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
-        (ints) and ``fallback_reasons`` (dict of reason -> count)."""
+        (registered now), ``evictions`` (ints) and ``fallback_reasons`` (reason -> count)."""
         d = _C.stats(self)
         d["fallbacks"] += self._miss_fallbacks
         d["fallback_reasons"] = dict(self._fallback_reasons)
@@ -306,7 +327,7 @@ class _InterpretedKernel:
         return self.fn.run(*args, **kwargs)
 
     def stats(self) -> Dict[str, Any]:
-        return {"hits": 0, "misses": 0, "fallbacks": 0, "specializations": 0,
+        return {"hits": 0, "misses": 0, "fallbacks": 0, "specializations": 0, "evictions": 0,
                 "fallback_reasons": {"TRITON_INTERPRET=1": 1}}
 
 

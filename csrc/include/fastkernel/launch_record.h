@@ -45,6 +45,16 @@ struct LaunchRecord {
   uint64_t profile_scratch_size = 0;  ///< bytes per CTA
   uint64_t profile_scratch_align = 1;
   void* user_data = nullptr;  ///< opaque to fastkernel; the Python layer keeps its CompiledKernel here
+  void (*release_user_data)(void*) = nullptr;  ///< called with user_data when the record is dropped
+
+  LaunchRecord() = default;
+  LaunchRecord(const LaunchRecord&) = delete;
+  LaunchRecord& operator=(const LaunchRecord&) = delete;
+  ~LaunchRecord() {
+    if (release_user_data != nullptr && user_data != nullptr) {
+      release_user_data(user_data);
+    }
+  }
 
   bool needs_attributes() const { return num_ctas != 1 || cooperative_grid || pdl; }
   bool needs_scratch() const { return global_scratch_size > 0 || profile_scratch_size > 0; }

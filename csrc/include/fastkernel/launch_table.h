@@ -11,8 +11,9 @@
 
 namespace fastkernel {
 
-/// Maps specialization keys to launch records for one kernel. Not internally locked: callers
-/// serialize access (the Python layer holds the GIL for every lookup and insert).
+/// Maps specialization keys to launch records for one kernel, holding at most `capacity`
+/// records (least recently launched evicted first; 0 = unbounded). Not internally locked:
+/// callers serialize access (the Python layer holds the GIL for every lookup and insert).
 class LaunchTable {
  public:
   LaunchTable();
@@ -20,29 +21,44 @@ class LaunchTable {
   LaunchTable(const LaunchTable&) = delete;
   LaunchTable& operator=(const LaunchTable&) = delete;
 
-  /// The record registered under `key`, or nullptr.
-  const LaunchRecord* find(const SpecializationKey& key, uint64_t hash) const noexcept;
+  /// The record registered under `key`, or nullptr. Marks it as the most recently used.
+  const LaunchRecord* find(const SpecializationKey& key, uint64_t hash) noexcept;
 
   /// Registers `record` under `key`; if `key` is already registered, the existing record is kept
-  /// (it may be in use) and `record` is unloaded. Returns the record now registered.
+  /// (it may be in use) and `record` is unloaded. At capacity, the least recently used record
+  /// is evicted first (its module unloaded). Returns the record now registered.
   const LaunchRecord* insert(const SpecializationKey& key, std::unique_ptr<LaunchRecord> record);
 
   /// Drops every record (modules unloaded).
   void clear() noexcept;
 
+  /// Sets the most records kept (0 = unbounded), evicting down to it now.
+  void set_capacity(size_t capacity) noexcept;
+
   /// Number of registered specializations.
   size_t size() const noexcept { return count_; }
 
+  /// Records evicted so far.
+  uint64_t evictions() const noexcept { return evictions_; }
+
  private:
+  static constexpr int kEmpty = -1;
+  static constexpr int kDeleted = -2;  ///< a tombstone: probing continues past it
   struct Slot {
     uint64_t hash = 0;
+    uint64_t last_used = 0;  ///< tick of the last lookup that found it
     std::unique_ptr<uint64_t[]> words;
-    int size = -1;  ///< -1: empty slot
+    int size = kEmpty;
     std::unique_ptr<LaunchRecord> record;
   };
-  void grow();
+  void rehash(size_t capacity);
+  void evict_least_recently_used() noexcept;
   std::vector<Slot> slots_;
   size_t count_ = 0;
+  size_t tombstones_ = 0;
+  size_t capacity_ = 0;
+  uint64_t tick_ = 0;
+  uint64_t evictions_ = 0;
 };
 
 }  // namespace fastkernel

@@ -1,0 +1,82 @@
+"""The bounded in-memory launch table: least recently launched specializations are evicted,
+release what they hold, and come back from the disk cache on their next use."""
+
+from __future__ import annotations
+
+import gc
+import random
+import weakref
+
+import pytest
+import torch
+
+from fastkernel import cache as fk_cache
+from fastkernel import fastkernel
+
+import kernels
+
+
+def test_least_recently_launched_specialization_is_evicted_and_comes_back_from_disk(
+        stand_in, monkeypatch):
+    monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "2")
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(128)
+
+    def call(block):
+        k[(1,)](x, x, x, 128, BLOCK=block)
+
+    call(16)
+    first = weakref.ref(k._compiled[0])
+    call(32)
+    call(16)          # 16 is now more recent than 32
+    call(64)          # at capacity: 32 is evicted
+    stats = k.stats()
+    assert stats["specializations"] == 2 and stats["evictions"] == 1
+    gc.collect()
+    assert first() is not None  # 16 is still registered: its record holds it
+    loads = stand_in.module_loads()
+    call(16)
+    assert k.stats()["hits"] == 2 and stand_in.module_loads() == loads  # still registered
+    call(32)          # evicted: a miss, re-registered from the disk cache
+    assert k.stats()["misses"] == 4 and stand_in.module_loads() == loads + 1
+    assert isinstance(k._compiled[-1], fk_cache.CachedKernel)
+    assert k.stats()["evictions"] == 2  # 64 was the least recently launched
+    blocks = [launch.block for launch in stand_in.launches()]
+    assert len(blocks) == 6
+
+
+def test_evicted_records_release_their_compiled_kernels(stand_in, monkeypatch):
+    monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "1")
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(128)
+    k[(1,)](x, x, x, 128, BLOCK=16)
+    first = weakref.ref(k._compiled[0])
+    k[(1,)](x, x, x, 128, BLOCK=32)  # evicts the first; the deque keeps only the newest
+    gc.collect()
+    assert first() is None
+    assert k.stats()["specializations"] == 1
+
+
+def test_many_specializations_through_a_small_table(stand_in, monkeypatch):
+    """Interleaved hits, misses and evictions keep the table consistent (tombstones included)."""
+    monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "3")
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(256)
+    sizes = [16 * i for i in range(1, 9)] + [16 * i + 1 for i in range(1, 5)]  # D and "" classes
+    rng = random.Random(0)
+    calls = [rng.choice([(1, 64), (2, 64), (1, 128)]) for _ in range(300)]
+    for grid_x, block in calls:
+        n = rng.choice(sizes[:3])
+        k[(grid_x,)](x, x, x, n, BLOCK=block)
+    stats = k.stats()
+    assert stats["specializations"] <= 3
+    assert stats["hits"] + stats["misses"] == 300 and stats["fallbacks"] == 0
+    assert stand_in.launch_count() == 300
+    for launch, (grid_x, block) in zip(stand_in.launches(), calls):
+        assert launch.grid == (grid_x, 1, 1)
+
+
+def test_max_specializations_must_be_a_count(monkeypatch):
+    monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "lots")
+    with pytest.raises(ValueError, match="FASTKERNEL_MAX_SPECIALIZATIONS"):
+        fastkernel(kernels.add_kernel)
