@@ -167,3 +167,14 @@ def test_stages_inspection_hook_routes_calls_to_triton(add, stand_in):
 
 def test_knob_state_is_stable_without_changes():
     assert abi.knob_state()[0] == abi.knob_state()[0]
+
+
+def test_profiler_sees_a_named_range_only_while_active(add, stand_in):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            add[(1,)](X, X, X, 64, BLOCK=64)
+    names = [event.name for event in prof.events()]
+    assert names.count("fastkernel::add_kernel") == 3
+    add[(1,)](X, X, X, 64, BLOCK=64)  # no profiler: launches as before
+    assert len(stand_in.launches()) == 5 and add.stats()["hits"] == 4

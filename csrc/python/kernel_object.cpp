@@ -3,8 +3,11 @@
 // grid calls back into Python.
 #include "kernel_object.h"
 
+#include <ATen/record_function.h>
+
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "fastkernel/trampoline.h"
@@ -364,7 +367,18 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
         return nullptr;
       }
     }
-    launch(*rec, grid, ctx.stream, call.values, global_scratch, profile_scratch);
+    {
+      // A profiler range named for the kernel, only while torch's profiler (or another
+      // RecordFunction observer) is active: otherwise one call that checks a global.
+      std::optional<at::RecordFunction> range;
+      if (C10_UNLIKELY(at::hasCallbacks())) {
+        range.emplace(at::RecordScope::USER_SCOPE);
+        if (range->isActive()) {
+          range->before(rec->profile_name.c_str());
+        }
+      }
+      launch(*rec, grid, ctx.stream, call.values, global_scratch, profile_scratch);
+    }
     if (hooked) {
       Ref r(PyObject_CallOneArg(g_hook_exit, hook_metadata.get()));
       if (!r) {

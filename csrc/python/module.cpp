@@ -112,6 +112,7 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
   std::memcpy(key.words, key_data.data(), key_data.size());
   auto rec = std::make_unique<LaunchRecord>();
   rec->kernel_name = kernel_name;
+  rec->profile_name = "fastkernel::" + kernel_name;
   rec->device = device;
   rec->block_x = block_x;
   rec->shared_mem = shared_mem;

@@ -30,6 +30,7 @@ struct PackSlot {
 /// What a compiled specialization needs to launch, per device. Immutable once registered.
 struct LaunchRecord {
   std::string kernel_name;    ///< the cubin's entry point (Triton's metadata.name)
+  std::string profile_name;   ///< the profiler range a launch is recorded under, when one is active
   int device = 0;             ///< the device whose primary context holds `module`
   CUmodule module = nullptr;
   CUfunction function = nullptr;
