@@ -179,6 +179,35 @@ PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* cons
   return PyObject_Vectorcall(kernel->miss_handler, handler_args, 7, nullptr);
 }
 
+// Triton's per-call check (JITFunction.run) that the globals a kernel read when it was compiled
+// still hold the same values: identity first (free for unchanged globals), then equality.
+bool globals_unchanged(KernelObject* kernel) {
+  PyObject* checks = kernel->global_checks;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(checks); ++i) {
+    PyObject* check = PyTuple_GET_ITEM(checks, i);
+    PyObject* dict = PyTuple_GET_ITEM(check, 0);
+    PyObject* name = PyTuple_GET_ITEM(check, 1);
+    PyObject* expected = PyTuple_GET_ITEM(check, 2);
+    PyObject* now = PyDict_GetItemWithError(dict, name);  // borrowed
+    if (now == expected) {
+      continue;
+    }
+    if (now == nullptr && PyErr_Occurred()) {
+      return false;
+    }
+    int same = now == nullptr ? 0 : PyObject_RichCompareBool(now, expected, Py_EQ);
+    if (same < 0) {
+      return false;
+    }
+    if (!same) {
+      Ref r(PyObject_CallFunctionObjArgs(kernel->global_check_failed, name, expected,
+                                         now ? now : Py_None, nullptr));
+      return false;  // the callable raises Triton's RuntimeError
+    }
+  }
+  return true;
+}
+
 // Runs the JITFunction's pre-run hooks with the call's arguments, as JITFunction.run does.
 bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                        PyObject* kwnames) {
@@ -309,6 +338,13 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       }
     } else {
       ++st.hits;
+    }
+    if (kernel->global_checks != nullptr && !globals_unchanged(kernel)) {
+      if (!PyErr_Occurred()) {
+        PyErr_Format(PyExc_RuntimeError, "%U: a global it reads has changed since it was compiled",
+                     kernel->name);
+      }
+      return nullptr;
     }
     LaunchGrid grid;
     if (PyTuple_CheckExact(self->grid) && PyTuple_GET_SIZE(self->grid) >= 1 &&
@@ -481,6 +517,8 @@ int kernel_traverse(KernelObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->scratch_allocator);
   Py_VISIT(self->cached_bound);
   Py_VISIT(self->pre_run_hooks);
+  Py_VISIT(self->global_checks);
+  Py_VISIT(self->global_check_failed);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_VISIT(p.default_value);
@@ -494,6 +532,8 @@ int kernel_clear(KernelObject* self) {
   Py_CLEAR(self->scratch_allocator);
   Py_CLEAR(self->cached_bound);
   Py_CLEAR(self->pre_run_hooks);
+  Py_CLEAR(self->global_checks);
+  Py_CLEAR(self->global_check_failed);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_CLEAR(p.default_value);

@@ -320,6 +320,22 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("constexpr_type"), py::arg("identity_types"),
       "Tell the key builder Triton's constexpr class and the types it may key by identity.");
+  m.def(
+      "set_global_checks",
+      [](py::handle k, py::tuple checks, py::object on_change) {
+        KernelObject* kernel = as_kernel(k);
+        for (py::handle c : checks) {
+          if (!PyTuple_Check(c.ptr()) || PyTuple_GET_SIZE(c.ptr()) != 3 ||
+              !PyDict_Check(PyTuple_GET_ITEM(c.ptr(), 0))) {
+            throw py::type_error("fastkernel: global checks are (dict, name, value) tuples");
+          }
+        }
+        Py_XSETREF(kernel->global_checks,
+                   PyTuple_GET_SIZE(checks.ptr()) ? checks.inc_ref().ptr() : nullptr);
+        Py_XSETREF(kernel->global_check_failed, on_change.inc_ref().ptr());
+      },
+      py::arg("kernel"), py::arg("checks"), py::arg("on_change"),
+      "The globals a hit re-checks, as (globals dict, name, value compiled with) tuples.");
   m.def("stats", &stats, py::arg("kernel"), "Hits, misses, fallbacks and specializations.");
   m.def(
       "set_capacity",

@@ -267,3 +267,19 @@ def run_exit_hooks(metadata) -> None:
     hook = knobs.runtime.launch_exit_hook
     if hook is not None:
         hook(metadata)
+
+
+# ---- globals a kernel read ------------------------------------------------------------------
+
+
+def global_checks(jit_fn) -> tuple:
+    """(globals dict, name, value) for each global ``jit_fn`` (and what it calls) read when it
+    was compiled: JITFunction.run re-checks these on every call (jit.py ``used_global_vals``)."""
+    return tuple((globals_dict, name, value)
+                 for (name, _), (value, globals_dict) in jit_fn.used_global_vals.items())
+
+
+def raise_global_changed(name: str, old: Any, new: Any) -> None:
+    """Raise the error JITFunction.run raises when a global changed since compilation."""
+    raise RuntimeError(
+        f"Global variable {name} has changed since we compiled this kernel, from {old} to {new}")

@@ -259,6 +259,9 @@ class FastKernel(_C.Kernel, JITFunction):
                 self._miss_fallbacks += 1
                 return self._fallback(grid, args, kwargs, reason)
             self._compiled.append(compiled)
+            # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
+            _C.set_global_checks(self, abi.global_checks(self.jit_function),
+                                 abi.raise_global_changed)
             for value in (*args, *kwargs.values()):
                 if isinstance(value, _IDENTITY_TYPES):
                     self._keepalive[id(value)] = value
