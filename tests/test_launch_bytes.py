@@ -338,3 +338,25 @@ def test_more_than_48kb_of_shared_memory_opts_in_at_registration(stand_in):
     # memory (the stand-in reports 232448 and 0), as Triton's loadBinary does.
     assert stand_in.func_attribute("big_shared_kernel", 8) == 232448
     assert stand_in.module_loads() == 1
+
+
+def test_scratch_of_a_captured_launch_outlives_the_capture(stand_in, triton_allocator, monkeypatch):
+    import gc
+    import weakref
+    from fastkernel import _triton_abi as abi
+    k = fastkernel(kernels.device_descriptor_kernel)
+    src, dst = torch.randn(64, 32), torch.empty(64, 32)
+    buffers = []
+
+    def allocator(size, alignment, stream):
+        buffers.append(weakref.ref(buffer := torch.empty(size, dtype=torch.int8)))
+        return buffer
+
+    triton.set_allocator(allocator)
+    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)          # not capturing: freed after
+    monkeypatch.setattr(abi, "_stream_is_capturing", lambda: True)
+    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)          # "captured": kept alive
+    gc.collect()
+    assert buffers[0]() is None and buffers[1]() is not None
+    assert abi.CAPTURED_SCRATCH[-1] is buffers[1]()
+    abi.CAPTURED_SCRATCH.pop()

@@ -181,10 +181,25 @@ def allocate_scratch(size: int, align: int, stream: Optional[int], kind: str):
     """
     from triton.runtime import _allocation
     if kind == "global":
-        return _allocation._allocator.get()(size, align, stream)
-    if _allocation.has_profile_allocator():
-        return _allocation._profile_allocator.get()(size, align, stream)
-    return triton.runtime.driver.active.allocate_default_profile_scratch(size, align, stream)
+        buffer = _allocation._allocator.get()(size, align, stream)
+    elif _allocation.has_profile_allocator():
+        buffer = _allocation._profile_allocator.get()(size, align, stream)
+    else:
+        buffer = triton.runtime.driver.active.allocate_default_profile_scratch(size, align, stream)
+    if _stream_is_capturing():
+        # A captured launch replays with this buffer's address: it must outlive the graph,
+        # which fastkernel cannot see, so it lives as long as the process.
+        CAPTURED_SCRATCH.append(buffer)
+    return buffer
+
+
+#: Scratch buffers of launches captured into CUDA graphs (kept alive for their replays).
+CAPTURED_SCRATCH: List[Any] = []
+
+
+def _stream_is_capturing() -> bool:
+    import torch
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # ---- knobs and launch hooks -----------------------------------------------------------------
