@@ -150,13 +150,8 @@ KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, Ar
   value->kind = ArgKind::Int;
   if (overflow == 0) {
     value->i = s;
-    value->width = (s >= INT32_MIN && s <= INT32_MAX) ? IntWidth::I32 : IntWidth::I64;
-    ValueClass cls = ValueClass::NotSpecialized;
-    if (param.specialize) {
-      cls = s == 1 ? ValueClass::EqualsOne
-                   : ((param.align && (s & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other);
-    }
-    key->push(int_word(value->width, cls));
+    value->width = signed_width(s);
+    key->push(int_word(value->width, int_class(uint64_t(s), s == 1, param.specialize, param.align)));
     return KeyStatus::Ok;
   }
   if (overflow > 0) {
@@ -164,11 +159,7 @@ KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, Ar
     if (!PyErr_Occurred()) {
       value->u = u;
       value->width = IntWidth::U64;
-      ValueClass cls = ValueClass::NotSpecialized;
-      if (param.specialize) {
-        cls = (param.align && (u & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other;
-      }
-      key->push(int_word(IntWidth::U64, cls));
+      key->push(int_word(IntWidth::U64, int_class(u, false, param.specialize, param.align)));
       return KeyStatus::Ok;
     }
     PyErr_Clear();
@@ -201,10 +192,7 @@ KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param, PyObject* v,
   const uint64_t ptr = reinterpret_cast<uint64_t>(tensor.data_ptr());
   value->kind = ArgKind::Tensor;
   value->u = ptr;
-  ValueClass cls = ValueClass::NotSpecialized;
-  if (param.specialize) {
-    cls = (param.align && (ptr & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other;
-  }
+  const ValueClass cls = pointer_class(ptr, param.specialize, param.align);
   key->push(tensor_word(int(tensor.scalar_type()), int(device.type()), cls) |
             (uint64_t(uint16_t(device.index())) << 32));
   if (param.key_shape) {

@@ -31,11 +31,27 @@ _check_torch_version()
 
 from . import _C  # noqa: E402
 from ._C import CudaError, DriverUnavailableError  # noqa: E402
+from .bundle import export  # noqa: E402
 from .kernel import FastKernel, fastkernel, stats  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["fastkernel", "FastKernel", "CudaError", "DriverUnavailableError", "get_include",
-           "stats", "__version__"]
+           "get_cmake_dir", "export", "stats", "__version__"]
+
+
+def get_cmake_dir() -> str:
+    """Directory holding ``fastkernelConfig.cmake``: pass it as ``-Dfastkernel_DIR=...`` (or put
+    it on ``CMAKE_PREFIX_PATH``) and ``find_package(fastkernel)`` gives ``fastkernel::fastkernel``.
+
+    Raises
+    ------
+    FileNotFoundError
+        When fastkernel is not installed from a wheel (a source checkout has no built package).
+    """
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "share", "cmake", "fastkernel")
+    if not os.path.isfile(os.path.join(path, "fastkernelConfig.cmake")):
+        raise FileNotFoundError(f"no fastkernelConfig.cmake under {path}: install the wheel")
+    return path
 
 
 def get_include() -> str:

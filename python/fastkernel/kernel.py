@@ -93,6 +93,11 @@ _KERNELS: "weakref.WeakSet[FastKernel]" = weakref.WeakSet()
 DEFAULT_MAX_SPECIALIZATIONS = 1024
 
 
+def capacity_exceeded(items, capacity: int) -> bool:
+    """Whether a bounded collection (capacity 0 = unbounded) holds more than it may."""
+    return capacity != 0 and len(items) > capacity
+
+
 def _max_specializations() -> int:
     raw = os.environ.get("FASTKERNEL_MAX_SPECIALIZATIONS", "")
     if not raw:
@@ -168,6 +173,9 @@ class FastKernel(_C.Kernel, JITFunction):
         capacity = _max_specializations()
         # The most recent compiled kernels, for inspection (the native records own theirs).
         self._compiled: Deque[Any] = collections.deque(maxlen=capacity or None)
+        self._capacity = capacity
+        # What each registered specialization was compiled from, for fastkernel.export.
+        self._registrations: "collections.OrderedDict[bytes, tuple]" = collections.OrderedDict()
         self._keepalive: Dict[int, Any] = {}  # identity-keyed constexpr objects, by id
         self._arg_kinds: Dict[int, set] = {}
         self._lock = threading.RLock()
@@ -259,6 +267,9 @@ class FastKernel(_C.Kernel, JITFunction):
                 self._miss_fallbacks += 1
                 return self._fallback(grid, args, kwargs, reason)
             self._compiled.append(compiled)
+            self._registrations[key] = (target, spec, meta)
+            while capacity_exceeded(self._registrations, self._capacity):
+                self._registrations.popitem(last=False)
             # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
             _C.set_global_checks(self, abi.global_checks(self.jit_function),
                                  abi.raise_global_changed)

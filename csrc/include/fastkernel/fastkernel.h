@@ -14,6 +14,7 @@
 // \endcode
 #pragma once
 
+#include "fastkernel/bundle.h"
 #include "fastkernel/cuda_driver.h"
 #include "fastkernel/launch_record.h"
 #include "fastkernel/launch_table.h"

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <climits>
 
 namespace fastkernel {
 
@@ -45,6 +46,27 @@ constexpr uint64_t tensor_word(int scalar_type, int device_type, ValueClass alig
 /// The word of an int argument: its width and value class.
 constexpr uint64_t int_word(IntWidth width, ValueClass value_class) {
   return uint64_t(ArgKind::Int) | (uint64_t(width) << 8) | (uint64_t(value_class) << 16);
+}
+
+/// Triton's class for a pointer argument (specialize.cc handle_tensor): 16-byte aligned or not,
+/// or not specialized under do_not_specialize.
+constexpr ValueClass pointer_class(uint64_t address, bool specialize, bool align) {
+  return !specialize ? ValueClass::NotSpecialized
+                     : ((align && (address & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other);
+}
+
+/// Triton's width of a signed integer argument: i32 when it fits, else i64.
+constexpr IntWidth signed_width(int64_t value) {
+  return (value >= INT32_MIN && value <= INT32_MAX) ? IntWidth::I32 : IntWidth::I64;
+}
+
+/// Triton's class for an integer argument (specialize.cc handle_long_type): == 1 (then it
+/// becomes a constexpr), divisible by 16, other, or not specialized. `bits` is the value's
+/// two's-complement bits (the u64 value for IntWidth::U64).
+constexpr ValueClass int_class(uint64_t bits, bool is_one, bool specialize, bool align) {
+  return !specialize ? ValueClass::NotSpecialized
+         : is_one    ? ValueClass::EqualsOne
+                     : ((align && (bits & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other);
 }
 
 /// A key under construction and, once built, the one looked up.

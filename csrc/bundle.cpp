@@ -1,0 +1,253 @@
+// Reads a kernel bundle (manifest.txt plus cubins, written by fastkernel.export), matches a
+// C++ call's arguments against each entry's specialization with Triton's rules, and launches
+// the matching entry through the trampoline.
+#include "fastkernel/bundle.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace fastkernel {
+namespace {
+
+constexpr const char* kMagic = "fastkernel-bundle";
+constexpr int kVersion = 1;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw BundleError("fastkernel: cannot read '" + path + "'");
+  }
+  std::ostringstream data;
+  data << in.rdbuf();
+  return data.str();
+}
+
+bool parse_type(const std::string& type, ParamType* out) { return parse_param_type(type, out); }
+
+// The runtime value a pattern check needs: kind, width and class of one argument.
+bool arg_matches(const ArgPattern& p, const ArgValue& v) {
+  if (p.kind != v.kind) {
+    return false;
+  }
+  switch (v.kind) {
+    case ArgKind::Tensor:
+      return pointer_class(v.u, p.specialize, p.align) == p.value_class;
+    case ArgKind::Int: {
+      const uint64_t bits = v.u;
+      const bool is_one = v.width != IntWidth::U64 && v.i == 1;
+      if (!p.any_width && v.width != p.width && int_class(bits, is_one, p.specialize, p.align) !=
+                                                    ValueClass::EqualsOne) {
+        return false;
+      }
+      return int_class(bits, is_one, p.specialize, p.align) == p.value_class;
+    }
+    default:
+      return true;
+  }
+}
+
+const char* kind_name(ArgKind kind) {
+  switch (kind) {
+    case ArgKind::Tensor: return "pointer";
+    case ArgKind::Int: return "int";
+    case ArgKind::Float: return "float";
+    case ArgKind::Bool: return "bool";
+    default: return "None";
+  }
+}
+
+}  // namespace
+
+ArgValue pointer_arg(uint64_t device_pointer) {
+  ArgValue v{};
+  v.kind = ArgKind::Tensor;
+  v.u = device_pointer;
+  return v;
+}
+
+ArgValue int_arg(int64_t value) {
+  ArgValue v{};
+  v.kind = ArgKind::Int;
+  v.i = value;
+  v.width = signed_width(value);
+  return v;
+}
+
+ArgValue uint_arg(uint64_t value) {
+  if (value <= uint64_t(INT64_MAX)) {
+    return int_arg(int64_t(value));
+  }
+  ArgValue v{};
+  v.kind = ArgKind::Int;
+  v.u = value;
+  v.width = IntWidth::U64;
+  return v;
+}
+
+ArgValue float_arg(double value) {
+  ArgValue v{};
+  v.kind = ArgKind::Float;
+  v.d = value;
+  return v;
+}
+
+ArgValue bool_arg(bool value) {
+  ArgValue v{};
+  v.kind = ArgKind::Bool;
+  v.i = value ? 1 : 0;
+  return v;
+}
+
+ArgValue none_arg() {
+  ArgValue v{};
+  v.kind = ArgKind::None;
+  return v;
+}
+
+std::string BundleEntry::describe() const {
+  std::string text = kernel + "[";
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    text += (i ? ", " : "") + patterns[i].type;
+    if (patterns[i].value_class == ValueClass::Divisible16) {
+      text += " %16";
+    } else if (patterns[i].value_class == ValueClass::EqualsOne) {
+      text += " ==1";
+    }
+  }
+  return text + "] {" + constexprs + "} sm_" + std::to_string(arch);
+}
+
+Bundle Bundle::load(const std::string& directory) {
+  std::istringstream manifest(read_file(directory + "/manifest.txt"));
+  Bundle bundle;
+  std::string line, magic;
+  int version = 0;
+  if (!std::getline(manifest, line) || !(std::istringstream(line) >> magic >> version) ||
+      magic != kMagic || version != kVersion) {
+    throw BundleError("fastkernel: '" + directory + "' is not a version-1 kernel bundle");
+  }
+  BundleEntry* entry = nullptr;
+  int line_number = 1;
+  while (std::getline(manifest, line)) {
+    ++line_number;
+    std::istringstream in(line);
+    std::string tag;
+    if (!(in >> tag)) {
+      continue;
+    }
+    auto fail = [&](const std::string& why) {
+      throw BundleError("fastkernel: " + directory + "/manifest.txt line " +
+                        std::to_string(line_number) + ": " + why);
+    };
+    if (tag == "entry") {
+      auto e = std::make_unique<BundleEntry>();
+      LaunchRecord& r = e->prototype;
+      unsigned coop = 0, pdl = 0;
+      if (!(in >> e->kernel >> e->cubin_file >> r.kernel_name >> e->arch >> r.block_x >>
+            r.shared_mem >> r.num_ctas >> coop >> pdl >> r.num_scratch_params >>
+            r.global_scratch_size >> r.global_scratch_align >> r.profile_scratch_size >>
+            r.profile_scratch_align)) {
+        fail("malformed entry line");
+      }
+      if (r.global_scratch_size != 0 || r.profile_scratch_size != 0) {
+        fail("entries that need scratch buffers are not supported from C++ yet");
+      }
+      r.cooperative_grid = coop != 0;
+      r.pdl = pdl != 0;
+      e->cubin = read_file(directory + "/" + e->cubin_file);
+      entry = e.get();
+      bundle.entries_.push_back(std::move(e));
+    } else if (entry == nullptr) {
+      fail("'" + tag + "' before any entry");
+    } else if (tag == "constexprs") {
+      std::getline(in >> std::ws, entry->constexprs);
+    } else if (tag == "arg") {
+      ArgPattern p;
+      int kind = 0, width = 0, cls = 0, specialize = 1, align = 1, any_width = 0;
+      if (!(in >> kind >> width >> cls >> specialize >> align >> any_width >> p.type)) {
+        fail("malformed arg line");
+      }
+      p.kind = ArgKind(kind);
+      p.width = IntWidth(width);
+      p.value_class = ValueClass(cls);
+      p.specialize = specialize != 0;
+      p.align = align != 0;
+      p.any_width = any_width != 0;
+      entry->patterns.push_back(p);
+    } else if (tag == "plan") {
+      int index = 0;
+      std::string type;
+      ParamType pt;
+      if (!(in >> index >> type) || !parse_type(type, &pt) || index < 0) {
+        fail("malformed plan line");
+      }
+      entry->prototype.plan.push_back({uint16_t(index), pt});
+    } else if (tag != "end") {
+      fail("unknown line '" + tag + "'");
+    }
+  }
+  return bundle;
+}
+
+bool Bundle::matches(const BundleEntry& entry, const ArgValue* args, size_t num_args) {
+  if (entry.patterns.size() != num_args) {
+    return false;
+  }
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!arg_matches(entry.patterns[i], args[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, size_t num_args) {
+  BundleEntry* chosen = nullptr;
+  std::string listing;
+  int found = 0;
+  for (auto& e : entries_) {
+    if (e->kernel != kernel) {
+      continue;
+    }
+    listing += "\n  " + e->describe();
+    if (matches(*e, args, num_args)) {
+      chosen = e.get();
+      ++found;
+    }
+  }
+  if (found != 1) {
+    std::string call = kernel + "(";
+    for (size_t i = 0; i < num_args; ++i) {
+      call += (i ? ", " : "") + std::string(kind_name(args[i].kind));
+    }
+    throw BundleError("fastkernel: " + std::string(found ? "several entries match " : "no entry matches ") +
+                      call + ")" + (listing.empty() ? " (the bundle has no such kernel)"
+                                                    : "; the bundle has:" + listing));
+  }
+  return *chosen;
+}
+
+void Bundle::launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
+                    const ArgValue* args, size_t num_args, int device) {
+  BundleEntry* chosen = &select(kernel, args, num_args);
+  std::unique_ptr<LaunchRecord>& record = chosen->loaded[device];
+  if (!record) {
+    auto r = std::make_unique<LaunchRecord>();
+    const LaunchRecord& p = chosen->prototype;
+    r->kernel_name = p.kernel_name;
+    r->profile_name = "fastkernel::" + p.kernel_name;
+    r->device = device;
+    r->block_x = p.block_x;
+    r->shared_mem = p.shared_mem;
+    r->num_ctas = p.num_ctas;
+    r->cooperative_grid = p.cooperative_grid;
+    r->pdl = p.pdl;
+    r->plan = p.plan;
+    r->num_scratch_params = p.num_scratch_params;
+    load_launch_record(*r, chosen->cubin.data(), chosen->cubin.size());
+    record = std::move(r);
+  }
+  fastkernel::launch(*record, grid, stream, args, 0, 0);
+}
+
+}  // namespace fastkernel

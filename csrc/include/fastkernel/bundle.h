@@ -1,0 +1,98 @@
+// Kernel bundles for C++ callers: compiled specializations exported from Python
+// (fastkernel.export) loaded and launched with no Python at run time. Each launch picks the
+// entry whose specialization matches the arguments, by Triton's rules.
+//
+// \code
+//   #include <fastkernel/bundle.h>
+//   fastkernel::Bundle bundle = fastkernel::Bundle::load("add_bundle");
+//   fastkernel::ArgValue args[4] = {fastkernel::pointer_arg(x), fastkernel::pointer_arg(y),
+//                                   fastkernel::pointer_arg(out), fastkernel::int_arg(n)};
+//   bundle.launch("add_kernel", {blocks, 1, 1}, stream, args, 4);
+// \endcode
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fastkernel/launch_record.h"
+#include "fastkernel/specialization.h"
+#include "fastkernel/trampoline.h"
+
+namespace fastkernel {
+
+/// A device pointer argument (a tensor's data pointer).
+ArgValue pointer_arg(uint64_t device_pointer);
+/// An integer argument (classified i32 / i64 as Triton does).
+ArgValue int_arg(int64_t value);
+/// An unsigned integer argument (u64 when >= 2**63, as Triton does).
+ArgValue uint_arg(uint64_t value);
+/// A floating-point argument.
+ArgValue float_arg(double value);
+/// A bool argument.
+ArgValue bool_arg(bool value);
+/// A None argument (an optional pointer left out).
+ArgValue none_arg();
+
+/// Thrown when a bundle cannot be read, or a launch matches none (or several) of its entries.
+class BundleError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// How one runtime argument must look for an entry to apply (Triton's specialization).
+struct ArgPattern {
+  ArgKind kind = ArgKind::None;                         ///< Tensor, Int, Float, Bool, None
+  IntWidth width = IntWidth::I32;                       ///< for Int (unless any_width)
+  ValueClass value_class = ValueClass::NotSpecialized;  ///< for Tensor and Int
+  bool specialize = true;   ///< false under do_not_specialize
+  bool align = true;        ///< false under do_not_specialize_on_alignment
+  bool any_width = false;   ///< the parameter's type is annotated: any int fits
+  std::string type;         ///< Triton's type ("*fp32", "i32", "constexpr"), for messages
+};
+
+/// One compiled specialization in a bundle, loaded per device on first use.
+struct BundleEntry {
+  std::string kernel;                ///< the kernel's name
+  std::vector<ArgPattern> patterns;  ///< one per runtime (non-constexpr) parameter
+  std::string constexprs;            ///< the constexpr values it was compiled with (text)
+  std::string cubin_file;
+  std::string cubin;                 ///< the image
+  int arch = 0;                      ///< compute capability, e.g. 90
+  LaunchRecord prototype;            ///< everything but the module and function
+  std::map<int, std::unique_ptr<LaunchRecord>> loaded;  ///< by device
+
+  /// "kernel[arg patterns] {constexprs}" for messages.
+  std::string describe() const;
+};
+
+/// The kernels of a bundle directory and their entries.
+class Bundle {
+ public:
+  /// Reads `directory`/manifest.txt and the cubins it names. Throws BundleError.
+  static Bundle load(const std::string& directory);
+
+  /// Launches `kernel` with `args` (its runtime parameters in declared order, constexprs
+  /// excluded) on `device` (default 0) and `stream`. Picks the entry matching the arguments;
+  /// throws BundleError listing the entries when none or several match. Throws CudaError.
+  void launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
+              const ArgValue* args, size_t num_args, int device = 0);
+
+  /// The one entry of `kernel` matching `args`; throws BundleError listing the entries when
+  /// none or several match.
+  BundleEntry& select(const std::string& kernel, const ArgValue* args, size_t num_args);
+
+  /// Whether an entry's patterns accept `args`.
+  static bool matches(const BundleEntry& entry, const ArgValue* args, size_t num_args);
+
+  /// The entries, for listing.
+  const std::vector<std::unique_ptr<BundleEntry>>& entries() const { return entries_; }
+
+ private:
+  std::vector<std::unique_ptr<BundleEntry>> entries_;
+};
+
+}  // namespace fastkernel

@@ -1,0 +1,127 @@
+"""Kernel bundles: the compiled specializations of a kernel, written for C++ callers.
+
+``fastkernel.export(kernel, path)`` writes every specialization the kernel has registered (so:
+run the kernel with the argument kinds you need, then export) as a directory of cubins and a
+``manifest.txt`` that ``fastkernel::Bundle::load`` (csrc/include/fastkernel/bundle.h) reads with
+no Python: per entry, the launch facts, the parameter plan, and for each runtime parameter the
+specialization an argument must have (Triton's rules: pointer alignment, int == 1 / % 16 and
+width, None). C++ passes the runtime parameters in declared order, constexprs excluded; the
+entry's constexprs are fixed at compile time.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+from typing import Any, List, Tuple
+
+from . import _triton_abi as abi
+
+# Numeric values of the C++ enums (csrc/include/fastkernel/specialization.h).
+_KIND = {"tensor": 1, "int": 2, "float": 3, "bool": 4, "none": 5}
+_WIDTH = {"i32": 0, "i64": 1, "u64": 2}
+_NOT_SPECIALIZED, _DIVISIBLE_16, _OTHER, _EQUALS_ONE = 0, 1, 2, 3
+
+
+def _divisible(attrs, index: int) -> bool:
+    return any(attr[0] == "tt.divisibility" and attr[1] == 16 for attr in attrs.get((index,), []))
+
+
+def _pattern(param, index: int, spec: "abi.Specialization", spec_flags) -> Tuple[int, int, int, int, int, int, str]:
+    """(kind, width, class, specialize, align, any_width, type) of one runtime parameter."""
+    ty = spec.signature[param.name]
+    specialize, align = spec_flags
+    annotated = bool(param.annotation_type)
+    cls = (_NOT_SPECIALIZED if not specialize else
+           _DIVISIBLE_16 if _divisible(spec.attrs, index) else _OTHER)
+    if ty == "constexpr":  # an argument Triton specialized away: == 1 or None
+        value = spec.constexprs.get((index,))
+        if value is None:
+            return (_KIND["none"], 0, _NOT_SPECIALIZED, int(specialize), int(align), 0, "None")
+        if type(value) is int and value == 1:
+            return (_KIND["int"], 0, _EQUALS_ONE, int(specialize), int(align), 0, "==1")
+        raise ValueError(f"parameter '{param.name}' was passed a constexpr object "
+                         f"({value!r}); C++ cannot pass one")
+    if ty.startswith("*"):
+        return (_KIND["tensor"], 0, cls, int(specialize), int(align), 0, ty)
+    if ty in _WIDTH:
+        return (_KIND["int"], _WIDTH[ty], cls, int(specialize), int(align), int(annotated), ty)
+    if ty in ("u1", "i1"):
+        return (_KIND["bool"], 0, _NOT_SPECIALIZED, 0, 0, 0, ty)
+    if ty in ("fp16", "bf16", "fp32", "fp64"):
+        return (_KIND["float"], 0, _NOT_SPECIALIZED, 0, 0, 0, ty)
+    raise ValueError(f"parameter '{param.name}' has launch type {ty!r}, which C++ bundles do not "
+                     f"support yet")
+
+
+def export(kernel, path) -> List[pathlib.Path]:
+    """Write ``kernel``'s registered specializations to the bundle directory ``path``.
+
+    Parameters
+    ----------
+    kernel : fastkernel.FastKernel
+        A kernel that has been launched (each launch kind registers a specialization).
+    path : str or os.PathLike
+        The bundle directory (created; an existing manifest is replaced atomically).
+
+    Returns
+    -------
+    list of pathlib.Path
+        The cubin files written.
+
+    Raises
+    ------
+    TypeError
+        ``kernel`` is not a fastkernel kernel.
+    ValueError
+        It has no registered specialization, or one uses an argument kind C++ bundles do not
+        support (constexpr objects in runtime parameters, tuples, descriptors, scratch buffers).
+    """
+    from .kernel import FastKernel, _params_spec
+    if not isinstance(kernel, FastKernel):
+        raise TypeError(f"export takes a fastkernel kernel, got {type(kernel).__name__}")
+    registrations = list(kernel._registrations.values())
+    if not registrations:
+        raise ValueError(f"{kernel.__name__} has no registered specialization: launch it first")
+    root = pathlib.Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    flags = [(spec[2], spec[3]) for spec in _params_spec(kernel.jit_function)]
+    runtime = [(i, p) for i, p in enumerate(kernel.params) if not p.is_constexpr]
+    runtime_index = {i: r for r, (i, _) in enumerate(runtime)}
+    lines = ["fastkernel-bundle 1"]
+    written = []
+    for number, (target, spec, meta) in enumerate(registrations):
+        if meta.global_scratch_size or meta.profile_scratch_size:
+            raise ValueError(f"{kernel.__name__}: a specialization needs scratch buffers, which "
+                             f"C++ bundles do not allocate yet")
+        cubin = root / f"{meta.name}-{number}.cubin"
+        _write_atomically(cubin, meta.cubin)
+        written.append(cubin)
+        lines.append(" ".join(str(x) for x in (
+            "entry", kernel.__name__, cubin.name, meta.name, target.arch, meta.block_x,
+            meta.shared_mem, meta.num_ctas, int(meta.cooperative_grid), int(meta.pdl),
+            abi.num_scratch_params(), 0, 1, 0, 1)))
+        constexprs = {kernel.params[k[0]].name: v for k, v in spec.constexprs.items()
+                      if kernel.params[k[0]].is_constexpr}
+        lines.append("constexprs " + " ".join(f"{k}={v!r}" for k, v in constexprs.items()))
+        for index, param in runtime:
+            lines.append("arg " + " ".join(str(x) for x in _pattern(param, index, spec, flags[index])))
+        for index, ty in spec.plan:
+            lines.append(f"plan {runtime_index[index]} {ty}")
+        lines.append("end")
+    _write_atomically(root / "manifest.txt", ("\n".join(lines) + "\n").encode())
+    return written
+
+
+def _write_atomically(path: pathlib.Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

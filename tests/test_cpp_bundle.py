@@ -1,0 +1,86 @@
+"""C++ callers: a bundle exported from Python is loaded and launched by a C++ program built with
+CMake against the installed package (find_package(fastkernel)); the driver receives the same
+bytes as from the Python launch. Runs against the recording stand-in driver (CPU)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fastkernel
+from fastkernel import fastkernel as fk
+
+import kernels
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name, path=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        pytest.fail(f"{name} is a build dependency of fastkernel and must be installed")
+    return found
+
+
+@pytest.fixture(scope="module")
+def cpp_program(tmp_path_factory):
+    build = tmp_path_factory.mktemp("cpp-build")
+    cmake = _tool("cmake")
+    subprocess.run([cmake, "-S", str(HERE / "cpp"), "-B", str(build), "-G", "Ninja",
+                    f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}"],
+                   check=True, capture_output=True, text=True)
+    subprocess.run([cmake, "--build", str(build)], check=True, capture_output=True, text=True)
+    return build / "launch_bundle"
+
+
+def test_header_compiles_on_its_own(tmp_path):
+    source = tmp_path / "only_header.cpp"
+    source.write_text("#include <fastkernel/fastkernel.h>\nint main() { return 0; }\n")
+    result = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
+                             f"-I{fastkernel.get_include()}", str(source)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_cpp_program_launches_an_exported_bundle_like_python(stand_in, cpp_program, tmp_path):
+    k = fk(kernels.add_kernel)
+    x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    k[(4,)](x, y, out, 4096, BLOCK=1024)      # registers the aligned specialization
+    k[(4,)](x, y, out[1:], 4095, BLOCK=1024)  # and an unaligned one
+    python_launches = stand_in.launches()
+    bundle = tmp_path / "bundle"
+    cubins = fastkernel.export(k, bundle)
+    assert len(cubins) == 2 and (bundle / "manifest.txt").is_file()
+
+    def run(xp, yp, op, n):
+        result = subprocess.run([str(cpp_program), str(bundle), hex(xp), hex(yp), hex(op),
+                                 str(n), "4"], capture_output=True, text=True,
+                                env={**os.environ}, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout.splitlines()
+
+    # The manifest lists the aligned entry first (registration order): out_ptr "%16" there.
+    for number, launch, (o, n) in zip(range(2), python_launches, [(out, 4096), (out[1:], 4095)]):
+        lines = run(x.data_ptr(), y.data_ptr(), o.data_ptr(), n)
+        assert lines[0] == f"entry add_kernel-{number}.cubin"
+        assert lines[1] == (f"grid 4 1 1 block 128 stream {0x5EED5} params " + launch.raw.hex())
+        assert lines[2].startswith("mismatch: fastkernel: no entry matches add_kernel(int, pointer,")
+        assert "the bundle has:" in lines[2]
+    manifest = (bundle / "manifest.txt").read_text().splitlines()
+    entries = [i for i, line in enumerate(manifest) if line.startswith("entry ")]
+    out_patterns = [manifest[i + 4] for i in entries]  # entry, constexprs, x, y, out
+    assert out_patterns == ["arg 1 0 1 1 1 0 *fp32", "arg 1 0 2 1 1 0 *fp32"]  # %16, then not
+
+
+def test_export_needs_a_launched_kernel(tmp_path):
+    with pytest.raises(ValueError, match="no registered specialization"):
+        fastkernel.export(fk(kernels.add_kernel), tmp_path / "b")
+    with pytest.raises(TypeError, match="fastkernel kernel"):
+        fastkernel.export(kernels.add_kernel, tmp_path / "b")
