@@ -114,3 +114,36 @@ def test_launch_uses_torchs_current_stream():
         done.record(side)
     done.synchronize()
     assert torch.equal(out, x + y)
+
+
+def test_warm_start_in_a_fresh_process_never_calls_the_compiler(tmp_path):
+    """A second process with the disk cache warm launches without Triton's compiler."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import sys, torch, triton
+        import fastkernel, kernels
+        from fastkernel import _triton_abi as abi
+        if sys.argv[1] == "warm":
+            def refuse(*args, **kwargs):
+                raise AssertionError("the warm path called Triton's compiler")
+            triton.compile = abi.compile_specialization = refuse
+        k = fastkernel.fastkernel(kernels.add_kernel)
+        x = torch.randn(4096, device="cuda"); out = torch.empty_like(x)
+        k[(4,)](x, x, out, 4096, BLOCK=1024)
+        torch.cuda.synchronize()
+        assert torch.equal(out, x + x)
+        print("ok", type(k._compiled[-1]).__name__)
+    """)
+    env = {**os.environ, "FASTKERNEL_CACHE_DIR": str(tmp_path)}
+    cwd = os.path.dirname(os.path.abspath(__file__))
+    cold = subprocess.run([sys.executable, "-c", code, "cold"], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+    warm = subprocess.run([sys.executable, "-c", code, "warm"], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+    assert cold.returncode == 0, cold.stderr
+    assert warm.returncode == 0, warm.stderr
+    assert cold.stdout.split() == ["ok", "CompiledKernel"]
+    assert warm.stdout.split() == ["ok", "CachedKernel"]
