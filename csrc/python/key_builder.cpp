@@ -180,7 +180,9 @@ KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param, PyObject* v,
                  kernel->name, param.name, c10::DeviceTypeName(device.type(), true).c_str());
     return KeyStatus::Error;
   }
-  if (tensor.layout() != c10::kStrided) {
+  // Only a tensor without storage can be non-strided (sparse, mkldnn...); has_storage() is a
+  // load where layout() walks the dispatch keys, and data_ptr() checks it anyway.
+  if (C10_UNLIKELY(!tensor.has_storage()) && tensor.layout() != c10::kStrided) {
     // Triton kernels take a strided tensor's data pointer; sparse, mkldnn and other layouts
     // have none (data_ptr() would throw).
     PyErr_Format(PyExc_ValueError,
