@@ -8,7 +8,6 @@
 
 #include <cstring>
 #include <exception>
-#include <optional>
 #include <string>
 
 #include "fastkernel/trampoline.h"
@@ -230,6 +229,20 @@ bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t n
   return true;
 }
 
+// A launch inside an at::RecordFunction range named for the kernel (out of line: the range
+// object is large, and only profiled launches pay for it).
+[[gnu::noinline, gnu::cold]] void launch_in_profiler_range(const LaunchRecord& rec,
+                                                           const LaunchGrid& grid, CUstream stream,
+                                                           const ArgValue* args,
+                                                           CUdeviceptr global_scratch,
+                                                           CUdeviceptr profile_scratch) {
+  at::RecordFunction range(at::RecordScope::USER_SCOPE);
+  if (range.isActive()) {
+    range.before(rec.profile_name.c_str());
+  }
+  launch(rec, grid, stream, args, global_scratch, profile_scratch);
+}
+
 // Calls the enter hook runner; returns the launch metadata to hand to the exit hook.
 PyObject* run_enter_hook(KernelObject* kernel, const LaunchRecord& rec, const LaunchGrid& grid,
                          CUstream stream, const BoundCall& call) {
@@ -404,17 +417,13 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
         return nullptr;
       }
     }
-    {
-      // A profiler range named for the kernel, only while torch's profiler is active.
-      // profilerEnabled() reads one thread-local; at::hasCallbacks() scans callback lists and
-      // cost ~200 instructions per call (callgrind), more than the rest of the entry.
-      std::optional<at::RecordFunction> range;
-      if (C10_UNLIKELY(torch::profiler::impl::profilerEnabled())) {
-        range.emplace(at::RecordScope::USER_SCOPE);
-        if (range->isActive()) {
-          range->before(rec->profile_name.c_str());
-        }
-      }
+    // A profiler range named for the kernel, only while torch's profiler is active.
+    // profilerEnabled() reads one thread-local; at::hasCallbacks() scans callback lists and
+    // cost ~200 instructions per call (callgrind), more than the rest of the entry.
+    if (C10_UNLIKELY(torch::profiler::impl::profilerEnabled())) {
+      launch_in_profiler_range(*rec, grid, ctx.stream, call.values, global_scratch,
+                               profile_scratch);
+    } else {
       launch(*rec, grid, ctx.stream, call.values, global_scratch, profile_scratch);
     }
     if (hooked) {

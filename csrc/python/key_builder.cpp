@@ -169,27 +169,36 @@ KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, Ar
                    "integer does not fit in 64 bits (Triton's widest integer parameter)");
 }
 
-KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param, PyObject* v, ArgValue* value,
-                      SpecializationKey* key) {
-  const at::Tensor& tensor = THPVariable_Unpack(v);
+// The errors a tensor argument can raise, kept out of line so the hot path stays small.
+[[gnu::noinline, gnu::cold]] KeyStatus tensor_error(KernelObject* kernel, const ParamSpec& param,
+                                                    const at::Tensor& tensor) {
   const c10::Device device = tensor.device();
-  if (device.type() != c10::DeviceType::CUDA &&
-      !(host_testing() && device.type() == c10::DeviceType::CPU)) {
-    PyErr_Format(PyExc_ValueError,
-                 "%U: argument '%U' is a tensor on '%s'; a GPU launch needs CUDA tensors",
-                 kernel->name, param.name, c10::DeviceTypeName(device.type(), true).c_str());
-    return KeyStatus::Error;
-  }
-  // Only a tensor without storage can be non-strided (sparse, mkldnn...); has_storage() is a
-  // load where layout() walks the dispatch keys, and data_ptr() checks it anyway.
-  if (C10_UNLIKELY(!tensor.has_storage()) && tensor.layout() != c10::kStrided) {
+  if (tensor.layout() != c10::kStrided) {
     // Triton kernels take a strided tensor's data pointer; sparse, mkldnn and other layouts
     // have none (data_ptr() would throw).
     PyErr_Format(PyExc_ValueError,
                  "%U: argument '%U' is a tensor with a %s layout; Triton kernels take strided "
                  "tensors",
                  kernel->name, param.name, c10::str(tensor.layout()).c_str());
-    return KeyStatus::Error;
+  } else {
+    PyErr_Format(PyExc_ValueError,
+                 "%U: argument '%U' is a tensor on '%s'; a GPU launch needs CUDA tensors",
+                 kernel->name, param.name, c10::DeviceTypeName(device.type(), true).c_str());
+  }
+  return KeyStatus::Error;
+}
+
+[[gnu::always_inline]] inline KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param,
+                                                    PyObject* v, ArgValue* value,
+                                                    SpecializationKey* key) {
+  const at::Tensor& tensor = THPVariable_Unpack(v);
+  const c10::Device device = tensor.device();
+  // Only a tensor without storage can be non-strided (sparse, mkldnn...); has_storage() is a
+  // load where layout() walks the dispatch keys, and data_ptr() checks it anyway.
+  if ((device.type() != c10::DeviceType::CUDA &&
+       !(host_testing() && device.type() == c10::DeviceType::CPU)) ||
+      C10_UNLIKELY(!tensor.has_storage() && tensor.layout() != c10::kStrided)) {
+    return tensor_error(kernel, param, tensor);
   }
   const uint64_t ptr = reinterpret_cast<uint64_t>(tensor.data_ptr());
   value->kind = ArgKind::Tensor;
@@ -197,7 +206,7 @@ KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param, PyObject* v,
   const ValueClass cls = pointer_class(ptr, param.specialize, param.align);
   key->push(tensor_word(int(tensor.scalar_type()), int(device.type()), cls) |
             (uint64_t(uint16_t(device.index())) << 32));
-  if (param.key_shape) {
+  if (C10_UNLIKELY(param.key_shape)) {
     const int64_t dim = tensor.dim();
     key->push(uint64_t(dim));
     for (int64_t d = 0; d < dim; ++d) {
