@@ -358,7 +358,7 @@ def test_concurrent_processes_leave_one_good_entry(cache_root, tmp_path):
         data = path.read_bytes()
         rounds = 0
         while time.time() < deadline or rounds < 50:
-            cache._atomic_write(path, data)
+            cache.atomic_write(path, data)
             try:
                 cache.read_entry(path)
             except Exception as exc:

@@ -11,12 +11,11 @@ entry's constexprs are fixed at compile time.
 
 from __future__ import annotations
 
-import os
 import pathlib
-import tempfile
 from typing import Any, List, Tuple
 
 from . import _triton_abi as abi
+from .cache import atomic_write
 
 # Numeric values of the C++ enums (csrc/include/fastkernel/specialization.h).
 _KIND = {"tensor": 1, "int": 2, "float": 3, "bool": 4, "none": 5}
@@ -96,7 +95,7 @@ def export(kernel, path) -> List[pathlib.Path]:
             raise ValueError(f"{kernel.__name__}: a specialization needs scratch buffers, which "
                              f"C++ bundles do not allocate yet")
         cubin = root / f"{meta.name}-{number}.cubin"
-        _write_atomically(cubin, meta.cubin)
+        atomic_write(cubin, meta.cubin)
         written.append(cubin)
         lines.append(" ".join(str(x) for x in (
             "entry", kernel.__name__, cubin.name, meta.name, target.arch, meta.block_x,
@@ -110,18 +109,6 @@ def export(kernel, path) -> List[pathlib.Path]:
         for index, ty in spec.plan:
             lines.append(f"plan {runtime_index[index]} {ty}")
         lines.append("end")
-    _write_atomically(root / "manifest.txt", ("\n".join(lines) + "\n").encode())
+    atomic_write(root / "manifest.txt", ("\n".join(lines) + "\n").encode())
     return written
 
-
-def _write_atomically(path: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

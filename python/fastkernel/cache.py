@@ -245,7 +245,7 @@ def _triton_key_digest(memo_dir: Optional[str]) -> str:
         _memo_dirs_seen.add(memo_dir)
         try:
             if not memo.exists():
-                _atomic_write(memo, digest.encode("ascii"))
+                atomic_write(memo, digest.encode("ascii"))
         except OSError as exc:
             _log_once(logging.DEBUG, ("memo", memo_dir), "fastkernel: cannot write %s: %s", memo,
                       exc)
@@ -559,7 +559,7 @@ def _fsync_dir(directory: pathlib.Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one: a
     temporary file in the same directory, fsync, ``os.replace`` (atomic on POSIX and Windows
     within one file system), then fsync of the directory so the rename survives a crash.
@@ -713,7 +713,7 @@ def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
     meta, compiled = _compile(jit_fn, target, spec)
     try:
         header = _header(key, jit_fn, target, doc, meta, compiled)
-        _atomic_write(path, encode_entry(header, meta.cubin))
+        atomic_write(path, encode_entry(header, meta.cubin))
     except Exception as exc:  # a failed store must not fail a launch that compiled
         _log_once(logging.WARNING, ("write", str(root), type(exc).__name__),
                   "fastkernel: cannot write the kernel cache under %s (%s: %s); kernels still "
@@ -798,7 +798,7 @@ def export_entries(dest: pathlib.Path, root: Optional[pathlib.Path] = None) -> i
     dest.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         # Re-encoded from what was verified (the same bytes: headers are canonical JSON).
-        _atomic_write(dest / (entry.key + ENTRY_SUFFIX), encode_entry(entry.header, entry.cubin))
+        atomic_write(dest / (entry.key + ENTRY_SUFFIX), encode_entry(entry.header, entry.cubin))
     return len(entries)
 
 
@@ -841,7 +841,7 @@ def import_entries(src: pathlib.Path, root: Optional[pathlib.Path] = None) -> Tu
                         _describe_toolchain(local[tkey]))
             skipped += 1
             continue
-        _atomic_write(entry_path(root, entry.key), encode_entry(entry.header, entry.cubin))
+        atomic_write(entry_path(root, entry.key), encode_entry(entry.header, entry.cubin))
         imported += 1
     return imported, skipped
 
