@@ -51,6 +51,11 @@ sanitize() {
   rm -rf "$stage" && mkdir -p "$stage"
   cp -r python/fastkernel "$stage/"
   cp "$build"/_C*.so "$build/_build_info.py" "$stage/fastkernel/"
+  # The C++ caller's files (headers, core library, CMake package) come from the installed wheel:
+  # a sanitized static library could not link into the uninstrumented C++ test program.
+  local installed
+  installed="$("$py" -c 'import os, fastkernel; print(os.path.dirname(fastkernel.__file__))')"
+  cp -r "$installed/include" "$installed/lib" "$installed/share" "$stage/fastkernel/"
   # Leak checking is off: CPython and torch keep allocations alive until exit by design.
   LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
     ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
