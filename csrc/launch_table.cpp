@@ -32,8 +32,7 @@ const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
     unload_launch_record(*record);
     return existing;
   }
-  if (capacity_ != 0 && count_ >= capacity_) {
-    evict_least_recently_used();
+  while (capacity_ != 0 && count_ >= capacity_ && evict_least_recently_used()) {
   }
   if ((count_ + tombstones_ + 1) * 2 > slots_.size()) {
     // Grow when the live records need it; otherwise rehashing at the same size clears the
@@ -59,15 +58,16 @@ const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
   return slot.record.get();
 }
 
-void LaunchTable::evict_least_recently_used() noexcept {
+bool LaunchTable::evict_least_recently_used() noexcept {
   Slot* victim = nullptr;
   for (Slot& slot : slots_) {
-    if (slot.size >= 0 && (victim == nullptr || slot.last_used < victim->last_used)) {
+    if (slot.size >= 0 && slot.record->pins == 0 &&
+        (victim == nullptr || slot.last_used < victim->last_used)) {
       victim = &slot;
     }
   }
   if (victim == nullptr) {
-    return;
+    return false;
   }
   unload_launch_record(*victim->record);
   victim->record.reset();
@@ -76,12 +76,12 @@ void LaunchTable::evict_least_recently_used() noexcept {
   --count_;
   ++tombstones_;
   ++evictions_;
+  return true;
 }
 
 void LaunchTable::set_capacity(size_t capacity) noexcept {
   capacity_ = capacity;
-  while (capacity_ != 0 && count_ > capacity_) {
-    evict_least_recently_used();
+  while (capacity_ != 0 && count_ > capacity_ && evict_least_recently_used()) {
   }
 }
 
@@ -104,13 +104,16 @@ void LaunchTable::rehash(size_t capacity) {
 
 void LaunchTable::clear() noexcept {
   for (Slot& slot : slots_) {
-    if (slot.record) {
-      unload_launch_record(*slot.record);
+    if (slot.size < 0 || slot.record->pins != 0) {
+      continue;
     }
-    slot = Slot();
+    unload_launch_record(*slot.record);
+    slot.record.reset();
+    slot.words.reset();
+    slot.size = kDeleted;
+    --count_;
+    ++tombstones_;
   }
-  count_ = 0;
-  tombstones_ = 0;
 }
 
 }  // namespace fastkernel

@@ -80,3 +80,23 @@ def test_max_specializations_must_be_a_count(monkeypatch):
     monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "lots")
     with pytest.raises(ValueError, match="FASTKERNEL_MAX_SPECIALIZATIONS"):
         fastkernel(kernels.add_kernel)
+
+
+def test_a_record_in_use_is_not_evicted_by_a_nested_launch(stand_in, monkeypatch):
+    """A callable grid (Python) that launches the same kernel with a new specialization at
+    capacity must not evict the record the outer call is about to launch."""
+    monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "1")
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(128)
+    k[(1,)](x, x, x, 128, BLOCK=16)  # registered: the outer call below is a hit
+
+    def grid(meta):
+        k[(1,)](x, x, x, 128, BLOCK=32)  # a miss at capacity, while the outer record is in use
+        return (2,)
+
+    k[grid](x, x, x, 128, BLOCK=16)
+    outer, inner = stand_in.launches()[-1], stand_in.launches()[-2]
+    assert inner.grid == (1, 1, 1) and inner.block == (128, 1, 1)
+    assert outer.grid == (2, 1, 1)
+    k[(1,)](x, x, x, 128, BLOCK=64)  # capacity is enforced again once nothing is in use
+    assert k.stats()["specializations"] == 1

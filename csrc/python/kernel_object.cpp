@@ -353,6 +353,9 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     } else {
       ++st.hits;
     }
+    // From here Python runs (globals' __eq__, a callable grid, the scratch allocator, hooks) and
+    // may launch this kernel again; the pin keeps `rec` from being evicted under us.
+    const RecordPin pin(rec);
     if (kernel->global_checks != nullptr && !globals_unchanged(kernel)) {
       if (!PyErr_Occurred()) {
         PyErr_Format(PyExc_RuntimeError, "%U: a global it reads has changed since it was compiled",

@@ -45,6 +45,9 @@ struct LaunchRecord {
   uint64_t global_scratch_align = 1;
   uint64_t profile_scratch_size = 0;  ///< bytes per CTA
   uint64_t profile_scratch_align = 1;
+  /// Calls in flight that hold this record (they may run Python, which may register other
+  /// records); the launch table never evicts or drops a pinned record. Serialized by the caller.
+  mutable uint32_t pins = 0;
   void* user_data = nullptr;  ///< opaque to fastkernel; the Python layer keeps its CompiledKernel here
   void (*release_user_data)(void*) = nullptr;  ///< called with user_data when the record is dropped
 
@@ -59,6 +62,18 @@ struct LaunchRecord {
 
   bool needs_attributes() const { return num_ctas != 1 || cooperative_grid || pdl; }
   bool needs_scratch() const { return global_scratch_size > 0 || profile_scratch_size > 0; }
+};
+
+/// Holds a record pinned for a scope (see LaunchRecord::pins).
+class RecordPin {
+ public:
+  explicit RecordPin(const LaunchRecord* record) : record_(record) { ++record_->pins; }
+  ~RecordPin() { --record_->pins; }
+  RecordPin(const RecordPin&) = delete;
+  RecordPin& operator=(const RecordPin&) = delete;
+
+ private:
+  const LaunchRecord* record_;
 };
 
 /// Loads `cubin` into `device`'s primary context, resolves `record.kernel_name`, and raises the

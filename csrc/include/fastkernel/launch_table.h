@@ -12,7 +12,9 @@
 namespace fastkernel {
 
 /// Maps specialization keys to launch records for one kernel, holding at most `capacity`
-/// records (least recently launched evicted first; 0 = unbounded). Not internally locked:
+/// records (least recently launched evicted first; 0 = unbounded). Pinned records (in use by a
+/// call in flight) are never evicted or dropped: the table then exceeds its capacity until the
+/// next insert finds unpinned records to evict. Not internally locked:
 /// callers serialize access (the Python layer holds the GIL for every lookup and insert).
 class LaunchTable {
  public:
@@ -29,7 +31,7 @@ class LaunchTable {
   /// is evicted first (its module unloaded). Returns the record now registered.
   const LaunchRecord* insert(const SpecializationKey& key, std::unique_ptr<LaunchRecord> record);
 
-  /// Drops every record (modules unloaded).
+  /// Drops every record that is not pinned (modules unloaded).
   void clear() noexcept;
 
   /// Sets the most records kept (0 = unbounded), evicting down to it now.
@@ -52,7 +54,7 @@ class LaunchTable {
     std::unique_ptr<LaunchRecord> record;
   };
   void rehash(size_t capacity);
-  void evict_least_recently_used() noexcept;
+  bool evict_least_recently_used() noexcept;  ///< false when every record is pinned
   std::vector<Slot> slots_;
   size_t count_ = 0;
   size_t tombstones_ = 0;
