@@ -79,7 +79,27 @@ bool read_grid_dim(KernelObject* kernel, PyObject* item, int axis, uint32_t* out
   return true;
 }
 
-bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
+bool read_grid_dims(KernelObject* kernel, PyObject* const* items, Py_ssize_t n, LaunchGrid* out) {
+  if (n < 1 || n > 3) {
+    PyErr_Format(PyExc_ValueError, "%U: grid must have 1 to 3 dimensions, got %zd", kernel->name,
+                 n);
+    return false;
+  }
+  uint32_t dims[3] = {1, 1, 1};
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!read_grid_dim(kernel, items[i], int(i), &dims[i])) {
+      return false;
+    }
+  }
+  *out = {dims[0], dims[1], dims[2]};
+  return true;
+}
+
+// A grid: a tuple (the common case, read in place) or any other sequence of 1-3 ints.
+inline bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
+  if (PyTuple_CheckExact(grid)) {
+    return read_grid_dims(kernel, &PyTuple_GET_ITEM(grid, 0), PyTuple_GET_SIZE(grid), out);
+  }
   Ref seq(PySequence_Fast(grid, ""));
   if (!seq) {
     PyErr_Clear();
@@ -88,23 +108,8 @@ bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
                  kernel->name, Py_TYPE(grid)->tp_name);
     return false;
   }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
-  if (n < 1 || n > 3) {
-    PyErr_Format(PyExc_ValueError, "%U: grid must have 1 to 3 dimensions, got %zd", kernel->name,
-                 n);
-    return false;
-  }
-  PyObject** items = PySequence_Fast_ITEMS(seq.get());
-  uint32_t dims[3] = {1, 1, 1};
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!read_grid_dim(kernel, items[i], int(i), &dims[i])) {
-      return false;
-    }
-  }
-  out->x = dims[0];
-  out->y = dims[1];
-  out->z = dims[2];
-  return true;
+  return read_grid_dims(kernel, PySequence_Fast_ITEMS(seq.get()),
+                        PySequence_Fast_GET_SIZE(seq.get()), out);
 }
 
 // The dict a callable grid receives: every declared parameter by name (Triton's bound_args).
@@ -364,17 +369,7 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       return nullptr;
     }
     LaunchGrid grid;
-    if (PyTuple_CheckExact(self->grid) && PyTuple_GET_SIZE(self->grid) >= 1 &&
-        PyTuple_GET_SIZE(self->grid) <= 3) {
-      PyObject** items = &PyTuple_GET_ITEM(self->grid, 0);
-      uint32_t dims[3] = {1, 1, 1};
-      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->grid); ++i) {
-        if (!read_grid_dim(kernel, items[i], int(i), &dims[i])) {
-          return nullptr;
-        }
-      }
-      grid = {dims[0], dims[1], dims[2]};
-    } else if (PyCallable_Check(self->grid)) {
+    if (!PyTuple_CheckExact(self->grid) && PyCallable_Check(self->grid)) {
       Ref meta(grid_meta(kernel, call));
       if (!meta) {
         return nullptr;
