@@ -248,6 +248,17 @@ bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t n
   launch(rec, grid, stream, args, global_scratch, profile_scratch);
 }
 
+// Gives the parameters a tuned config provides (absent from the call) the record's values, so
+// the callable grid and the hooks see them as Triton's autotuner passes them.
+void fill_tuned_args(const KernelState& st, const LaunchRecord& rec, BoundCall* call) {
+  PyObject* tuned = static_cast<PyObject*>(rec.tuned_args);
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    if (call->args[i] == nullptr) {
+      call->args[i] = tuned != nullptr ? PyTuple_GET_ITEM(tuned, Py_ssize_t(i)) : Py_None;
+    }
+  }
+}
+
 // Calls the enter hook runner; returns the launch metadata to hand to the exit hook.
 PyObject* run_enter_hook(KernelObject* kernel, const LaunchRecord& rec, const LaunchGrid& grid,
                          CUstream stream, const BoundCall& call) {
@@ -361,6 +372,9 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     // From here Python runs (globals' __eq__, a callable grid, the scratch allocator, hooks) and
     // may launch this kernel again; the pin keeps `rec` from being evicted under us.
     const RecordPin pin(rec);
+    if (C10_UNLIKELY(st.has_config_params)) {
+      fill_tuned_args(st, *rec, &call);
+    }
     if (kernel->global_checks != nullptr && !globals_unchanged(kernel)) {
       if (!PyErr_Occurred()) {
         PyErr_Format(PyExc_RuntimeError, "%U: a global it reads has changed since it was compiled",

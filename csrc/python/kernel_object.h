@@ -23,7 +23,7 @@ struct ParamSpec {
   bool is_constexpr = false;          ///< annotated tl.constexpr: its value is part of the key
   bool specialize = true;             ///< false under do_not_specialize (or a float/bool annotation)
   bool align = true;                  ///< false under do_not_specialize_on_alignment
-  bool key_shape = false;             ///< sizes and strides join the key (autotune keys, C++ callers)
+  uint8_t tune = 0;                   ///< TuneFlag bits (fastkernel.autotune); 0 otherwise
 };
 
 /// Per-kernel native state (owned by KernelObject).
@@ -33,6 +33,7 @@ struct KernelState {
   std::vector<PyObject*> option_names;  ///< interned, owned; the index is the option's key tag
   LaunchTable table;
   PyObject* grid_meta_template = nullptr;  ///< {name: None} for every parameter, owned
+  bool has_config_params = false;  ///< some parameter is kTuneConfigProvided
   uint64_t hits = 0, misses = 0, fallbacks = 0;
 };
 

@@ -188,6 +188,35 @@ KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, Ar
   return KeyStatus::Error;
 }
 
+// The autotune words of a tensor (fastkernel.autotune's key): every stride classed as 0, 1 or
+// other, and the sizes when the autotune key names the tensor.
+[[gnu::noinline]] void push_tensor_tuning(const ParamSpec& param, const at::Tensor& tensor,
+                                          SpecializationKey* key) {
+  const c10::IntArrayRef strides = tensor.strides();
+  const uint64_t dim = uint64_t(strides.size());
+  if (param.tune & kTuneLayout) {
+    // 24 classes fit beside the tag and dim; the rest follow 32 to a word.
+    uint64_t word = uint64_t(ArgKind::TuneLayout) | (dim << 8);
+    int shift = 16;
+    for (uint64_t d = 0; d < dim; ++d) {
+      if (shift == 64) {
+        key->push(word);
+        word = 0;
+        shift = 0;
+      }
+      word |= stride_class(strides[d]) << shift;
+      shift += 2;
+    }
+    key->push(word);
+  }
+  if (param.tune & kTuneSizes) {
+    key->push(uint64_t(ArgKind::TuneSizes) | (dim << 8));
+    for (const int64_t size : tensor.sizes()) {
+      key->push(uint64_t(size));
+    }
+  }
+}
+
 [[gnu::always_inline]] inline KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param,
                                                     PyObject* v, ArgValue* value,
                                                     SpecializationKey* key) {
@@ -206,15 +235,20 @@ KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, Ar
   const ValueClass cls = pointer_class(ptr, param.specialize, param.align);
   key->push(tensor_word(int(tensor.scalar_type()), int(device.type()), cls) |
             (uint64_t(uint16_t(device.index())) << 32));
-  if (C10_UNLIKELY(param.key_shape)) {
-    const int64_t dim = tensor.dim();
-    key->push(uint64_t(dim));
-    for (int64_t d = 0; d < dim; ++d) {
-      key->push(uint64_t(tensor.size(d)));
-      key->push(uint64_t(tensor.stride(d)));
-    }
+  if (C10_UNLIKELY(param.tune != 0)) {
+    push_tensor_tuning(param, tensor, key);
   }
   return KeyStatus::Ok;
+}
+
+// The exact value of a scalar the autotune key names (ints by value, floats by bits; bools and
+// None are already keyed by value).
+[[gnu::noinline]] void push_tuned_value(const ArgValue& value, SpecializationKey* key) {
+  if (value.kind == ArgKind::Int || value.kind == ArgKind::Float) {
+    const uint64_t width = value.kind == ArgKind::Int ? uint64_t(value.width) : 0;
+    key->push(uint64_t(ArgKind::TuneValue) | (uint64_t(value.kind) << 8) | (width << 16));
+    key->push(value.u);
+  }
 }
 
 }  // namespace
@@ -290,6 +324,14 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   for (int i = 0; i < num_params; ++i) {
     const ParamSpec& param = st.params[i];
     PyObject* v = call->args[i];
+    ArgValue* value = &call->values[i];
+    if (v == nullptr && (param.tune & kTuneConfigProvided)) {
+      // The record's tuned config supplies it (LaunchRecord::tuned_args); a call that passes it
+      // keys differently and reaches the miss path, which reports the conflict.
+      value->kind = ArgKind::None;
+      key.push(uint64_t(ArgKind::TunedAbsent));
+      continue;
+    }
     if (v == nullptr) {
       v = param.default_value;
       if (v == nullptr) {
@@ -299,7 +341,6 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       }
       call->args[i] = v;
     }
-    ArgValue* value = &call->values[i];
     if (param.is_constexpr) {
       value->kind = ArgKind::None;
       if (!push_constexpr(v, &key)) {
@@ -339,6 +380,9 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       // constexpr objects, jit functions: Triton's own path handles them.
       call->fallback_reason = "an argument of a kind the native key does not cover";
       return KeyStatus::Fallback;
+    }
+    if (C10_UNLIKELY(param.tune & kTuneValue) && value->kind != ArgKind::Tensor) {
+      push_tuned_value(*value, &key);
     }
   }
   for (int j = 0; j < call->num_set_options; ++j) {

@@ -60,19 +60,27 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   st.option_names.clear();
   st.table.clear();
   for (py::handle item : params) {
-    // (name, is_constexpr, specialize, align, key_shape, has_default, default)
+    // (name, is_constexpr, specialize, align, tune flags (TuneFlag bits), has_default, default)
     py::tuple t = py::reinterpret_borrow<py::tuple>(item);
     ParamSpec p;
     p.name = interned(t[0].cast<std::string>());
     p.is_constexpr = t[1].cast<bool>();
     p.specialize = t[2].cast<bool>();
     p.align = t[3].cast<bool>();
-    p.key_shape = t[4].cast<bool>();
+    const int tune = t[4].cast<int>();
+    if (tune < 0 || tune > 15) {
+      throw py::value_error("fastkernel: tune flags must be TuneFlag bits");
+    }
+    p.tune = uint8_t(tune);
     if (t[5].cast<bool>()) {
       p.default_value = py::object(t[6]).release().ptr();
     }
     st.params.push_back(p);
     st.param_names.push_back(p.name);  // borrowed: owned by the ParamSpec
+  }
+  st.has_config_params = false;
+  for (const ParamSpec& p : st.params) {
+    st.has_config_params |= (p.tune & kTuneConfigProvided) != 0;
   }
   for (const std::string& o : option_names) {
     st.option_names.push_back(interned(o));
@@ -94,7 +102,7 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
                      const std::vector<std::pair<int, std::string>>& plan, int num_scratch_params,
                      uint64_t global_scratch_size, uint64_t global_scratch_align,
                      uint64_t profile_scratch_size, uint64_t profile_scratch_align,
-                     py::handle compiled) {
+                     py::handle compiled, py::handle tuned_args) {
   KernelObject* kernel = as_kernel(kernel_obj);
   const std::string key_data = key_bytes;
   if (key_data.size() % sizeof(uint64_t) != 0 ||
@@ -139,6 +147,12 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
   // The record owns a reference to what a launch returns; dropped with the record (eviction,
   // clear, kernel deallocation), always under the GIL.
   rec->user_data = compiled.inc_ref().ptr();
+  if (!tuned_args.is_none()) {
+    if (!PyTuple_Check(tuned_args.ptr()) || size_t(PyTuple_GET_SIZE(tuned_args.ptr())) != num_args) {
+      throw py::value_error("fastkernel: tuned_args must be a tuple with one item per parameter");
+    }
+    rec->tuned_args = tuned_args.inc_ref().ptr();
+  }
   rec->release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
   const std::string image = cubin;
   with_python_errors([&] {
@@ -311,8 +325,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("num_ctas"), py::arg("cooperative_grid"), py::arg("pdl"), py::arg("plan"),
         py::arg("num_scratch_params"), py::arg("global_scratch_size"),
         py::arg("global_scratch_align"), py::arg("profile_scratch_size"),
-        py::arg("profile_scratch_align"), py::arg("compiled"),
-        "Load a compiled specialization on `device` and register its launch record under `key`.");
+        py::arg("profile_scratch_align"), py::arg("compiled"), py::arg("tuned_args") = py::none(),
+        "Load a compiled specialization on `device` and register its launch record under `key`.\n"
+        "`tuned_args` (a tuple, one item per parameter, or None): what a tuned config gives the\n"
+        "parameters a call leaves out, for the callable grid and the launch hooks.");
   m.def(
       "set_constexpr_types",
       [](py::object constexpr_type, py::tuple identity_types) {

@@ -72,8 +72,11 @@ def _kind_of(value: Any) -> str:
     return _KIND_NAMES.get(type(value), type(value).__name__)
 
 
-def _params_spec(jit_fn: JITFunction) -> List[Tuple[str, bool, bool, bool, bool, bool, Any]]:
-    """The native key builder's view of each declared parameter (see csrc/python/kernel_object.h)."""
+def _params_spec(jit_fn: JITFunction, tune_flags: Optional[Dict[str, int]] = None
+                 ) -> List[Tuple[str, bool, bool, bool, int, bool, Any]]:
+    """The native key builder's view of each declared parameter (see csrc/python/kernel_object.h):
+    (name, is_constexpr, specialize, align, tune flags, has_default, default). ``tune_flags``
+    maps parameter names to TuneFlag bits (fastkernel.autotune; csrc specialization.h)."""
     spec = []
     for p in jit_fn.params:
         ann = p.annotation_type
@@ -82,7 +85,8 @@ def _params_spec(jit_fn: JITFunction) -> List[Tuple[str, bool, bool, bool, bool,
         unspecialized_annotation = bool(ann) and (ann == "u1" or ann[:2] in ("fp", "bf"))
         specialize = not p.do_not_specialize and not unspecialized_annotation
         align = not p.do_not_specialize_on_alignment
-        spec.append((p.name, bool(p.is_constexpr), specialize, align, False, p.has_default,
+        tune = (tune_flags or {}).get(p.name, 0)
+        spec.append((p.name, bool(p.is_constexpr), specialize, align, tune, p.has_default,
                      p.default if p.has_default else None))
     return spec
 
@@ -123,7 +127,7 @@ def stats() -> Dict[str, Dict[str, Any]]:
     """
     result: Dict[str, Dict[str, Any]] = {}
     for kernel in list(_KERNELS):
-        name = f"{kernel.module}.{kernel.fn.__qualname__}"
+        name = kernel._stats_name()
         own = kernel.stats()
         merged = result.setdefault(name, {"hits": 0, "misses": 0, "fallbacks": 0,
                                           "specializations": 0, "evictions": 0,
@@ -135,39 +139,12 @@ def stats() -> Dict[str, Dict[str, Any]]:
     return result
 
 
-class FastKernel(_C.Kernel, JITFunction):
-    """A Triton kernel launched through fastkernel's native dispatch path.
+class NativeDispatch(_C.Kernel):
+    """The native table of one kernel and its Python miss path, shared by :class:`FastKernel`
+    and ``fastkernel.autotune``'s kernels: registration of compiled specializations, fallbacks to
+    Triton, and the counters. Subclasses call :meth:`_init_native` and define ``_on_miss``."""
 
-    Use it exactly like the ``triton.jit`` function it wraps: ``kernel[grid](*args, **kwargs)``
-    with ``grid`` a tuple of 1-3 ints or a callable taking the dict of bound arguments, and
-    Triton's compile options (``num_warps``, ``num_stages``, ...) as keywords.
-
-    It is also a ``triton.runtime.jit.JITFunction`` (sharing the wrapped function's state), so
-    everything that accepts a Triton kernel accepts it: ``@triton.autotune`` and
-    ``@triton.heuristics`` stacked above ``@fastkernel`` (their launches stay native),
-    ``torch.compile`` (which captures it as a user-defined Triton kernel and launches it its
-    own way), ``torch.library.wrap_triton``, and passing it as a constexpr to another kernel.
-
-    Raises (per call)
-    ------
-    TypeError
-        Wrong argument count, an unknown keyword, a value of the wrong kind for its parameter.
-    OverflowError
-        An int that does not fit its parameter's width (or 64 bits).
-    ValueError
-        A CPU tensor for a GPU launch, or a malformed grid.
-    fastkernel.DriverUnavailableError
-        No CUDA driver (raised at the first launch, never at import).
-    fastkernel.CudaError
-        A failed driver call; the message names the CUDA error and the kernel.
-    """
-
-    def __init__(self, jit_fn: JITFunction):
-        if not isinstance(jit_fn, JITFunction) or isinstance(jit_fn, FastKernel):
-            raise TypeError(f"fastkernel expects a triton.jit function, got {type(jit_fn).__name__}")
-        # Share the wrapped JITFunction's state (source, parameters, Triton's own caches): this
-        # object is the same kernel, seen through a native launch path.
-        self.__dict__.update(jit_fn.__dict__)
+    def _init_native(self, jit_fn: JITFunction, params_spec, pre_run_hooks) -> None:
         #: The wrapped ``triton.jit`` function; ``jit_function[grid](...)`` is Triton's own launch.
         self.jit_function = jit_fn
         capacity = _max_specializations()
@@ -186,23 +163,14 @@ class FastKernel(_C.Kernel, JITFunction):
         # Option names come from the backend's options dataclass; they are the same for every
         # CUDA target, so any target serves to list them.
         options = abi.option_names(abi.cuda_target(9, 0))
-        _C.configure(self, jit_fn.__name__, _params_spec(jit_fn), options, FastKernel._on_miss,
-                     abi.allocate_scratch, self.pre_run_hooks)
+        _C.configure(self, jit_fn.__name__, params_spec, options, type(self)._on_miss,
+                     abi.allocate_scratch, pre_run_hooks)
         _C.set_capacity(self, capacity)
         _KERNELS.add(self)
 
-    # -- Triton-compatible surface ------------------------------------------------------------
-
-    def run(self, *args, grid, warmup: bool = False, **kwargs):
-        """``JITFunction.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``
-        (this is how ``triton.autotune`` and ``triton.heuristics`` call the kernel they wrap);
-        ``warmup=True`` compiles through Triton without launching."""
-        if warmup:
-            return self.jit_function.run(*args, grid=grid, warmup=True, **kwargs)
-        return self[grid](*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"FastKernel({self.module}:{self.fn.__qualname__})"
+    def _stats_name(self) -> str:
+        fn = self.jit_function.fn
+        return f"{fn.__module__}.{fn.__qualname__}"
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
@@ -225,15 +193,12 @@ class FastKernel(_C.Kernel, JITFunction):
             target = self._targets[device] = abi.cuda_target(major, minor)
         return target
 
-    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
-                 reason: Optional[str]):
-        """Called by the native entry on a miss (``key`` set) or a fallback (``key`` None).
-
-        Returns None after registering a launch record for ``key``; otherwise the result of
-        launching through Triton itself.
-        """
-        if key is None:  # counted as a fallback by the native entry
-            return self._fallback(grid, args, kwargs, reason or "unsupported call")
+    def _register_miss(self, grid, args: tuple, kwargs: dict, key: bytes, device: int,
+                       tuned_args: Optional[tuple] = None):
+        """Compile (or load) the specialization of a call and register its launch record under
+        ``key``; returns None, or the result of launching through Triton when the native path
+        cannot take this specialization. ``tuned_args`` is what a tuned config gives the
+        parameters the call leaves out (see ``_C.register``)."""
         refused = self._refused_keys.get(key)
         if refused is not None:  # registration failed before: straight to Triton
             self._miss_fallbacks += 1
@@ -258,7 +223,7 @@ class FastKernel(_C.Kernel, JITFunction):
                             meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
                             spec.plan, abi.num_scratch_params(), meta.global_scratch_size,
                             meta.global_scratch_align, meta.profile_scratch_size,
-                            meta.profile_scratch_align, compiled)
+                            meta.profile_scratch_align, compiled, tuned_args)
             except (_C.CudaError, ValueError) as exc:
                 # A binary the native path cannot load (or a launch record it rejects) is
                 # Triton's to launch; a missing driver (DriverUnavailableError) still raises.
@@ -295,15 +260,15 @@ class FastKernel(_C.Kernel, JITFunction):
     def _fallback(self, grid, args, kwargs, reason: str):
         count = self._fallback_reasons.get(reason, 0)
         if count == 0:
-            log.warning("fastkernel: %s goes through Triton's own launcher: %s", self.__name__,
-                        reason)
+            log.warning("fastkernel: %s goes through Triton's own launcher: %s",
+                        self.jit_function.__name__, reason)
         self._fallback_reasons[reason] = count + 1
         result = self.jit_function[grid](*args, **kwargs)
         return result if result is not None else True
 
     def _bound_kinds(self, args, kwargs) -> Dict[int, str]:
         kinds = {}
-        names = [p.name for p in self.params]
+        names = [p.name for p in self.jit_function.params]
         for i, v in enumerate(args):
             kinds[i] = _kind_of(v)
         for name, v in kwargs.items():
@@ -320,10 +285,70 @@ class FastKernel(_C.Kernel, JITFunction):
         for i, kind in self._bound_kinds(args, kwargs).items():
             seen = self._arg_kinds.get(i)
             if seen and kind not in seen and ("tensor" in seen) != (kind == "tensor"):
-                name = self.params[i].name
-                raise TypeError(f"{self.__name__}: argument '{name}' is {kind!s} but earlier "
+                name = self.jit_function.params[i].name
+                raise TypeError(f"{self.jit_function.__name__}: argument '{name}' is {kind!s} but earlier "
                                 f"calls passed {'/'.join(sorted(seen))}; Triton could not compile "
                                 f"this specialization") from exc
+
+
+class FastKernel(NativeDispatch, JITFunction):
+    """A Triton kernel launched through fastkernel's native dispatch path.
+
+    Use it exactly like the ``triton.jit`` function it wraps: ``kernel[grid](*args, **kwargs)``
+    with ``grid`` a tuple of 1-3 ints or a callable taking the dict of bound arguments, and
+    Triton's compile options (``num_warps``, ``num_stages``, ...) as keywords.
+
+    It is also a ``triton.runtime.jit.JITFunction`` (sharing the wrapped function's state), so
+    everything that accepts a Triton kernel accepts it: ``@triton.autotune`` and
+    ``@triton.heuristics`` stacked above ``@fastkernel`` (their launches stay native),
+    ``torch.compile`` (which captures it as a user-defined Triton kernel and launches it its
+    own way), ``torch.library.wrap_triton``, and passing it as a constexpr to another kernel.
+
+    Raises (per call)
+    ------
+    TypeError
+        Wrong argument count, an unknown keyword, a value of the wrong kind for its parameter.
+    OverflowError
+        An int that does not fit its parameter's width (or 64 bits).
+    ValueError
+        A CPU tensor for a GPU launch, or a malformed grid.
+    fastkernel.DriverUnavailableError
+        No CUDA driver (raised at the first launch, never at import).
+    fastkernel.CudaError
+        A failed driver call; the message names the CUDA error and the kernel.
+    """
+
+    def __init__(self, jit_fn: JITFunction):
+        if not isinstance(jit_fn, JITFunction) or isinstance(jit_fn, FastKernel):
+            raise TypeError(f"fastkernel expects a triton.jit function, got {type(jit_fn).__name__}")
+        # Share the wrapped JITFunction's state (source, parameters, Triton's own caches): this
+        # object is the same kernel, seen through a native launch path.
+        self.__dict__.update(jit_fn.__dict__)
+        self._init_native(jit_fn, _params_spec(jit_fn), self.pre_run_hooks)
+
+    # -- Triton-compatible surface ------------------------------------------------------------
+
+    def run(self, *args, grid, warmup: bool = False, **kwargs):
+        """``JITFunction.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``
+        (this is how ``triton.autotune`` and ``triton.heuristics`` call the kernel they wrap);
+        ``warmup=True`` compiles through Triton without launching."""
+        if warmup:
+            return self.jit_function.run(*args, grid=grid, warmup=True, **kwargs)
+        return self[grid](*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"FastKernel({self.module}:{self.fn.__qualname__})"
+
+    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
+                 reason: Optional[str]):
+        """Called by the native entry on a miss (``key`` set) or a fallback (``key`` None).
+
+        Returns None after registering a launch record for ``key``; otherwise the result of
+        launching through Triton itself.
+        """
+        if key is None:  # counted as a fallback by the native entry
+            return self._fallback(grid, args, kwargs, reason or "unsupported call")
+        return self._register_miss(grid, args, kwargs, key, device)
 
 
 class _InterpretedKernel:

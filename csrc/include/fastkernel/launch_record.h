@@ -49,14 +49,22 @@ struct LaunchRecord {
   /// records); the launch table never evicts or drops a pinned record. Serialized by the caller.
   mutable uint32_t pins = 0;
   void* user_data = nullptr;  ///< opaque to fastkernel; the Python layer keeps its CompiledKernel here
-  void (*release_user_data)(void*) = nullptr;  ///< called with user_data when the record is dropped
+  /// Opaque to fastkernel: the values a tuned config gives the parameters a call leaves out
+  /// (the Python layer keeps a tuple, one item per parameter, for the callable grid and hooks).
+  void* tuned_args = nullptr;
+  void (*release_user_data)(void*) = nullptr;  ///< called with user_data and tuned_args on drop
 
   LaunchRecord() = default;
   LaunchRecord(const LaunchRecord&) = delete;
   LaunchRecord& operator=(const LaunchRecord&) = delete;
   ~LaunchRecord() {
-    if (release_user_data != nullptr && user_data != nullptr) {
-      release_user_data(user_data);
+    if (release_user_data != nullptr) {
+      if (user_data != nullptr) {
+        release_user_data(user_data);
+      }
+      if (tuned_args != nullptr) {
+        release_user_data(tuned_args);
+      }
     }
   }
 

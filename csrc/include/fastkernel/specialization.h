@@ -28,7 +28,24 @@ enum class ArgKind : uint8_t {
   ConstexprObject = 13,  ///< an immutable object keyed by identity (tl.dtype, jit function);
                          ///< the next word is its address, kept alive by the registrant
   ConstexprWrapped = 14, ///< a tl.constexpr object; its unwrapped value's words follow
+  // Autotuning (fastkernel.autotune): what picks a tuned config joins the key, so a tuned call
+  // is one native hit.
+  TunedAbsent = 15,   ///< a parameter a tuned config provides, not passed by the call
+  TuneValue = 16,     ///< the exact value of a scalar named in the autotune key; a word follows
+  TuneLayout = 17,    ///< a tensor's stride classes: bits 8..15 its dim, then 2 bits per dim
+  TuneSizes = 18,     ///< a named tensor's sizes: bits 8..15 its dim, one word per size follows
 };
+
+/// Tuning flags of a parameter (ParamSpec::tune), set for kernels under fastkernel.autotune.
+enum TuneFlag : uint8_t {
+  kTuneConfigProvided = 1,  ///< a config sets it; absent from the call
+  kTuneValue = 2,           ///< named in the autotune key: the value itself is keyed
+  kTuneLayout = 4,          ///< a tensor's stride pattern is keyed (every tensor of a tuned kernel)
+  kTuneSizes = 8,           ///< named in the autotune key: a tensor's sizes are keyed
+};
+
+/// The autotune class of a stride: 0, 1 or anything else (fastkernel.autotune's key).
+constexpr uint64_t stride_class(int64_t stride) { return stride == 0 ? 0 : stride == 1 ? 1 : 2; }
 
 /// Triton's integer widths (triton/_C specialize.cc: i32 when it fits, u64 when >= 2**63, else i64).
 enum class IntWidth : uint8_t { I32 = 0, I64 = 1, U64 = 2 };
