@@ -29,7 +29,7 @@ pip=("$py" -m pip --disable-pip-version-check -q)
 if ! "$py" -c "import torch" 2>/dev/null; then
   "${pip[@]}" install "$TORCH_SPEC"
 fi
-"${pip[@]}" install "$TRITON_SPEC" numpy hypothesis "pybind11>=2.12" "scikit-build-core>=0.10" cmake ninja "pytest>=7"
+"${pip[@]}" install "$TRITON_SPEC" filelock tqdm numpy hypothesis "pybind11>=2.12" "scikit-build-core>=0.10" cmake ninja "pytest>=7"
 
 # A torch extension builds against the installed torch, so no build isolation; build the wheel
 # and install it, as a user would.

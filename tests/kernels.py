@@ -98,3 +98,53 @@ def big_shared_kernel(in_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
     c = tl.arange(0, COLS)
     tile = tl.load(in_ptr + r[:, None] * COLS + c[None, :])
     tl.store(out_ptr + c[:, None] * ROWS + r[None, :], tl.trans(tile))
+
+
+# -- autotune (tests/test_autotune.py) ---------------------------------------------------------
+# The launch_metadata callbacks play each kernel on CPU tensors when a launch hook asks for the
+# metadata, so the CPU tests can check what every launch (benchmark repetitions included) saw.
+
+
+def _play_accumulate(grid, metadata, args):
+    if args["out_ptr"].device.type == "cpu":
+        args["out_ptr"] += args["x_ptr"]
+    return {}
+
+
+def _play_scale_in_place(grid, metadata, args):
+    if args["x_ptr"].device.type == "cpu":
+        args["x_ptr"].mul_(2).add_(1)
+    return {}
+
+
+@triton.jit(launch_metadata=_play_accumulate)
+def accumulate_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # out += x (atomics: a split-K style accumulator that needs a zeroed output)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.atomic_add(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit(launch_metadata=_play_scale_in_place)
+def scale_in_place_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    # x = 2 * x + 1, in place
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2 + 1, mask=mask)
+
+
+@triton.jit
+def copy2d_kernel(x_ptr, out_ptr, M, N, stride_xm, stride_xn, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + rn[None, :] * stride_xn, mask=mask)
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], x, mask=mask)
+
+
+@triton.jit
+def needs_pow2_kernel(out_ptr, BLOCK: tl.constexpr):
+    # tl.arange needs a power-of-two range: BLOCK=48 fails to compile.
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, offs.to(tl.float32))

@@ -33,10 +33,15 @@ from . import _C  # noqa: E402
 from ._C import CudaError, DriverUnavailableError  # noqa: E402
 from .bundle import export  # noqa: E402
 from .kernel import FastKernel, fastkernel, stats  # noqa: E402
+from ._autotune import AutotuneError, Autotuned, autotune  # noqa: E402
+
+# ``from fastkernel import fastkernel`` users write ``@fastkernel.autotune(...)`` too.
+fastkernel.autotune = autotune
 
 __version__ = "0.1.0"
-__all__ = ["fastkernel", "FastKernel", "CudaError", "DriverUnavailableError", "get_include",
-           "get_cmake_dir", "export", "stats", "__version__"]
+__all__ = ["fastkernel", "FastKernel", "autotune", "Autotuned", "AutotuneError", "CudaError",
+           "DriverUnavailableError", "get_include", "get_cmake_dir", "export", "stats",
+           "__version__"]
 
 
 def get_cmake_dir() -> str:

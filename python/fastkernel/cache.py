@@ -721,6 +721,19 @@ def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
     return meta, compiled
 
 
+def is_cached(jit_fn, target, spec: "abi.Specialization") -> bool:
+    """Whether the on-disk cache has an entry file for this specialization (not verified;
+    :func:`load_or_compile` verifies it). False when the cache is off or the kernel uncacheable."""
+    if not enabled():
+        return False
+    root = cache_dir()
+    try:
+        key = entry_key(jit_fn, target, spec, root / "toolchain")
+    except Uncacheable:
+        return False
+    return entry_path(root, key).is_file()
+
+
 # -- managing a cache directory -------------------------------------------------------------
 
 
@@ -757,8 +770,9 @@ def scan(root: Optional[pathlib.Path] = None) -> Tuple[List[Entry], List[Tuple[p
 
 
 def clear(root: Optional[pathlib.Path] = None) -> Tuple[int, int]:
-    """Remove every entry, temporary file and toolchain memo under cache directory ``root``
-    (default :func:`cache_dir`). Other files there are left alone.
+    """Remove every entry, temporary file, toolchain memo and tuning record (``autotune/``)
+    under cache directory ``root`` (default :func:`cache_dir`). Other files there are left
+    alone.
 
     Returns
     -------
@@ -775,7 +789,7 @@ def clear(root: Optional[pathlib.Path] = None) -> Tuple[int, int]:
             continue
         count += 1
         size += st.st_size
-    for sub in ("entries", "toolchain"):
+    for sub in ("entries", "toolchain", "autotune"):
         shutil.rmtree(root / sub, ignore_errors=True)
     _memo_dirs_seen.discard(str(root / "toolchain"))
     return count, size
@@ -900,6 +914,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"kernel{'' if kernels == 1 else 's'}")
         if bad:
             print(f"bad files  {len(bad)} (removed when a launch reads them, or by clear)")
+        tuned = list((root / "autotune").glob("*/*.json"))
+        print(f"tunings    {len(tuned)} autotune result{'' if len(tuned) == 1 else 's'}")
         temps = _temp_files(root)
         if temps:
             print(f"temporary  {len(temps)} (writes in progress or interrupted)")

@@ -1,0 +1,619 @@
+"""``fastkernel.autotune``: Triton's autotuning, with the tuned call served natively.
+
+The autotune key (the values of the named scalar arguments, every tensor's dtype and stride
+pattern, the sizes of the named tensors) is built by the native key builder along with the
+specialization, so once a key is tuned a call is one native hit: no Python runs. On a miss the
+native entry calls :meth:`Autotuned._on_miss`, which picks the config for the call's key (from
+memory, from the on-disk tuning record, or by benchmarking every config), compiles the kernel
+with it and registers the launch record under the call's native key.
+
+The meaning of each argument is Triton's (``triton.runtime.autotuner.Autotuner``); the
+differences, all towards correctness, are listed in :func:`autotune`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import importlib
+import json
+import logging
+import math
+import multiprocessing
+import os
+import pathlib
+import sys
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import triton
+from triton.runtime.autotuner import Autotuner, Config
+from triton.runtime.jit import JITFunction
+
+from . import _triton_abi as abi
+from . import cache as _cache
+from .kernel import FastKernel, NativeDispatch, _params_spec
+
+log = logging.getLogger("fastkernel")
+
+# TuneFlag bits (csrc/include/fastkernel/specialization.h).
+_TUNE_CONFIG_PROVIDED = 1
+_TUNE_VALUE = 2
+_TUNE_LAYOUT = 4
+_TUNE_SIZES = 8
+
+#: Bumped when the tuning record's layout or key document changes.
+TUNING_FORMAT_VERSION = 1
+
+_QUANTILES = (0.5, 0.2, 0.8)
+
+
+def stride_class(stride: int) -> int:
+    """The autotune class of a stride: 0, 1, or 2 for anything else (matches the native key)."""
+    return 0 if stride == 0 else 1 if stride == 1 else 2
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+    return isinstance(value, torch.Tensor)
+
+
+def _compile_workers(jobs: int) -> int:
+    """Worker processes for compiling ``jobs`` configs (FASTKERNEL_COMPILE_WORKERS; 0 or 1 =
+    compile in this process; default: one per CPU, at most one per job)."""
+    raw = os.environ.get("FASTKERNEL_COMPILE_WORKERS", "")
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"FASTKERNEL_COMPILE_WORKERS must be an int >= 0, got {raw!r}") from None
+        if value < 0:
+            raise ValueError(f"FASTKERNEL_COMPILE_WORKERS must be an int >= 0, got {raw!r}")
+        return min(value, jobs)
+    return min(os.cpu_count() or 1, jobs)
+
+
+def _resolve_qualname(module: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _innermost_jit_function(obj: Any) -> JITFunction:
+    for _ in range(16):
+        if isinstance(obj, FastKernel):
+            return obj.jit_function
+        if isinstance(obj, JITFunction):
+            return obj
+        obj = getattr(obj, "fn", None)
+    raise TypeError("no triton.jit function found under the decorated object")
+
+
+def _compile_in_worker(module: str, qualname: str, target, spec: "abi.Specialization") -> None:
+    """Run in a spawned worker: compile one config's specialization into the on-disk kernel
+    cache, where the tuning process then finds it (fastkernel/cache.py ``load_or_compile``)."""
+    jit_fn = _innermost_jit_function(_resolve_qualname(module, qualname))
+    _cache.load_or_compile(jit_fn, target, spec)
+
+
+def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
+    """``items`` with a progress bar on an interactive stderr (tqdm), else as they are."""
+    if not sys.stderr.isatty():
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # installed with --no-deps: no bar, the log lines remain
+        return items
+    return tqdm(items, desc=desc, unit="config", leave=False)
+
+
+def _config_doc(config: Config) -> Dict[str, Any]:
+    return {"kwargs": sorted([k, _cache._render(v)] for k, v in config.all_kwargs().items()),
+            "pre_hook": config.pre_hook is not None}
+
+
+def _describe(config: Config) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.all_kwargs().items())
+
+
+class AutotuneError(RuntimeError):
+    """Every config of an autotuned kernel failed to compile or run for a key."""
+
+
+class Autotuned(NativeDispatch, Autotuner):
+    """A ``@fastkernel`` kernel under ``@fastkernel.autotune``; see :func:`autotune`.
+
+    It is also a ``triton.runtime.autotuner.Autotuner`` (built by Triton's own constructor, with
+    ``fn`` the FastKernel), so torch.compile captures it as a user-defined autotuned Triton
+    kernel, and Triton's attributes (``configs``, ``keys``, ``cache``, ``best_config``,
+    ``configs_timings``, ``bench_time``) mean what they mean there.
+    """
+
+    def __init__(self, kernel: FastKernel, configs: Sequence[Config], key: Sequence[str],
+                 prune_configs_by: Optional[Dict[str, Any]] = None,
+                 reset_to_zero: Optional[Sequence[str]] = None,
+                 restore_value: Optional[Sequence[str]] = None,
+                 pre_hook: Optional[Callable] = None, post_hook: Optional[Callable] = None,
+                 warmup: float = 25, rep: float = 100, do_bench: Optional[Callable] = None,
+                 cache_results: bool = True):
+        jit_fn = kernel.jit_function
+        arg_names = [p.name for p in jit_fn.params]
+        configs = list(configs) if configs else [Config({}, num_warps=4, num_stages=3)]
+        for c in configs:
+            if not isinstance(c, Config):
+                raise TypeError(f"fastkernel.autotune: configs must be triton.Config objects, got "
+                                f"{type(c).__name__}")
+        for what, names in (("key", key), ("reset_to_zero", reset_to_zero or ()),
+                            ("restore_value", restore_value or ())):
+            if isinstance(names, str):
+                raise TypeError(f"fastkernel.autotune: {what} must be a list of argument names, "
+                                f"got the string {names!r}")
+            unknown = [n for n in names if n not in arg_names]
+            if unknown:
+                raise ValueError(f"fastkernel.autotune: {what} names {', '.join(map(repr, unknown))}, "
+                                 f"which {'is' if len(unknown) == 1 else 'are'} not arguments of "
+                                 f"{jit_fn.__name__} ({', '.join(arg_names)})")
+        by_name = {p.name: p for p in jit_fn.params}
+        option_names = set(abi.option_names(abi.cuda_target(9, 0)))
+        self._config_params: List[str] = []
+        for c in configs:
+            for name in c.kwargs:
+                if name not in by_name:
+                    if name in option_names:
+                        continue
+                    raise ValueError(f"fastkernel.autotune: a config sets {name!r}, which is not an "
+                                     f"argument of {jit_fn.__name__} ({', '.join(arg_names)})")
+                if not by_name[name].is_constexpr:
+                    raise TypeError(
+                        f"fastkernel.autotune: a config sets {name!r}, which is not a tl.constexpr "
+                        f"parameter of {jit_fn.__name__}; tuned values are compiled in, so "
+                        f"annotate it '{name}: tl.constexpr'")
+                if name not in self._config_params:
+                    self._config_params.append(name)
+        # Triton's constructor: validation, hooks, prune settings, and every attribute that
+        # torch.compile reads. Its own disk cache and deprecated warmup/rep are not used.
+        init_kwargs = dict(fn=kernel, arg_names=arg_names, configs=configs, key=list(key),
+                           reset_to_zero=reset_to_zero, restore_value=restore_value,
+                           pre_hook=pre_hook, post_hook=post_hook,
+                           prune_configs_by=prune_configs_by, cache_results=False)
+        accepted = Autotuner.__init__.__code__.co_varnames
+        Autotuner.__init__(self, **{k: v for k, v in init_kwargs.items() if k in accepted})
+        self.__name__ = jit_fn.__name__
+        self.warmup_ms = warmup
+        self.rep_ms = rep
+        self._timer = do_bench
+        self.cache_results = cache_results
+        self.best_config: Optional[Config] = None
+        self.configs_timings: Optional[Dict[Config, Any]] = None
+        self.bench_time: Optional[float] = None
+        self._user_pre_hook = pre_hook
+        self._user_post_hook = post_hook
+        self._tune_lock = threading.RLock()
+        # Everything a config can set, for Triton's conflict error.
+        self._config_names = set()
+        for c in configs:
+            self._config_names.update(c.all_kwargs())
+        tune = {}
+        for p in jit_fn.params:
+            flags = _TUNE_LAYOUT
+            if p.name in self._config_params:
+                flags |= _TUNE_CONFIG_PROVIDED
+            if p.name in self.keys:
+                flags |= _TUNE_VALUE | _TUNE_SIZES
+            tune[p.name] = flags
+        self._init_native(jit_fn, _params_spec(jit_fn, tune), kernel.pre_run_hooks)
+
+    # -- Triton-compatible surface ------------------------------------------------------------
+
+    def run(self, *args, grid, warmup: bool = False, **kwargs):
+        """``Autotuner.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``
+        (how ``triton.heuristics`` stacked above calls it)."""
+        if warmup:
+            raise NotImplementedError("fastkernel.autotune: warmup=True is not supported; call "
+                                      "the kernel once to tune and compile it")
+        return self[grid](*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Autotuned({self.fn!r}, {len(self.configs)} configs, key={self.keys})"
+
+    # -- the tuning key -----------------------------------------------------------------------
+
+    def _named_args(self, args: tuple, kwargs: dict) -> Dict[str, Any]:
+        """The call bound to parameter names, with defaults (as Triton's ``nargs``)."""
+        params = self.jit_function.params
+        if len(args) > len(params):
+            raise TypeError(f"{self.__name__} takes {len(params)} arguments but {len(args)} "
+                            f"were given")
+        named = {p.name: a for p, a in zip(params, args)}
+        for name, value in kwargs.items():
+            if name in named:
+                raise TypeError(f"{self.__name__} got multiple values for argument '{name}'")
+            named[name] = value
+        for p in params:
+            if p.name not in named and p.has_default and p.name not in self._config_params:
+                named[p.name] = p.default
+        return named
+
+    def tuning_key(self, named: Dict[str, Any]) -> Tuple[Any, ...]:
+        """The autotune key of a bound call: each named argument's value (a tensor's sizes), then
+        every tensor's dtype and stride classes (0, 1, other). Equal native keys give equal
+        tuning keys (the native key holds every part)."""
+        parts: List[Any] = []
+        for name in self.keys:
+            value = named.get(name)
+            parts.append(tuple(value.shape) if _is_tensor(value) else value)
+        for p in self.jit_function.params:
+            value = named.get(p.name)
+            if _is_tensor(value):
+                parts.append((str(value.dtype), tuple(stride_class(s) for s in value.stride())))
+        return tuple(parts)
+
+    # -- the miss path ------------------------------------------------------------------------
+
+    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
+                 reason: Optional[str]):
+        conflicts = [k for k in kwargs if k in self._config_names]
+        if conflicts:
+            # Triton's error (runtime/autotuner.py, Autotuner.run).
+            raise ValueError(f"Conflicting meta-parameters: {', '.join(conflicts)}. Make sure "
+                             f"that you don't re-define auto-tuned symbols.")
+        named = self._named_args(args, kwargs)
+        config = self._config_for(named, grid, args, kwargs, device)
+        merged = {**kwargs, **config.all_kwargs()}
+        if config.pre_hook is not None:
+            # Triton runs a config's pre_hook before every launch: Python on every call.
+            config.pre_hook({**named, **config.all_kwargs()})
+            if key is not None:
+                self._count_python_call("the tuned config has a pre_hook, which runs in Python "
+                                        "before every launch")
+                result = self.fn[grid](*args, **merged)
+                return result if result is not None else True
+        if key is None:
+            return self._fallback(grid, args, merged, reason or "unsupported call")
+        values = {**{p.name: p.default for p in self.jit_function.params if p.has_default},
+                  **config.all_kwargs()}
+        tuned_args = tuple(values.get(p.name) if p.name in self._config_params else None
+                           for p in self.jit_function.params)
+        return self._register_miss(grid, args, merged, key, device, tuned_args)
+
+    def _count_python_call(self, reason: str) -> None:
+        count = self._fallback_reasons.get(reason, 0)
+        if count == 0:
+            log.info("fastkernel: %s: %s", self.__name__, reason)
+        self._fallback_reasons[reason] = count + 1
+        self._miss_fallbacks += 1
+
+    def _config_for(self, named, grid, args, kwargs, device: int) -> Config:
+        tuning_key = self.tuning_key(named)
+        config = self.cache.get(tuning_key)
+        if config is not None:
+            return config
+        with self._tune_lock:
+            config = self.cache.get(tuning_key)
+            if config is not None:
+                return config
+            target = self._target(device)
+            path = self._record_path(tuning_key, target)
+            if path is None:
+                config = self._tune(named, grid, args, kwargs, device)
+            else:
+                from filelock import FileLock
+                # One process benchmarks a key at a time (timings taken side by side on one GPU
+                # would disturb each other); the others wait and read its record.
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with FileLock(str(path) + ".lock"):
+                    config = self._read_record(path)
+                    if config is None:
+                        config = self._tune(named, grid, args, kwargs, device)
+                        self._write_record(path, tuning_key, config)
+            self.cache[tuning_key] = config
+            self.best_config = config
+            return config
+
+    # -- tuning -------------------------------------------------------------------------------
+
+    def prune(self, named: Dict[str, Any], kwargs: Dict[str, Any]) -> List[Config]:
+        """The configs to benchmark: ``early_config_prune(configs, named_args, **kwargs)``, then
+        the ``top_k`` best by ``perf_model(**named_args, **kwargs, **config.all_kwargs())``
+        (Triton's ``prune_configs_by``; ``top_k`` a count, or a fraction of the configs)."""
+        configs = list(self.configs)
+        if self.early_config_prune is not None:
+            configs = list(self.early_config_prune(configs, named, **kwargs))
+            if not configs:
+                raise AutotuneError(f"{self.__name__}: early_config_prune returned no configs")
+        if self.perf_model is not None:
+            top_k = self.configs_top_k
+            if isinstance(top_k, float) and top_k <= 1.0:
+                top_k = int(len(configs) * top_k)
+            elif not isinstance(top_k, int):
+                raise TypeError("prune_configs_by['top_k'] must be an int or a float <= 1.0")
+            if len(configs) > top_k > 0:
+                estimates = {c: self.perf_model(**named, **kwargs, **c.all_kwargs()) for c in configs}
+                configs = sorted(configs, key=lambda c: estimates[c])[:top_k]
+        return configs
+
+    def _tune(self, named, grid, args, kwargs, device: int) -> Config:
+        import time
+        configs = self.prune(named, kwargs)
+        if len(configs) == 1:
+            return configs[0]
+        start = time.perf_counter()
+        self._precompile(configs, args, kwargs, device)
+        snapshot = {name: named[name].clone() for name in self.restore_value
+                    if named.get(name) is not None}
+        timings: Dict[Config, Any] = {}
+        failures: List[str] = []
+        try:
+            for config in _progress(configs, f"autotuning {self.__name__}"):
+                try:
+                    timings[config] = self._bench_config(config, named, snapshot, grid, args,
+                                                         kwargs)
+                except Exception as exc:  # compile errors, out of resources, launch failures
+                    message = f"{_describe(config)}: {type(exc).__name__}: {exc}"
+                    log.info("fastkernel: %s: skipping config %s", self.__name__, message)
+                    failures.append(message)
+        finally:
+            # The real launch after tuning sees what one clean run would: restored inputs and
+            # zeroed accumulators.
+            self._restore_and_reset(named, snapshot)
+        if not timings:
+            raise AutotuneError(f"{self.__name__}: every config failed for key "
+                                f"{self.tuning_key(named)}:\n  " + "\n  ".join(failures))
+        best = min(timings, key=lambda c: _median(timings[c]))
+        self.configs_timings = timings
+        self.bench_time = time.perf_counter() - start
+        log.info("fastkernel: %s tuned for key %s: %s (%.4f ms; %d configs in %.1f s)",
+                 self.__name__, self.tuning_key(named), _describe(best), _median(timings[best]),
+                 len(configs), self.bench_time)
+        return best
+
+    def _restore_and_reset(self, named, snapshot) -> None:
+        for name, saved in snapshot.items():
+            named[name].copy_(saved)
+        for name in self.reset_to_zero:
+            if named.get(name) is not None:
+                named[name].zero_()
+
+    def _bench_config(self, config: Config, named, snapshot, grid, args, kwargs):
+        merged = {**kwargs, **config.all_kwargs()}
+        full = {**named, **config.all_kwargs()}
+
+        def kernel_call():
+            self._restore_and_reset(named, snapshot)
+            if self._user_pre_hook is not None:
+                self._user_pre_hook(full)
+            if config.pre_hook is not None:
+                config.pre_hook(full)
+            try:
+                self.fn[grid](*args, **merged)
+            except Exception as exc:
+                if self._user_post_hook is not None:
+                    self._user_post_hook(full, exception=exc)
+                raise
+            if self._user_post_hook is not None:
+                self._user_post_hook(full, exception=None)
+
+        bench = self._timer
+        if bench is None:
+            import triton.testing
+
+            def bench(fn, quantiles):
+                return triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms,
+                                               quantiles=quantiles)
+        return bench(kernel_call, quantiles=_QUANTILES)
+
+    def _precompile(self, configs: List[Config], args, kwargs, device: int) -> None:
+        """Compile the configs in worker processes into the on-disk kernel cache, so that the
+        benchmarks that follow load them instead of compiling one after another."""
+        workers = _compile_workers(len(configs))
+        if workers <= 1 or not _cache.enabled() or _cache.always_compile():
+            return
+        fn = self.jit_function.fn
+        module, qualname = fn.__module__, fn.__qualname__
+        if module == "__main__" or "<locals>" in qualname:
+            log.debug("fastkernel: %s is not importable by a worker; compiling in this process",
+                      self.__name__)
+            return
+        target = self._target(device)
+        specs = []
+        for config in configs:
+            try:
+                spec = abi.specialize(self.jit_function, target, args,
+                                      {**kwargs, **config.all_kwargs()})
+                if not _cache.is_cached(self.jit_function, target, spec):
+                    specs.append(spec)
+            except Exception:  # the benchmark reports this config's error
+                continue
+        if len(specs) < 2:
+            return
+        log.info("fastkernel: %s: compiling %d configs in %d worker processes", self.__name__,
+                 len(specs), min(workers, len(specs)))
+        context = multiprocessing.get_context("spawn")
+        try:
+            with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(specs)),
+                                                        mp_context=context) as pool:
+                futures = [pool.submit(_compile_in_worker, module, qualname, target, spec)
+                           for spec in specs]
+                for future in concurrent.futures.as_completed(futures):
+                    exc = future.exception()
+                    if exc is not None:  # compiled again (and reported) in this process
+                        log.debug("fastkernel: a compile worker failed: %s", exc)
+        except Exception as exc:  # no worker could start: compile here
+            log.info("fastkernel: %s: parallel compile unavailable (%s: %s)", self.__name__,
+                     type(exc).__name__, exc)
+
+    # -- the tuning record on disk ------------------------------------------------------------
+
+    def record_document(self, tuning_key: Tuple[Any, ...], target) -> Dict[str, Any]:
+        """What decides a tuning result, as JSON data: the kernel (Triton's ``cache_key``: its
+        source, the jit functions it calls and the constexpr globals it reads), the configs, the
+        key names and the key, the target, the toolchain fingerprint (fastkernel/cache.py) and
+        Triton's cache-invalidating environment variables. Raises ``cache.Uncacheable``."""
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+        try:
+            kernel_key = self.jit_function.cache_key
+        except Exception as exc:
+            raise _cache.Uncacheable(f"its source cannot be hashed ({type(exc).__name__}: "
+                                     f"{exc})") from exc
+        return {
+            "format": TUNING_FORMAT_VERSION,
+            "kernel": kernel_key,
+            "configs": [_config_doc(c) for c in self.configs],
+            "key_names": list(self.keys),
+            "key": _cache._render(tuning_key),
+            "target": _cache._target_dict(target),
+            "toolchain": _cache.toolchain_fingerprint(target, _cache.cache_dir() / "toolchain"),
+            "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
+        }
+
+    def _record_path(self, tuning_key, target) -> Optional[pathlib.Path]:
+        if not self.cache_results or not _cache.enabled():
+            return None
+        try:
+            doc = self.record_document(tuning_key, target)
+        except _cache.Uncacheable as exc:
+            _cache._log_once(logging.WARNING, ("autotune-uncacheable", self.__name__, str(exc)),
+                             "fastkernel: tuning results of %s are not kept on disk: %s",
+                             self.__name__, exc)
+            return None
+        digest = hashlib.sha256(_cache._canonical(doc)).hexdigest()
+        return tuning_dir() / digest[:2] / f"{digest}.json"
+
+    def _read_record(self, path: pathlib.Path) -> Optional[Config]:
+        if _cache.always_compile():
+            return None
+        try:
+            record = json.loads(path.read_text())
+            index = record["config_index"]
+            config = self.configs[index]
+            if record["config"] != _config_doc(config):
+                raise ValueError("the config at its index differs")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            log.warning("fastkernel: ignoring the tuning record %s (%s); tuning again", path, exc)
+            return None
+        log.info("fastkernel: %s: tuned config read from %s: %s", self.__name__, path,
+                 _describe(config))
+        return config
+
+    def _write_record(self, path: pathlib.Path, tuning_key, config: Config) -> None:
+        timings = self.configs_timings or {}
+        record = {
+            "kernel": f"{self.jit_function.fn.__module__}.{self.jit_function.fn.__qualname__}",
+            "key": repr(tuning_key),
+            "config_index": self.configs.index(config),
+            "config": _config_doc(config),
+            "timings_ms": [[_describe(c), _median(t)] for c, t in timings.items()],
+        }
+        try:
+            _cache.atomic_write(path, json.dumps(record, indent=1).encode())
+        except OSError as exc:
+            log.warning("fastkernel: cannot write the tuning record %s: %s", path, exc)
+
+
+def _median(timing: Any) -> float:
+    """The median of a ``do_bench`` result: a float, or a list of quantiles (median first)."""
+    if isinstance(timing, (list, tuple)):
+        return float(timing[0])
+    value = float(timing)
+    return value if not math.isnan(value) else float("inf")
+
+
+def tuning_dir() -> pathlib.Path:
+    """Where tuning records live: ``autotune/`` under the kernel cache directory
+    (FASTKERNEL_CACHE_DIR)."""
+    return _cache.cache_dir() / "autotune"
+
+
+def autotune(configs: Sequence[Config], key: Sequence[str],
+             prune_configs_by: Optional[Dict[str, Any]] = None,
+             reset_to_zero: Optional[Sequence[str]] = None,
+             restore_value: Optional[Sequence[str]] = None,
+             pre_hook: Optional[Callable] = None, post_hook: Optional[Callable] = None,
+             warmup: float = 25, rep: float = 100, do_bench: Optional[Callable] = None,
+             cache_results: bool = True):
+    """Autotune a ``@fastkernel`` kernel over ``configs``; stack it above ``@fastkernel``.
+
+    Arguments mean what they mean for ``triton.autotune`` (triton/runtime/autotuner.py):
+
+    Parameters
+    ----------
+    configs : list of triton.Config
+        Meta-parameter values (tl.constexpr parameters) and compile options to choose from.
+    key : list of str
+        Argument names whose change re-tunes. A scalar is keyed by value; a tensor by its sizes.
+        Beyond the names, every tensor's dtype and stride pattern (each stride classed as 0, 1
+        or other) is part of the key, so a transposed or broadcast input is tuned apart.
+    prune_configs_by : dict, optional
+        ``early_config_prune(configs, named_args, **kwargs) -> configs``, ``perf_model(**args)
+        -> estimate`` and ``top_k`` (an int, or a fraction of the configs).
+    reset_to_zero : list of str, optional
+        Tensors zeroed before every benchmark repetition and before the real launch that
+        follows tuning (accumulating kernels then return what one clean run returns).
+    restore_value : list of str, optional
+        Tensors snapshotted once before tuning, restored before every benchmark repetition and
+        after tuning (in-place kernels then return what one clean run returns).
+    pre_hook, post_hook : callable, optional
+        Run before and after every benchmark repetition (``pre_hook(args)``, ``post_hook(args,
+        exception=...)``), in addition to the reset and restore (Triton's replace them).
+    warmup, rep : float
+        Milliseconds of warm-up and of timed repetitions per config (triton.testing.do_bench).
+    do_bench : callable, optional
+        ``do_bench(kernel_call, quantiles) -> ms or [ms, ...]`` replacing Triton's timer.
+    cache_results : bool
+        Keep tuning results on disk under ``FASTKERNEL_CACHE_DIR/autotune`` (also off with
+        FASTKERNEL_CACHE=0), keyed by the kernel's source, configs, key, device arch,
+        toolchain and Triton's cache-invalidating environment variables. A new process reads
+        them without benchmarking.
+
+    Returns
+    -------
+    callable
+        A decorator turning a ``FastKernel`` into an :class:`Autotuned`. Launch it as
+        ``kernel[grid](...)`` without the tuned parameters; a callable grid receives them.
+
+    Raises
+    ------
+    TypeError, ValueError
+        At decoration: a name in ``key``/``reset_to_zero``/``restore_value`` that is not an
+        argument; a config setting an unknown or non-constexpr parameter; not stacked above
+        ``@fastkernel``. At a call: Triton's "Conflicting meta-parameters" when the call passes
+        a tuned parameter.
+    AutotuneError
+        Every config failed to compile or run; the message lists each failure.
+
+    Notes
+    -----
+    Configs compile in parallel worker processes before benchmarking when there are several
+    (FASTKERNEL_COMPILE_WORKERS: count, 0 = in this process). Progress shows on an interactive
+    terminal; the winner is logged on the ``fastkernel`` logger at INFO.
+    """
+    if callable(configs) and not isinstance(configs, (list, tuple)):
+        raise TypeError("fastkernel.autotune takes arguments: @fastkernel.autotune(configs=[...], "
+                        "key=[...])")
+
+    def decorator(kernel):
+        if isinstance(kernel, JITFunction) and not isinstance(kernel, FastKernel):
+            raise TypeError("fastkernel.autotune goes above @fastkernel:\n"
+                            "    @fastkernel.autotune(configs=..., key=...)\n    @fastkernel\n"
+                            "    @triton.jit\n    def kernel(...): ...")
+        if not isinstance(kernel, FastKernel):
+            if os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0") or \
+                    os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+                # @fastkernel returned Triton's own object: tune with Triton's autotuner.
+                return triton.autotune(configs, key, prune_configs_by=prune_configs_by,
+                                       reset_to_zero=reset_to_zero, restore_value=restore_value,
+                                       pre_hook=pre_hook, post_hook=post_hook)(
+                                           getattr(kernel, "fn", kernel))
+            raise TypeError(
+                f"fastkernel.autotune wraps a @fastkernel kernel, got {type(kernel).__name__}; "
+                f"@triton.heuristics goes above @fastkernel.autotune (its values are then passed "
+                f"to the tuned kernel, and keyed natively)")
+        return Autotuned(kernel, configs, key, prune_configs_by=prune_configs_by,
+                         reset_to_zero=reset_to_zero, restore_value=restore_value,
+                         pre_hook=pre_hook, post_hook=post_hook, warmup=warmup, rep=rep,
+                         do_bench=do_bench, cache_results=cache_results)
+
+    return decorator

@@ -1,0 +1,403 @@
+"""fastkernel.autotune on CPU: the recording stand-in driver, and a fake timer that hands out
+times in config order. Kernels whose ``launch_metadata`` callback plays them on CPU tensors
+(tests/kernels.py) show what every launch saw, benchmark repetitions included."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import triton
+from triton import knobs
+
+import fastkernel
+from fastkernel import _C
+from fastkernel import _triton_abi as abi
+from fastkernel import fastkernel as fk
+
+import kernels
+from conftest import STAND_IN_PATH
+
+
+class FakeTimer:
+    """``do_bench`` stand-in: runs the kernel call once and returns the next time (ms) of
+    ``times``, cycling; ``calls`` counts benchmarks."""
+
+    def __init__(self, times):
+        self.times = list(times)
+        self.calls = 0
+
+    def __call__(self, kernel_call, quantiles):
+        kernel_call()
+        t = self.times[self.calls % len(self.times)]
+        self.calls += 1
+        return [t, t, t]
+
+
+CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=2), triton.Config({"BLOCK": 128}, num_warps=4),
+           triton.Config({"BLOCK": 256}, num_warps=8)]
+
+
+def grid_1d(meta):
+    return (triton.cdiv(meta["n"], meta["BLOCK"]),)
+
+
+def tuned_add(timer, key=("n",), configs=CONFIGS, **kw):
+    return fastkernel.autotune(configs=configs, key=list(key), do_bench=timer,
+                               **kw)(fk(kernels.add_kernel))
+
+
+@pytest.fixture(autouse=True)
+def _compile_here(monkeypatch):
+    # Worker processes are tested on their own (test_configs_compile_in_worker_processes).
+    monkeypatch.setenv("FASTKERNEL_COMPILE_WORKERS", "0")
+
+
+@pytest.fixture
+def play_launches():
+    """Sets a launch hook that materializes the launch metadata, which plays the kernel."""
+    def enter(metadata):
+        metadata.get()
+
+    knobs.runtime.launch_enter_hook.add(enter)
+    try:
+        yield
+    finally:
+        knobs.runtime.launch_enter_hook.remove(enter)
+
+
+def test_the_fastest_config_launches_and_the_next_call_is_a_native_hit(stand_in):
+    timer = FakeTimer([3.0, 1.0, 2.0])  # BLOCK=128 wins
+    k = tuned_add(timer)
+    x, y, out = torch.randn(1000), torch.randn(1000), torch.empty(1000)
+    k[grid_1d](x, y, out, 1000)
+    launches = stand_in.launches()
+    assert [l.block[0] for l in launches] == [64, 128, 256, 128]  # 3 benchmarks, then the winner
+    assert launches[-1].grid == (8, 1, 1)  # the callable grid saw BLOCK=128 from the config
+    assert timer.calls == 3
+    assert k.best_config is CONFIGS[1]
+    k[grid_1d](x, y, out, 1000)
+    assert timer.calls == 3
+    assert stand_in.launches()[-1].block[0] == 128
+    assert stand_in.launches()[-1].params == launches[-1].params
+    s = k.stats()
+    assert (s["hits"], s["misses"], s["specializations"]) == (1, 1, 1)
+
+
+def test_a_new_value_of_a_key_argument_retunes_and_other_arguments_do_not(stand_in):
+    timer = FakeTimer([1.0, 2.0, 3.0])
+    k = tuned_add(timer)
+    x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    k[grid_1d](x, y, out, 1000)
+    assert timer.calls == 3
+    k[grid_1d](x, y, out, 2000)  # n is in the key: tuned again
+    assert timer.calls == 6
+    k[grid_1d](x, y, out, 1000)  # tuned before
+    assert timer.calls == 6
+    # Not in the key: another alignment is a new specialization, not a new tuning.
+    k[grid_1d](x[1:], y, out, 1000)
+    assert timer.calls == 6
+    assert k.stats()["specializations"] == 3
+
+
+def test_keyword_order_does_not_change_the_key(stand_in):
+    timer = FakeTimer([1.0, 2.0, 3.0])
+    k = tuned_add(timer)
+    x, y, out = torch.randn(256), torch.randn(256), torch.empty(256)
+    k[grid_1d](x, y, out_ptr=out, n=256)
+    k[grid_1d](x, y, n=256, out_ptr=out)
+    k[grid_1d](x_ptr=x, n=256, out_ptr=out, y_ptr=y)
+    assert timer.calls == 3
+    s = k.stats()
+    assert (s["hits"], s["misses"]) == (2, 1)
+
+
+def test_stride_classes_and_named_tensor_sizes_are_in_the_key(stand_in):
+    timer = FakeTimer([1.0, 2.0])
+    configs = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}), triton.Config({"BLOCK_M": 32, "BLOCK_N": 16})]
+    k = fastkernel.autotune(configs=configs, key=["M", "N"], do_bench=timer)(fk(kernels.copy2d_kernel))
+
+    def run(x):
+        out = torch.empty(x.shape[0] * x.shape[1])
+        k[lambda m: (triton.cdiv(m["M"], m["BLOCK_M"]), triton.cdiv(m["N"], m["BLOCK_N"]))](
+            x, out, x.shape[0], x.shape[1], x.stride(0), x.stride(1))
+
+    base = torch.randn(64, 64)
+    run(base)
+    assert timer.calls == 2
+    run(torch.randn(64, 64))  # same sizes and strides: tuned
+    assert timer.calls == 2
+    run(base.t())  # strides (64, 1) -> (1, 64): classes (other, 1) -> (1, other)
+    assert timer.calls == 4
+    run(torch.randn(64, 1).expand(64, 64))  # a broadcast: stride 0
+    assert timer.calls == 6
+    # A named tensor's sizes are keyed: re-tune when they change even if ints do not say so.
+    timer2 = FakeTimer([1.0, 2.0])
+    k2 = fastkernel.autotune(configs=configs, key=["x_ptr"], do_bench=timer2)(fk(kernels.copy2d_kernel))
+    out = torch.empty(64 * 64)
+    grid = (4, 4)
+    k2[grid](torch.randn(64, 64), out, 64, 64, 64, 1)
+    k2[grid](torch.randn(64, 64), out, 64, 64, 64, 1)
+    assert timer2.calls == 2
+    k2[grid](torch.randn(32, 128), out, 64, 64, 64, 1)
+    assert timer2.calls == 4
+
+
+def test_the_python_tuning_key_matches_the_native_key_parts(stand_in):
+    k = tuned_add(FakeTimer([1.0]), key=("n", "x_ptr"))
+    x = torch.randn(8, 4)
+    key = k.tuning_key({"x_ptr": x, "y_ptr": x.t(), "out_ptr": x[:, :1].expand(8, 3), "n": 5})
+    assert key == (5, (8, 4), ("torch.float32", (2, 1)), ("torch.float32", (1, 2)),
+                   ("torch.float32", (2, 0)))
+
+
+def test_reset_to_zero_gives_an_accumulating_kernel_one_clean_run(stand_in, play_launches):
+    timer = FakeTimer([2.0, 1.0, 3.0])
+    k = fastkernel.autotune(configs=CONFIGS, key=["n"], reset_to_zero=["out_ptr"],
+                            do_bench=timer)(fk(kernels.accumulate_kernel))
+    x = torch.randn(512)
+    out = torch.zeros(512)
+    k[grid_1d](x, out, 512)  # tunes (3 benchmark launches), then the real launch
+    assert len(stand_in.launches()) == 4
+    torch.testing.assert_close(out, x, rtol=0, atol=0)
+    out2 = torch.zeros(512)
+    k[grid_1d](x, out2, 512)  # a hit: one launch, nothing zeroed behind the caller's back
+    assert len(stand_in.launches()) == 5 and timer.calls == 3
+    torch.testing.assert_close(out2, x, rtol=0, atol=0)
+
+
+def test_without_reset_to_zero_the_benchmark_runs_accumulate(stand_in, play_launches):
+    # The control for the test above: the simulated kernel does accumulate across launches.
+    k = fastkernel.autotune(configs=CONFIGS, key=["n"], do_bench=FakeTimer([1.0]))(
+        fk(kernels.accumulate_kernel))
+    x, out = torch.randn(512), torch.zeros(512)
+    k[grid_1d](x, out, 512)
+    torch.testing.assert_close(out, 4 * x)
+
+
+def test_restore_value_gives_an_in_place_kernel_one_clean_run(stand_in, play_launches):
+    timer = FakeTimer([2.0, 1.0, 3.0])
+    seen = []
+    k = fastkernel.autotune(configs=CONFIGS, key=["n"], restore_value=["x_ptr"], do_bench=timer,
+                            pre_hook=lambda args: seen.append(args["x_ptr"].clone()))(
+        fk(kernels.scale_in_place_kernel))
+    x0 = torch.randn(300)
+    x = x0.clone()
+    k[grid_1d](x, 300)
+    torch.testing.assert_close(x, 2 * x0 + 1)
+    # Every benchmark repetition started from the original values.
+    assert len(seen) == 3 and all(torch.equal(s, x0) for s in seen)
+    k[grid_1d](x, 300)  # a hit: applied once more to the current values
+    torch.testing.assert_close(x, 2 * (2 * x0 + 1) + 1)
+    assert timer.calls == 3
+
+
+def test_passing_a_tuned_parameter_is_triton_s_conflict_error(stand_in):
+    k = tuned_add(FakeTimer([1.0]))
+    x = torch.randn(64)
+    with pytest.raises(ValueError, match="Conflicting meta-parameters: BLOCK"):
+        k[(1,)](x, x, x, 64, BLOCK=64)
+    with pytest.raises(ValueError, match="Conflicting meta-parameters: num_warps"):
+        k[(1,)](x, x, x, 64, num_warps=4)
+    assert stand_in.launches() == []
+
+
+def test_a_config_that_fails_to_compile_is_skipped_with_a_log_line(stand_in, caplog):
+    timer = FakeTimer([1.0, 2.0])
+    configs = [triton.Config({"BLOCK": 48}), triton.Config({"BLOCK": 64})]
+    k = fastkernel.autotune(configs=configs, key=[], do_bench=timer)(fk(kernels.needs_pow2_kernel))
+    out = torch.empty(64)
+    with caplog.at_level(logging.INFO, logger="fastkernel"):
+        k[(1,)](out)
+    assert "skipping config BLOCK=48" in caplog.text
+    assert k.best_config is configs[1]
+    assert stand_in.launches()[-1].name == "needs_pow2_kernel"
+
+
+def test_when_every_config_fails_the_error_lists_each_failure(stand_in):
+    configs = [triton.Config({"BLOCK": 48}), triton.Config({"BLOCK": 96})]
+    k = fastkernel.autotune(configs=configs, key=[], do_bench=FakeTimer([1.0]))(
+        fk(kernels.needs_pow2_kernel))
+    with pytest.raises(fastkernel.AutotuneError) as info:
+        k[(1,)](torch.empty(128))
+    assert "BLOCK=48" in str(info.value) and "BLOCK=96" in str(info.value)
+    assert stand_in.launches() == []
+
+
+def test_prune_configs_by_early_prune_perf_model_and_top_k(stand_in):
+    timer = FakeTimer([1.0])
+    seen = {}
+
+    def early(configs, named_args, **kwargs):
+        seen["n"] = named_args["n"]
+        return [c for c in configs if c.kwargs["BLOCK"] != 256]
+
+    def perf_model(**args):
+        return -args["BLOCK"]  # bigger is "faster"
+
+    k = tuned_add(timer, prune_configs_by={"early_config_prune": early, "perf_model": perf_model,
+                                           "top_k": 1})
+    x = torch.randn(1000)
+    k[grid_1d](x, x, x, 1000)
+    assert seen["n"] == 1000
+    assert timer.calls == 0  # one config left: nothing to benchmark
+    assert k.best_config is CONFIGS[1]
+    assert stand_in.launches()[-1].block[0] == 128
+
+
+def test_a_config_pre_hook_runs_before_every_launch(stand_in):
+    calls = []
+    configs = [triton.Config({"BLOCK": 64}, pre_hook=lambda args: calls.append(args["BLOCK"]))]
+    k = fastkernel.autotune(configs=configs, key=["n"])(fk(kernels.add_kernel))
+    x = torch.randn(64)
+    k[grid_1d](x, x, x, 64)
+    k[grid_1d](x, x, x, 64)
+    assert calls == [64, 64]
+    assert len(stand_in.launches()) == 2
+    reasons = k.stats()["fallback_reasons"]
+    assert any("pre_hook" in r for r in reasons)
+
+
+def test_tuning_results_persist_on_disk_and_are_reused(stand_in):
+    timer = FakeTimer([3.0, 1.0, 2.0])
+    x = torch.randn(1000)
+    tuned_add(timer)[grid_1d](x, x, x, 1000)
+    assert timer.calls == 3
+    records = list(fastkernel._autotune.tuning_dir().glob("*/*.json"))
+    assert len(records) == 1
+    assert json.loads(records[0].read_text())["config_index"] == 1
+    # A new kernel object (a new process reads the same record): no benchmark.
+    timer2 = FakeTimer([1.0])
+    k2 = tuned_add(timer2)
+    k2[grid_1d](x, x, x, 1000)
+    assert timer2.calls == 0 and k2.best_config is CONFIGS[1]
+    assert stand_in.launches()[-1].block[0] == 128
+    # Other configs, or no disk results: tuned again.
+    timer3 = FakeTimer([1.0])
+    tuned_add(timer3, configs=CONFIGS[:2])[grid_1d](x, x, x, 1000)
+    assert timer3.calls == 2
+    timer4 = FakeTimer([1.0])
+    tuned_add(timer4, cache_results=False)[grid_1d](x, x, x, 1000)
+    assert timer4.calls == 3
+
+
+def test_a_damaged_tuning_record_is_ignored_and_rewritten(stand_in, caplog):
+    x = torch.randn(100)
+    tuned_add(FakeTimer([3.0, 1.0, 2.0]))[grid_1d](x, x, x, 100)
+    (record,) = fastkernel._autotune.tuning_dir().glob("*/*.json")
+    record.write_text('{"config_index": 7')
+    timer = FakeTimer([1.0, 2.0, 3.0])
+    with caplog.at_level(logging.WARNING, logger="fastkernel"):
+        tuned_add(timer)[grid_1d](x, x, x, 100)
+    assert timer.calls == 3 and "ignoring the tuning record" in caplog.text
+    assert json.loads(record.read_text())["config_index"] == 0
+
+
+def test_the_tuning_record_key_covers_source_configs_key_target_and_env(stand_in, monkeypatch):
+    k = tuned_add(FakeTimer([1.0]))
+    target = abi.cuda_target(9, 0)
+    base = k._record_path((1000,), target)
+    assert base is not None
+    assert k._record_path((1001,), target) != base
+    assert k._record_path((1000,), abi.cuda_target(8, 0)) != base
+    assert tuned_add(FakeTimer([1.0]), configs=CONFIGS[::-1])._record_path((1000,), target) != base
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "ieee")  # one of Triton's cache-invalidating vars
+    assert k._record_path((1000,), target) != base
+    monkeypatch.delenv("TRITON_F32_DEFAULT")
+    k3 = fastkernel.autotune(configs=CONFIGS, key=["n"])(fk(kernels.accumulate_kernel))
+    assert k3._record_path((1000,), target) != base  # another kernel's source
+    monkeypatch.setenv("FASTKERNEL_CACHE", "0")
+    assert k._record_path((1000,), target) is None
+
+
+def test_a_new_process_reuses_the_tuned_config_without_benchmarking(stand_in, tmp_path):
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import torch, triton
+        import fastkernel
+        from fastkernel import _C, fastkernel as fk
+        import kernels
+        from stand_in_driver.recording import RecordingDriver
+        calls = []
+        def timer(fn, quantiles):
+            fn()
+            calls.append(1)
+            return [[3.0, 1.0, 2.0][len(calls) - 1]] * 3
+        k = fastkernel.autotune(configs=[triton.Config({{"BLOCK": b}}) for b in (64, 128, 256)],
+                                key=["n"], do_bench=timer)(fk(kernels.add_kernel))
+        driver = RecordingDriver({str(STAND_IN_PATH)!r})
+        driver.reset()
+        _C._testing.set_host_testing(True, 0, 7)
+        x = torch.randn(1000)
+        k[lambda m: (triton.cdiv(m["n"], m["BLOCK"]),)](x, x, x, 1000)
+        print(len(calls), driver.launches()[-1].grid[0])
+    """)
+    env = dict(os.environ, FASTKERNEL_CUDA_DRIVER=str(STAND_IN_PATH))
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, check=True)
+    assert first.stdout.split() == ["3", "8"]  # benchmarked; BLOCK=128 -> 8 programs
+    assert second.stdout.split() == ["0", "8"]  # read from disk
+
+
+def test_configs_compile_in_worker_processes(stand_in, monkeypatch):
+    monkeypatch.setenv("FASTKERNEL_COMPILE_WORKERS", "2")
+    compiled_here = []
+    real = abi.compile_specialization
+    monkeypatch.setattr(abi, "compile_specialization",
+                        lambda *a: compiled_here.append(1) or real(*a))
+    timer = FakeTimer([1.0, 2.0, 3.0])
+    k = tuned_add(timer)
+    x = torch.randn(1000)
+    k[grid_1d](x, x, x, 1000)
+    assert timer.calls == 3
+    assert compiled_here == []  # every config was compiled by a worker and loaded from disk
+    assert len(stand_in.launches()) == 4
+
+
+def test_decoration_errors_name_the_problem():
+    with pytest.raises(ValueError, match="'m'.*not arguments? of add_kernel"):
+        fastkernel.autotune(configs=CONFIGS, key=["m"])(fk(kernels.add_kernel))
+    with pytest.raises(ValueError, match="reset_to_zero names 'out'"):
+        fastkernel.autotune(configs=CONFIGS, key=["n"], reset_to_zero=["out"])(fk(kernels.add_kernel))
+    with pytest.raises(TypeError, match="'n', which is not a tl.constexpr"):
+        fastkernel.autotune(configs=[triton.Config({"n": 4})], key=[])(fk(kernels.add_kernel))
+    with pytest.raises(ValueError, match="a config sets 'BLOCKK'"):
+        fastkernel.autotune(configs=[triton.Config({"BLOCKK": 4})], key=[])(fk(kernels.add_kernel))
+    with pytest.raises(TypeError, match="goes above @fastkernel"):
+        fastkernel.autotune(configs=CONFIGS, key=["n"])(kernels.add_kernel)
+    with pytest.raises(TypeError, match="list of argument names"):
+        fastkernel.autotune(configs=CONFIGS, key="n")(fk(kernels.add_kernel))
+    # from fastkernel import fastkernel: the decorator carries autotune too.
+    assert fk.autotune is fastkernel.autotune
+
+
+def test_it_is_a_triton_autotuner_for_torch_compile_and_triton_heuristics(stand_in):
+    from triton.runtime.autotuner import Autotuner
+    k = tuned_add(FakeTimer([1.0]))
+    assert isinstance(k, Autotuner)
+    assert k.configs == CONFIGS and k.keys == ["n"] and isinstance(k.fn, fastkernel.FastKernel)
+    # triton.heuristics above: its value is passed by keyword to the tuned kernel.
+    h = triton.heuristics({"BLOCK": lambda args: 64})(
+        fastkernel.autotune(configs=[triton.Config({}, num_warps=2), triton.Config({}, num_warps=4)],
+                            key=["n"], do_bench=FakeTimer([2.0, 1.0]))(fk(kernels.add_kernel)))
+    x = torch.randn(64)
+    h[(1,)](x, x, x, 64)
+    assert stand_in.launches()[-1].block[0] == 128  # num_warps=4 won
+
+
+def test_stats_count_tuned_hits(stand_in):
+    k = tuned_add(FakeTimer([1.0]))
+    x = torch.randn(64)
+    for _ in range(5):
+        k[grid_1d](x, x, x, 64)
+    assert fastkernel.stats()["kernels.add_kernel"]["hits"] >= 4
+    assert k.stats()["hits"] == 4
