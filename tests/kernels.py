@@ -148,3 +148,18 @@ def needs_pow2_kernel(out_ptr, BLOCK: tl.constexpr):
     # tl.arange needs a power-of-two range: BLOCK=48 fails to compile.
     offs = tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, offs.to(tl.float32))
+
+
+@triton.jit
+def fused_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps,
+                             BLOCK: tl.constexpr):
+    # res += x (in place); out = res / rms(res) * w, one row per program.
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    r = tl.load(res_ptr + row * n_cols + offs, mask=mask, other=0.0) + \
+        tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0)
+    tl.store(res_ptr + row * n_cols + offs, r, mask=mask)
+    inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * n_cols + offs, r * inv * w, mask=mask)

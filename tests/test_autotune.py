@@ -401,3 +401,13 @@ def test_stats_count_tuned_hits(stand_in):
         k[grid_1d](x, x, x, 64)
     assert fastkernel.stats()["kernels.add_kernel"]["hits"] >= 4
     assert k.stats()["hits"] == 4
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    from fastkernel import _autotune
+    items = [1, 2, 3]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert _autotune._progress(items, "x") is items
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    bar = _autotune._progress(items, "autotuning k")
+    assert bar is not items and list(bar) == items  # tqdm wraps the configs

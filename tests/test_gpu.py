@@ -147,3 +147,96 @@ def test_warm_start_in_a_fresh_process_never_calls_the_compiler(tmp_path):
     assert warm.returncode == 0, warm.stderr
     assert cold.stdout.split() == ["ok", "CompiledKernel"]
     assert warm.stdout.split() == ["ok", "CachedKernel"]
+
+
+# -- fastkernel.autotune on a GPU ----------------------------------------------------------------
+
+MATMUL_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+                  for m, n, k, w, s in [(32, 32, 32, 2, 2), (64, 64, 32, 4, 3), (128, 64, 32, 4, 3),
+                                        (64, 128, 64, 8, 3)]]
+
+
+def test_autotuned_matmul_equals_triton_with_the_chosen_config():
+    import fastkernel as fkmod
+    k = fkmod.autotune(configs=MATMUL_CONFIGS, key=["M", "N", "K"])(fastkernel(kernels.matmul_kernel))
+    m, n, kdim = 300, 200, 96
+    a = torch.randn(m, kdim, device=DEV, dtype=torch.float16)
+    b = torch.randn(kdim, n, device=DEV, dtype=torch.float16)
+    c, ref = (torch.empty(m, n, device=DEV, dtype=torch.float32) for _ in range(2))
+
+    def grid(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
+
+    args = (m, n, kdim, a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    k[grid](a, b, c, *args, c.stride(0), c.stride(1))
+    best = k.best_config
+    kernels.matmul_kernel[grid](a, b, ref, *args, ref.stride(0), ref.stride(1), **best.all_kwargs())
+    torch.cuda.synchronize()
+    assert torch.equal(c, ref)
+    torch.testing.assert_close(c, (a.float() @ b.float()), rtol=1e-2, atol=1e-2)
+    c.zero_()
+    k[grid](a, b, c, *args, c.stride(0), c.stride(1))  # the native hit
+    torch.cuda.synchronize()
+    assert torch.equal(c, ref)
+    assert k.stats()["hits"] == 1
+
+
+def test_autotuned_in_place_fused_add_rmsnorm_equals_one_clean_run():
+    import fastkernel as fkmod
+    configs = [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8)]
+    k = fkmod.autotune(configs=configs, key=["n_cols"], restore_value=["res_ptr"])(
+        fastkernel(kernels.fused_add_rmsnorm_kernel))
+    rows, cols = 64, 1000
+    x = torch.randn(rows, cols, device=DEV)
+    res0 = torch.randn(rows, cols, device=DEV)
+    w = torch.randn(cols, device=DEV)
+    res, out = res0.clone(), torch.empty(rows, cols, device=DEV)
+    k[(rows,)](x, res, w, out, cols, 1e-6, BLOCK=1024)
+    torch.cuda.synchronize()
+    expected_res = res0 + x
+    torch.testing.assert_close(res, expected_res, rtol=0, atol=0)
+    rms = torch.rsqrt((expected_res * expected_res).mean(dim=1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(out, expected_res * rms * w, rtol=1e-5, atol=1e-5)
+
+
+def test_autotuned_accumulator_with_reset_to_zero_equals_one_clean_run():
+    import fastkernel as fkmod
+    configs = [triton.Config({"BLOCK": b}) for b in (128, 256, 512, 1024)]
+    k = fkmod.autotune(configs=configs, key=["n"], reset_to_zero=["out_ptr"])(
+        fastkernel(kernels.accumulate_kernel))
+    n = 100_000
+    x = torch.randn(n, device=DEV)
+    out = torch.zeros(n, device=DEV)
+    k[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, x, rtol=0, atol=0)
+
+
+def test_a_second_process_reuses_the_tuned_config_without_benchmarking(tmp_path):
+    import os
+    import subprocess
+    import sys
+    script = f"""
+import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+import torch, triton, triton.testing
+import fastkernel
+from fastkernel import fastkernel as fk
+import kernels
+calls = []
+real = triton.testing.do_bench
+triton.testing.do_bench = lambda *a, **k: calls.append(1) or real(*a, **k)
+k = fastkernel.autotune(configs=[triton.Config({{"BLOCK": b}}) for b in (256, 512, 1024)],
+                        key=["n"])(fk(kernels.add_kernel))
+x = torch.randn(50000, device="cuda")
+out = torch.empty_like(x)
+k[lambda m: (triton.cdiv(50000, m["BLOCK"]),)](x, x, out, 50000)
+torch.cuda.synchronize()
+assert torch.equal(out, x + x)
+print(len(calls), k.best_config.kwargs["BLOCK"])
+"""
+    env = dict(os.environ, FASTKERNEL_CACHE_DIR=str(tmp_path))
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, check=True).stdout.split()
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert first[0] == "3" and second[0] == "0" and first[1] == second[1]

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import importlib
 import json
 import logging
 import math
-import multiprocessing
 import os
 import pathlib
+import pickle
+import subprocess
 import sys
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -71,30 +71,6 @@ def _compile_workers(jobs: int) -> int:
             raise ValueError(f"FASTKERNEL_COMPILE_WORKERS must be an int >= 0, got {raw!r}")
         return min(value, jobs)
     return min(os.cpu_count() or 1, jobs)
-
-
-def _resolve_qualname(module: str, qualname: str) -> Any:
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _innermost_jit_function(obj: Any) -> JITFunction:
-    for _ in range(16):
-        if isinstance(obj, FastKernel):
-            return obj.jit_function
-        if isinstance(obj, JITFunction):
-            return obj
-        obj = getattr(obj, "fn", None)
-    raise TypeError("no triton.jit function found under the decorated object")
-
-
-def _compile_in_worker(module: str, qualname: str, target, spec: "abi.Specialization") -> None:
-    """Run in a spawned worker: compile one config's specialization into the on-disk kernel
-    cache, where the tuning process then finds it (fastkernel/cache.py ``load_or_compile``)."""
-    jit_fn = _innermost_jit_function(_resolve_qualname(module, qualname))
-    _cache.load_or_compile(jit_fn, target, spec)
 
 
 def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
@@ -404,8 +380,9 @@ class Autotuned(NativeDispatch, Autotuner):
         return bench(kernel_call, quantiles=_QUANTILES)
 
     def _precompile(self, configs: List[Config], args, kwargs, device: int) -> None:
-        """Compile the configs in worker processes into the on-disk kernel cache, so that the
-        benchmarks that follow load them instead of compiling one after another."""
+        """Compile the configs in worker processes (``python -m fastkernel._compile_worker``) into
+        the on-disk kernel cache, so that the benchmarks that follow load them instead of
+        compiling one after another. Whatever a worker could not compile is compiled here."""
         workers = _compile_workers(len(configs))
         if workers <= 1 or not _cache.enabled() or _cache.always_compile():
             return
@@ -427,21 +404,27 @@ class Autotuned(NativeDispatch, Autotuner):
                 continue
         if len(specs) < 2:
             return
+        workers = min(workers, len(specs))
         log.info("fastkernel: %s: compiling %d configs in %d worker processes", self.__name__,
-                 len(specs), min(workers, len(specs)))
-        context = multiprocessing.get_context("spawn")
+                 len(specs), workers)
         try:
-            with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(specs)),
-                                                        mp_context=context) as pool:
-                futures = [pool.submit(_compile_in_worker, module, qualname, target, spec)
-                           for spec in specs]
-                for future in concurrent.futures.as_completed(futures):
-                    exc = future.exception()
-                    if exc is not None:  # compiled again (and reported) in this process
-                        log.debug("fastkernel: a compile worker failed: %s", exc)
-        except Exception as exc:  # no worker could start: compile here
-            log.info("fastkernel: %s: parallel compile unavailable (%s: %s)", self.__name__,
-                     type(exc).__name__, exc)
+            batches = [pickle.dumps({"sys_path": sys.path,
+                                     "jobs": [(module, qualname, target, spec)
+                                              for spec in specs[i::workers]]})
+                       for i in range(workers)]
+        except Exception as exc:  # a constexpr that does not pickle: compile here
+            log.info("fastkernel: %s: configs compile in this process (%s)", self.__name__, exc)
+            return
+
+        def run(batch: bytes) -> None:
+            done = subprocess.run([sys.executable, "-m", "fastkernel._compile_worker"],
+                                  input=batch, capture_output=True, check=False)
+            if done.returncode != 0 or done.stderr:
+                log.debug("fastkernel: compile worker (exit %d): %s", done.returncode,
+                          done.stderr.decode(errors="replace")[-2000:])
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(run, batches))
 
     # -- the tuning record on disk ------------------------------------------------------------
 
