@@ -190,8 +190,8 @@ KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, Ar
 
 // The autotune words of a tensor (fastkernel.autotune's key): every stride classed as 0, 1 or
 // other, and the sizes when the autotune key names the tensor.
-[[gnu::noinline]] void push_tensor_tuning(const ParamSpec& param, const at::Tensor& tensor,
-                                          SpecializationKey* key) {
+[[gnu::noinline]] void push_tensor_tuning_slow(const ParamSpec& param, const at::Tensor& tensor,
+                                               SpecializationKey* key) {
   const c10::IntArrayRef strides = tensor.strides();
   const uint64_t dim = uint64_t(strides.size());
   if (param.tune & kTuneLayout) {
@@ -215,6 +215,27 @@ KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, Ar
       key->push(uint64_t(size));
     }
   }
+}
+
+// The common case inline: only the stride pattern, of a tensor of at most 24 dims.
+[[gnu::always_inline]] inline void push_tensor_tuning(const ParamSpec& param,
+                                                      const at::Tensor& tensor,
+                                                      SpecializationKey* key) {
+  if (param.tune != kTuneLayout) {
+    push_tensor_tuning_slow(param, tensor, key);
+    return;
+  }
+  const c10::IntArrayRef strides = tensor.strides();
+  const size_t dim = strides.size();
+  if (C10_UNLIKELY(dim > 24)) {
+    push_tensor_tuning_slow(param, tensor, key);
+    return;
+  }
+  uint64_t word = uint64_t(ArgKind::TuneLayout) | (uint64_t(dim) << 8);
+  for (size_t d = 0; d < dim; ++d) {
+    word |= stride_class(strides[d]) << (16 + 2 * d);
+  }
+  key->push(word);
 }
 
 [[gnu::always_inline]] inline KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param,

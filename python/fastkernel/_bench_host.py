@@ -39,6 +39,7 @@ HOST_LABELS: Dict[str, str] = {
     "floor": "floor: C++ cuLaunchKernel loop (stand-in)",
     "fastkernel": "fastkernel, tuple grid",
     "fastkernel_callable": "fastkernel, callable grid",
+    "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
 }
 
 #: Warm-up hits before a collected callgrind loop.
@@ -127,12 +128,18 @@ def floor_params_match(drv, fk, shape, args: tuple, floor: "bench.Timed") -> boo
 # ---- wall clock -------------------------------------------------------------------------------
 
 
+def _first_config_wins(kernel_call, quantiles):
+    kernel_call()
+    _first_config_wins.calls = getattr(_first_config_wins, "calls", 0) + 1
+    return [float(_first_config_wins.calls)] * len(quantiles)
+
+
 def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     """Time fastkernel hits (tuple and callable grid) and the floor against the stand-in."""
     import triton
 
     from . import _C
-    from ._bench_kernels import SHAPES
+    from ._bench_kernels import SHAPES, autotuned_call
     from .kernel import FastKernel
 
     try:
@@ -176,6 +183,11 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
                 "fastkernel": bench.Timed(bench.call_loop(fk, grid, args)),
                 "fastkernel_callable": bench.Timed(bench.call_loop(fk, callable_grid, args)),
             }
+            # No GPU to time configs on: the first config is taken (the hit path is the same).
+            tuned = autotuned_call(shape, "cpu", do_bench=_first_config_wins)
+            if tuned is not None:
+                systems["fastkernel_autotuned"] = bench.Timed(
+                    bench.call_loop(tuned[0], grid, tuned[1]))
             before = fk.stats()
             shape_results[shape.name] = bench.time_systems(systems, iterations, repeats, no_sync,
                                                            before_repeat=drv.reset)
@@ -222,6 +234,10 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     print("\nfastkernel's own cost per hit (tuple grid minus the floor), ns:")
     print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel')] - us[(s, 'floor')]):.0f}"
                            for s in shape_results))
+    print("autotuned hit minus plain hit, ns:")
+    print("  " + "  ".join(
+        f"{s}: {1e3 * (us[(s, 'fastkernel_autotuned')] - us[(s, 'fastkernel')]):.0f}"
+        for s in shape_results if (s, "fastkernel_autotuned") in us))
     print("callable grid minus tuple grid, ns:")
     print("  " + "  ".join(
         f"{s}: {1e3 * (us[(s, 'fastkernel_callable')] - us[(s, 'fastkernel')]):.0f}"
@@ -399,7 +415,7 @@ def callgrind_child(argv: List[str]) -> int:
     opts = parser.parse_args(argv)
 
     from . import _C
-    from ._bench_kernels import SHAPES
+    from ._bench_kernels import SHAPES, autotuned_call
     from .kernel import FastKernel
 
     drv = use_stand_in_driver(pathlib.Path(opts.repo))
@@ -435,7 +451,7 @@ def _dump_index(path: pathlib.Path) -> int:
 
 def run_callgrind(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     """Instructions per hit per shape under callgrind, with the function-group breakdown."""
-    from ._bench_kernels import SHAPES
+    from ._bench_kernels import SHAPES, autotuned_call
     from .kernel import FastKernel
 
     valgrind, annotate = _tool("valgrind"), _tool("callgrind_annotate")

@@ -15,7 +15,7 @@ each tensor count needs its own kernel, and generating source at run time would 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import triton
 import triton.language as tl
@@ -145,3 +145,22 @@ SHAPES: List[Shape] = [
     Shape("add-16", add16_kernel, 16, 18, (triton.cdiv(N, BLOCK),), _add_args(16)),
     Shape("overhead-19", overhead19_kernel, 5, 19, (1,), _overhead_args),
 ]
+
+
+def autotuned_call(shape: Shape, device: str, do_bench: Optional[Callable] = None
+                   ) -> Optional[Tuple[Any, tuple]]:
+    """The shape's kernel under ``fastkernel.autotune`` (two BLOCK configs, key ``["n"]``) and
+    its call arguments without BLOCK, tuned by one first call; None for shapes without a BLOCK
+    constexpr. ``do_bench`` replaces Triton's timer (the host benchmark has no GPU to time on)."""
+    import triton as _triton
+
+    from ._autotune import autotune
+    from .kernel import FastKernel
+    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+        return None
+    configs = [_triton.Config({"BLOCK": BLOCK}), _triton.Config({"BLOCK": 2 * BLOCK})]
+    kernel = autotune(configs, key=["n"], do_bench=do_bench, cache_results=False)(
+        FastKernel(shape.kernel))
+    args = shape.make_args(device)[:-1]
+    kernel[shape.grid](*args)
+    return kernel, args

@@ -58,6 +58,7 @@ SYSTEM_LABELS: Dict[str, str] = {
     "triton": "Triton kernel[grid]",
     "fastkernel": "fastkernel, tuple grid",
     "fastkernel_callable": "fastkernel, callable grid",
+    "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
     "inductor_static": "Inductor static CUDA launcher",
     "cuda_graph": "CUDA graph replay, per launch",
 }
@@ -464,6 +465,9 @@ def check_targets(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for shape in dict.fromkeys(shape for shape, _ in us):
         add(f"fastkernel / CompiledKernel.run at {shape} < 1",
             ratio(shape, "fastkernel", "triton_run"), 1.0, True)
+        if (shape, "fastkernel_autotuned") in us and (shape, "fastkernel") in us:
+            add(f"autotuned hit / plain hit at {shape} <= 1.10",
+                ratio(shape, "fastkernel_autotuned", "fastkernel"), 1.10, True)
         if (shape, "fastkernel_callable") in us and (shape, "fastkernel") in us:
             add(f"callable grid - tuple grid at {shape} <= 0.30 us",
                 us[(shape, "fastkernel_callable")] - us[(shape, "fastkernel")], 0.30, True)
@@ -562,7 +566,7 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     """Time every system on every shape on the current CUDA device; write the report."""
     import torch
 
-    from ._bench_kernels import SHAPES
+    from ._bench_kernels import SHAPES, autotuned_call
     from .kernel import FastKernel
 
     iterations, repeats = _mode_counts(opts, _GPU_QUICK if opts.quick else _GPU_DEFAULTS)
@@ -608,6 +612,9 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
                 "fastkernel": Timed(call_loop(fk, grid, args)),
                 "fastkernel_callable": Timed(call_loop(fk, callable_grid, args)),
             }
+            tuned = autotuned_call(shape, "cuda")
+            if tuned is not None:
+                systems["fastkernel_autotuned"] = Timed(call_loop(tuned[0], grid, tuned[1]))
             static, why = inductor_static_timed(compiled, args, grid, device, stream, scratch_dir)
             if static is not None:
                 systems["inductor_static"] = static
