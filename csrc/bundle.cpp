@@ -46,6 +46,19 @@ bool arg_matches(const ArgPattern& p, const ArgValue& v) {
   }
 }
 
+// Triton's names of torch dtypes (triton/runtime/jit.py, mangle_type / the dtype map) and
+// c10::ScalarType's enum values (c10/core/ScalarType.h; stable, checked in fastkernel/torch.h).
+struct PointeeType {
+  const char* triton;
+  int scalar_type;
+};
+constexpr PointeeType kPointeeTypes[] = {
+    {"u8", 0},       {"i8", 1},        {"i16", 2},      {"i32", 3},         {"i64", 4},
+    {"fp16", 5},     {"fp32", 6},      {"fp64", 7},     {"i1", 11},         {"bf16", 15},
+    {"fp8e5", 23},   {"fp8e4nv", 24},  {"fp8e5b16", 25}, {"fp8e4b8", 26},   {"u16", 27},
+    {"u32", 28},     {"u64", 29},
+};
+
 const char* kind_name(ArgKind kind) {
   switch (kind) {
     case ArgKind::Tensor: return "pointer";
@@ -189,7 +202,20 @@ Bundle Bundle::load(const std::string& directory) {
   return bundle;
 }
 
-bool Bundle::matches(const BundleEntry& entry, const ArgValue* args, size_t num_args) {
+int pointee_scalar_type(const std::string& triton_type) {
+  if (triton_type.empty() || triton_type[0] != '*') {
+    return -1;
+  }
+  for (const PointeeType& t : kPointeeTypes) {
+    if (triton_type.compare(1, std::string::npos, t.triton) == 0) {
+      return t.scalar_type;
+    }
+  }
+  return -1;
+}
+
+bool Bundle::matches(const BundleEntry& entry, const ArgValue* args, size_t num_args,
+                     const int* scalar_types) {
   if (entry.patterns.size() != num_args) {
     return false;
   }
@@ -197,11 +223,18 @@ bool Bundle::matches(const BundleEntry& entry, const ArgValue* args, size_t num_
     if (!arg_matches(entry.patterns[i], args[i])) {
       return false;
     }
+    if (scalar_types != nullptr && scalar_types[i] >= 0 && args[i].kind == ArgKind::Tensor) {
+      const int expected = pointee_scalar_type(entry.patterns[i].type);
+      if (expected >= 0 && expected != scalar_types[i]) {
+        return false;
+      }
+    }
   }
   return true;
 }
 
-BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, size_t num_args) {
+BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, size_t num_args,
+                            const int* scalar_types) {
   BundleEntry* chosen = nullptr;
   std::string listing;
   int found = 0;
@@ -210,7 +243,7 @@ BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, siz
       continue;
     }
     listing += "\n  " + e->describe();
-    if (matches(*e, args, num_args)) {
+    if (matches(*e, args, num_args, scalar_types)) {
       chosen = e.get();
       ++found;
     }
@@ -228,26 +261,31 @@ BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, siz
 }
 
 void Bundle::launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
-                    const ArgValue* args, size_t num_args, int device) {
-  BundleEntry* chosen = &select(kernel, args, num_args);
-  std::unique_ptr<LaunchRecord>& record = chosen->loaded[device];
-  if (!record) {
-    auto r = std::make_unique<LaunchRecord>();
-    const LaunchRecord& p = chosen->prototype;
-    r->kernel_name = p.kernel_name;
-    r->profile_name = "fastkernel::" + p.kernel_name;
-    r->device = device;
-    r->block_x = p.block_x;
-    r->shared_mem = p.shared_mem;
-    r->num_ctas = p.num_ctas;
-    r->cooperative_grid = p.cooperative_grid;
-    r->pdl = p.pdl;
-    r->plan = p.plan;
-    r->num_scratch_params = p.num_scratch_params;
-    load_launch_record(*r, chosen->cubin.data(), chosen->cubin.size());
-    record = std::move(r);
+                    const ArgValue* args, size_t num_args, int device, const int* scalar_types) {
+  BundleEntry* chosen = &select(kernel, args, num_args, scalar_types);
+  const LaunchRecord* loaded;
+  {
+    std::lock_guard<std::mutex> lock(*load_mutex_);
+    std::unique_ptr<LaunchRecord>& record = chosen->loaded[device];
+    if (!record) {
+      auto r = std::make_unique<LaunchRecord>();
+      const LaunchRecord& p = chosen->prototype;
+      r->kernel_name = p.kernel_name;
+      r->profile_name = "fastkernel::" + p.kernel_name;
+      r->device = device;
+      r->block_x = p.block_x;
+      r->shared_mem = p.shared_mem;
+      r->num_ctas = p.num_ctas;
+      r->cooperative_grid = p.cooperative_grid;
+      r->pdl = p.pdl;
+      r->plan = p.plan;
+      r->num_scratch_params = p.num_scratch_params;
+      load_launch_record(*r, chosen->cubin.data(), chosen->cubin.size());
+      record = std::move(r);
+    }
+    loaded = record.get();  // never dropped while the bundle lives
   }
-  fastkernel::launch(*record, grid, stream, args, 0, 0);
+  fastkernel::launch(*loaded, grid, stream, args, 0, 0);
 }
 
 }  // namespace fastkernel

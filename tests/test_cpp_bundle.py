@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -84,3 +85,54 @@ def test_export_needs_a_launched_kernel(tmp_path):
         fastkernel.export(fk(kernels.add_kernel), tmp_path / "b")
     with pytest.raises(TypeError, match="fastkernel kernel"):
         fastkernel.export(kernels.add_kernel, tmp_path / "b")
+
+
+@pytest.fixture(scope="module")
+def cpp_torch_program(tmp_path_factory):
+    """tests/cpp_torch built against the installed torch (find_package(Torch)) and fastkernel."""
+    import torch.utils
+    build = tmp_path_factory.mktemp("cpp-torch-build")
+    cmake = _tool("cmake")
+    env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    subprocess.run([cmake, "-S", str(HERE / "cpp_torch"), "-B", str(build), "-G", "Ninja",
+                    f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}",
+                    f"-DTorch_DIR={torch.utils.cmake_prefix_path}/Torch"],
+                   check=True, capture_output=True, text=True, env=env)
+    subprocess.run([cmake, "--build", str(build)], check=True, capture_output=True, text=True,
+                   env=env)
+    return build / "launch_tensors"
+
+
+def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(stand_in, cpp_torch_program,
+                                                                        tmp_path):
+    k = fk(kernels.add_kernel)
+    x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    k[(4,)](x, y, out, 4096, BLOCK=1024)
+    k[(4,)](x, y, out[1:], 4095, BLOCK=1024)
+    aligned, unaligned = stand_in.launches()
+    bundle = tmp_path / "bundle"
+    fastkernel.export(k, bundle)
+    result = subprocess.run([str(cpp_torch_program), str(bundle)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["cpu:"].startswith("add_kernel: argument 0 is a tensor on 'cpu'; a GPU launch "
+                                    "needs CUDA tensors")
+    xp, yp, op = (int(v, 16) for v in lines["pointers"].split())
+    sp = int(lines["shifted"], 16)
+    launches = [line for line in result.stdout.splitlines() if line.startswith("launch ")]
+    assert len(launches) == 2
+    for line, python, (o, n) in zip(launches, (aligned, unaligned), ((op, 4096), (sp, 4095))):
+        head, raw_hex = line.rsplit(" ", 1)
+        assert head == f"launch grid 4 block 128 stream {0x5EED5} params"
+        raw = bytes.fromhex(raw_hex)
+        # The same parameter layout as the Python launch of that entry, with these pointers.
+        assert len(raw) == len(python.raw)
+        assert raw[:28] == struct.pack("<QQQi", xp, yp, o, n)
+        assert raw[28:] == python.raw[28:]
+    assert "no entry matches add_kernel(pointer, pointer, pointer, int)" in lines["dtype:"]
+    assert "no entry matches add_kernel(int, pointer" in lines["kind:"]
+    assert "argument 0 is an undefined tensor" in lines["undefined:"]
+    assert "this torch build has no CUDA support" in lines["stream:"] or \
+        torch.cuda.is_available()

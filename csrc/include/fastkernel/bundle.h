@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ struct ArgPattern {
   std::string type;         ///< Triton's type ("*fp32", "i32", "constexpr"), for messages
 };
 
+/// The c10::ScalarType code (its enum value) of the elements a Triton pointer type points to
+/// ("*fp32" -> 6, Float), or -1 for a type with no torch dtype (or not a pointer).
+int pointee_scalar_type(const std::string& triton_type);
+
 /// One compiled specialization in a bundle, loaded per device on first use.
 struct BundleEntry {
   std::string kernel;                ///< the kernel's name
@@ -78,21 +83,28 @@ class Bundle {
   /// Launches `kernel` with `args` (its runtime parameters in declared order, constexprs
   /// excluded) on `device` (default 0) and `stream`. Picks the entry matching the arguments;
   /// throws BundleError listing the entries when none or several match. Throws CudaError.
+  /// `scalar_types` (optional, one per argument, -1 = unknown): the c10::ScalarType code of
+  /// each tensor argument, checked against the entry's pointer types (see fastkernel/torch.h).
+  /// Safe to call from several threads.
   void launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
-              const ArgValue* args, size_t num_args, int device = 0);
+              const ArgValue* args, size_t num_args, int device = 0,
+              const int* scalar_types = nullptr);
 
   /// The one entry of `kernel` matching `args`; throws BundleError listing the entries when
   /// none or several match.
-  BundleEntry& select(const std::string& kernel, const ArgValue* args, size_t num_args);
+  BundleEntry& select(const std::string& kernel, const ArgValue* args, size_t num_args,
+                      const int* scalar_types = nullptr);
 
-  /// Whether an entry's patterns accept `args`.
-  static bool matches(const BundleEntry& entry, const ArgValue* args, size_t num_args);
+  /// Whether an entry's patterns accept `args` (and `scalar_types`, when given).
+  static bool matches(const BundleEntry& entry, const ArgValue* args, size_t num_args,
+                      const int* scalar_types = nullptr);
 
   /// The entries, for listing.
   const std::vector<std::unique_ptr<BundleEntry>>& entries() const { return entries_; }
 
  private:
   std::vector<std::unique_ptr<BundleEntry>> entries_;
+  std::unique_ptr<std::mutex> load_mutex_ = std::make_unique<std::mutex>();  ///< guards `loaded`
 };
 
 }  // namespace fastkernel
