@@ -236,56 +236,72 @@ bool Bundle::matches(const BundleEntry& entry, const ArgValue* args, size_t num_
 BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, size_t num_args,
                             const int* scalar_types) {
   BundleEntry* chosen = nullptr;
-  std::string listing;
   int found = 0;
   for (auto& e : entries_) {
-    if (e->kernel != kernel) {
-      continue;
-    }
-    listing += "\n  " + e->describe();
-    if (matches(*e, args, num_args, scalar_types)) {
+    if (e->kernel == kernel && matches(*e, args, num_args, scalar_types)) {
       chosen = e.get();
       ++found;
     }
   }
-  if (found != 1) {
-    std::string call = kernel + "(";
-    for (size_t i = 0; i < num_args; ++i) {
-      call += (i ? ", " : "") + std::string(kind_name(args[i].kind));
-    }
-    throw BundleError("fastkernel: " + std::string(found ? "several entries match " : "no entry matches ") +
-                      call + ")" + (listing.empty() ? " (the bundle has no such kernel)"
-                                                    : "; the bundle has:" + listing));
+  if (found == 1) {
+    return *chosen;
   }
-  return *chosen;
+  std::string listing;
+  for (auto& e : entries_) {
+    if (e->kernel == kernel) {
+      listing += "\n  " + e->describe();
+    }
+  }
+  std::string call = kernel + "(";
+  for (size_t i = 0; i < num_args; ++i) {
+    call += (i ? ", " : "") + std::string(kind_name(args[i].kind));
+  }
+  throw BundleError("fastkernel: " + std::string(found ? "several entries match " : "no entry matches ") +
+                    call + ")" + (listing.empty() ? " (the bundle has no such kernel)"
+                                                  : "; the bundle has:" + listing));
 }
+
+namespace {
+
+// Loads `entry` on `device` once (under `mutex`) and returns its record.
+const LaunchRecord* load_entry(BundleEntry& entry, int device, std::mutex& mutex) {
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<LaunchRecord>& record = entry.loaded[device];
+  if (!record) {
+    auto r = std::make_unique<LaunchRecord>();
+    const LaunchRecord& p = entry.prototype;
+    r->kernel_name = p.kernel_name;
+    r->profile_name = "fastkernel::" + p.kernel_name;
+    r->device = device;
+    r->block_x = p.block_x;
+    r->shared_mem = p.shared_mem;
+    r->num_ctas = p.num_ctas;
+    r->cooperative_grid = p.cooperative_grid;
+    r->pdl = p.pdl;
+    r->plan = p.plan;
+    r->num_scratch_params = p.num_scratch_params;
+    load_launch_record(*r, entry.cubin.data(), entry.cubin.size());
+    record = std::move(r);
+    if (device >= 0 && size_t(device) < entry.ready.size()) {
+      entry.ready[size_t(device)].store(record.get(), std::memory_order_release);
+    }
+  }
+  return record.get();  // never dropped while the bundle lives
+}
+
+}  // namespace
 
 void Bundle::launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
                     const ArgValue* args, size_t num_args, int device, const int* scalar_types) {
-  BundleEntry* chosen = &select(kernel, args, num_args, scalar_types);
-  const LaunchRecord* loaded;
-  {
-    std::lock_guard<std::mutex> lock(*load_mutex_);
-    std::unique_ptr<LaunchRecord>& record = chosen->loaded[device];
-    if (!record) {
-      auto r = std::make_unique<LaunchRecord>();
-      const LaunchRecord& p = chosen->prototype;
-      r->kernel_name = p.kernel_name;
-      r->profile_name = "fastkernel::" + p.kernel_name;
-      r->device = device;
-      r->block_x = p.block_x;
-      r->shared_mem = p.shared_mem;
-      r->num_ctas = p.num_ctas;
-      r->cooperative_grid = p.cooperative_grid;
-      r->pdl = p.pdl;
-      r->plan = p.plan;
-      r->num_scratch_params = p.num_scratch_params;
-      load_launch_record(*r, chosen->cubin.data(), chosen->cubin.size());
-      record = std::move(r);
-    }
-    loaded = record.get();  // never dropped while the bundle lives
+  BundleEntry& chosen = select(kernel, args, num_args, scalar_types);
+  const LaunchRecord* record = nullptr;
+  if (device >= 0 && size_t(device) < chosen.ready.size()) {
+    record = chosen.ready[size_t(device)].load(std::memory_order_acquire);
   }
-  fastkernel::launch(*loaded, grid, stream, args, 0, 0);
+  if (record == nullptr) {
+    record = load_entry(chosen, device, *load_mutex_);
+  }
+  fastkernel::launch(*record, grid, stream, args, 0, 0);
 }
 
 }  // namespace fastkernel

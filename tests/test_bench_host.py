@@ -53,7 +53,10 @@ def test_every_shape_and_system_has_a_result(host_report):
     report, _ = host_report
     rows = {(r["shape"], r["system"]): r for r in report["results"]}
     for shape in SHAPES:
-        for system in ("floor", "fastkernel", "fastkernel_callable"):
+        systems = ["floor", "fastkernel", "fastkernel_callable", "fastkernel_cpp"]
+        if shape.name.startswith("add-"):  # the shapes with a BLOCK to tune
+            systems.append("fastkernel_autotuned")
+        for system in systems:
             row = rows[(shape.name, system)]
             assert row["num_args"] == shape.num_args
             assert row["num_tensors"] == shape.num_tensors

@@ -136,3 +136,21 @@ def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(stand_i
     assert "argument 0 is an undefined tensor" in lines["undefined:"]
     assert "this torch build has no CUDA support" in lines["stream:"] or \
         torch.cuda.is_available()
+
+
+def test_the_benchmark_cpp_row_launches_the_bytes_python_launches(stand_in, tmp_path):
+    from fastkernel import bench
+    from fastkernel import fastkernel as fk
+    from fastkernel._bench_kernels import SHAPES as shapes
+    for shape in shapes:
+        stand_in.reset()
+        k = fk(shape.kernel)
+        args = shape.make_args("cpu")
+        k[shape.grid](*args)
+        (python_launch,) = stand_in.launches()
+        timed = bench.bundle_timed(k, args, shape.grid, 0, 0x5EED5, tmp_path / shape.name)
+        timed.loop(3)
+        launches = stand_in.launches()[1:]
+        assert len(launches) == 3
+        assert all(l.raw == python_launch.raw and l.grid == python_launch.grid and
+                   l.block == python_launch.block for l in launches), shape.name

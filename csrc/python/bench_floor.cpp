@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "fastkernel/bundle.h"
 #include "fastkernel/cuda_driver.h"
 #include "fastkernel/launch_record.h"
 #include "kernel_object.h"
@@ -90,6 +91,46 @@ class FloorLauncher {
   std::vector<void*> pointers_;
 };
 
+// A bundle kernel launched by a C++ loop of Bundle::launch: the dispatch benchmark's row for
+// C++ callers (entry selection by the call's arguments, then the trampoline).
+class BundleLauncher {
+ public:
+  BundleLauncher(const std::string& directory, std::string kernel, int device,
+                 const std::vector<std::pair<std::string, py::object>>& args)
+      : bundle_(Bundle::load(directory)), kernel_(std::move(kernel)), device_(device) {
+    for (const auto& [kind, value] : args) {
+      if (kind == "pointer") {
+        args_.push_back(pointer_arg(value.cast<uint64_t>()));
+      } else if (kind == "int") {
+        args_.push_back(int_arg(value.cast<int64_t>()));
+      } else if (kind == "float") {
+        args_.push_back(float_arg(value.cast<double>()));
+      } else if (kind == "bool") {
+        args_.push_back(bool_arg(value.cast<bool>()));
+      } else if (kind == "none") {
+        args_.push_back(none_arg());
+      } else {
+        throw py::value_error("bench bundle: unknown argument kind '" + kind + "'");
+      }
+    }
+  }
+
+  void run(const Grid3& grid, uint64_t stream, uint64_t iterations) {
+    const LaunchGrid g{std::get<0>(grid), std::get<1>(grid), std::get<2>(grid)};
+    PrimaryContextScope context(device_);
+    CUstream cu_stream = reinterpret_cast<CUstream>(stream);
+    for (uint64_t i = 0; i < iterations; ++i) {
+      bundle_.launch(kernel_, g, cu_stream, args_.data(), args_.size(), device_);
+    }
+  }
+
+ private:
+  Bundle bundle_;
+  std::string kernel_;
+  int device_;
+  std::vector<ArgValue> args_;
+};
+
 std::vector<std::string> to_strings(const std::vector<py::bytes>& params) {
   std::vector<std::string> out;
   out.reserve(params.size());
@@ -162,6 +203,34 @@ call and fastkernel.DriverUnavailableError without a driver.)doc")
           R"doc(Launch `iterations` times on `grid` (3 ints, in CTAs) and `stream` (a CUstream as an
 int), without the GIL. Launches are asynchronous: synchronize before reading a clock.)doc")
       .def("close", &FloorLauncher::close, "Unload the module (idempotent).");
+
+  py::class_<BundleLauncher>(m, "BenchBundle", R"doc(
+A kernel bundle (fastkernel.export) launched by a C++ loop of fastkernel::Bundle::launch, as a
+C++ caller launches it: the dispatch benchmark's C++ row.
+
+BenchBundle(directory, kernel, device, args)
+
+args: one (kind, value) pair per runtime parameter, kind one of "pointer", "int", "float",
+"bool", "none". Raises fastkernel.CudaError / RuntimeError (a BundleError's message) as a launch
+does, ValueError for an unknown kind.)doc")
+      .def(py::init([](const std::string& directory, const std::string& kernel, int device,
+                       const std::vector<std::pair<std::string, py::object>>& args) {
+             return with_python_errors([&] {
+               return std::make_unique<BundleLauncher>(directory, kernel, device, args);
+             });
+           }),
+           py::arg("directory"), py::arg("kernel"), py::arg("device"), py::arg("args"))
+      .def(
+          "run",
+          [](BundleLauncher& self, const Grid3& grid, uint64_t stream, uint64_t iterations) {
+            with_python_errors([&] {
+              py::gil_scoped_release nogil;
+              self.run(grid, stream, iterations);
+              return 0;
+            });
+          },
+          py::arg("grid"), py::arg("stream"), py::arg("iterations"),
+          "Launch `iterations` times on `grid` and `stream` (a CUstream as an int), without the GIL.");
 
   m.def(
       "bench_floor",

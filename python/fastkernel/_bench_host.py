@@ -40,6 +40,7 @@ HOST_LABELS: Dict[str, str] = {
     "fastkernel": "fastkernel, tuple grid",
     "fastkernel_callable": "fastkernel, callable grid",
     "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
+    "fastkernel_cpp": "fastkernel C++ Bundle::launch",
 }
 
 #: Warm-up hits before a collected callgrind loop.
@@ -163,6 +164,7 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     cold: Dict[str, Dict[str, float]] = {}
     fast_path: Dict[str, Dict[str, Any]] = {}
     params_match: Dict[str, bool] = {}
+    bundles = tempfile.mkdtemp(prefix="fastkernel-bench-bundles-")
     try:
         for shape in SHAPES:
             args = shape.make_args("cpu")
@@ -188,6 +190,8 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             if tuned is not None:
                 systems["fastkernel_autotuned"] = bench.Timed(
                     bench.call_loop(tuned[0], grid, tuned[1]))
+            systems["fastkernel_cpp"] = bench.bundle_timed(
+                fk, args, grid, 0, HOST_STREAM, pathlib.Path(bundles) / shape.name)
             before = fk.stats()
             shape_results[shape.name] = bench.time_systems(systems, iterations, repeats, no_sync,
                                                            before_repeat=drv.reset)
@@ -213,6 +217,7 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             drv.reset()
     finally:
         _C._testing.set_host_testing(False, 0, 0)
+        shutil.rmtree(bundles, ignore_errors=True)
 
     rows = bench.result_rows(shape_results, shape_info)
     report = {
@@ -233,6 +238,9 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
     print("\nfastkernel's own cost per hit (tuple grid minus the floor), ns:")
     print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel')] - us[(s, 'floor')]):.0f}"
+                           for s in shape_results))
+    print("C++ Bundle::launch minus the floor, ns:")
+    print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel_cpp')] - us[(s, 'floor')]):.0f}"
                            for s in shape_results))
     print("autotuned hit minus plain hit, ns:")
     print("  " + "  ".join(

@@ -59,6 +59,7 @@ SYSTEM_LABELS: Dict[str, str] = {
     "fastkernel": "fastkernel, tuple grid",
     "fastkernel_callable": "fastkernel, callable grid",
     "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
+    "fastkernel_cpp": "fastkernel C++ Bundle::launch",
     "inductor_static": "Inductor static CUDA launcher",
     "cuda_graph": "CUDA graph replay, per launch",
 }
@@ -240,6 +241,35 @@ def floor_timed(compiled, args: Sequence[Any], grid: Tuple[int, ...], device: in
     md = compiled.metadata
     launcher = _C.BenchFloor(compiled.asm["cubin"], md.name, device, 32 * md.num_warps,
                              md.shared, triton_param_bytes(compiled, args))
+    grid3 = (tuple(grid) + (1, 1))[:3]
+
+    def loop(n: int) -> None:
+        launcher.run(grid3, stream, n)
+
+    return Timed(loop)
+
+
+def bundle_timed(fk, args: Sequence[Any], grid: Tuple[int, ...], device: int, stream: int,
+                 directory: pathlib.Path) -> Timed:
+    """The C++ row: ``fk``'s registered specializations exported as a bundle
+    (``fastkernel.export``) and launched by a C++ loop of ``fastkernel::Bundle::launch`` with
+    the call's runtime arguments (``_C.BenchBundle``)."""
+    import torch
+
+    from . import _C
+    from .bundle import export
+    export(fk, directory)
+    spec = []
+    for param, value in zip(fk.jit_function.params, args):
+        if param.is_constexpr:
+            continue
+        if isinstance(value, torch.Tensor):
+            spec.append(("pointer", value.data_ptr()))
+        elif value is None:
+            spec.append(("none", 0))
+        else:
+            spec.append(({bool: "bool", int: "int", float: "float"}[type(value)], value))
+    launcher = _C.BenchBundle(str(directory), fk.jit_function.__name__, device, spec)
     grid3 = (tuple(grid) + (1, 1))[:3]
 
     def loop(n: int) -> None:
@@ -465,6 +495,9 @@ def check_targets(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for shape in dict.fromkeys(shape for shape, _ in us):
         add(f"fastkernel / CompiledKernel.run at {shape} < 1",
             ratio(shape, "fastkernel", "triton_run"), 1.0, True)
+        if (shape, "fastkernel_cpp") in us and (shape, "floor") in us:
+            add(f"C++ Bundle::launch - floor at {shape} <= 0.15 us",
+                us[(shape, "fastkernel_cpp")] - us[(shape, "floor")], 0.15, True)
         if (shape, "fastkernel_autotuned") in us and (shape, "fastkernel") in us:
             add(f"autotuned hit / plain hit at {shape} <= 1.10",
                 ratio(shape, "fastkernel_autotuned", "fastkernel"), 1.10, True)
@@ -615,6 +648,8 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             tuned = autotuned_call(shape, "cuda")
             if tuned is not None:
                 systems["fastkernel_autotuned"] = Timed(call_loop(tuned[0], grid, tuned[1]))
+            systems["fastkernel_cpp"] = bundle_timed(fk, args, grid, device, stream,
+                                                     pathlib.Path(scratch_dir) / shape.name)
             static, why = inductor_static_timed(compiled, args, grid, device, stream, scratch_dir)
             if static is not None:
                 systems["inductor_static"] = static

@@ -11,6 +11,8 @@
 // \endcode
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -68,7 +70,10 @@ struct BundleEntry {
   std::string cubin;                 ///< the image
   int arch = 0;                      ///< compute capability, e.g. 90
   LaunchRecord prototype;            ///< everything but the module and function
-  std::map<int, std::unique_ptr<LaunchRecord>> loaded;  ///< by device
+  std::map<int, std::unique_ptr<LaunchRecord>> loaded;  ///< by device; written under the lock
+  /// loaded[device].get() for devices below 16, published once loaded: a launch reads it
+  /// without taking the lock.
+  std::array<std::atomic<const LaunchRecord*>, 16> ready{};
 
   /// "kernel[arg patterns] {constexprs}" for messages.
   std::string describe() const;
