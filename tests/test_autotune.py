@@ -411,3 +411,70 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     bar = _autotune._progress(items, "autotuning k")
     assert bar is not items and list(bar) == items  # tqdm wraps the configs
+
+
+# -- fastkernel.heuristics ------------------------------------------------------------------------
+
+
+def test_keyed_heuristics_are_computed_once_per_key_and_hit_natively(stand_in):
+    calls = []
+
+    def block(args):
+        calls.append(args["n"])
+        return triton.next_power_of_2(args["n"])
+
+    k = fastkernel.heuristics({"BLOCK": block}, key=["n"])(fk(kernels.add_kernel))
+    x = torch.randn(1024)
+    k[grid_1d](x, x, x, 100)
+    k[grid_1d](x, x, x, 100)
+    k[grid_1d](x, x, x, 300)
+    assert calls == [100, 300]
+    first, second, third = stand_in.launches()
+    assert first.grid == (1, 1, 1) and third.grid == (1, 1, 1)  # cdiv(n, next_pow2(n))
+    assert first.raw == second.raw
+    s = k.stats()
+    assert (s["hits"], s["misses"]) == (1, 2)
+    assert isinstance(k, triton.runtime.autotuner.Heuristics)
+
+
+def test_a_keyed_heuristic_reading_outside_its_key_is_an_error(stand_in):
+    k = fastkernel.heuristics({"BLOCK": lambda args: 64 if args["x_ptr"].numel() > 8 else 16},
+                              key=["n"])(fk(kernels.add_kernel))
+    x = torch.randn(64)
+    with pytest.raises(KeyError, match="read argument 'x_ptr', which is not in its key"):
+        k[(1,)](x, x, x, 64)
+    with pytest.raises(ValueError, match="BLOCK computed by fastkernel.heuristics"):
+        k[(1,)](x, x, x, 64, BLOCK=64)
+    with pytest.raises(TypeError, match="'n' is not a tl.constexpr"):
+        fastkernel.heuristics({"n": lambda a: 1}, key=[])(fk(kernels.add_kernel))
+    assert stand_in.launches() == []
+
+
+def test_heuristics_without_a_key_are_triton_s(stand_in):
+    k = fastkernel.heuristics({"BLOCK": lambda args: 128})(fk(kernels.add_kernel))
+    assert type(k) is triton.runtime.autotuner.Heuristics
+    x = torch.randn(256)
+    k[(2,)](x, x, x, 256)
+    assert stand_in.launches()[-1].name == "add_kernel"
+
+
+def test_autotune_over_keyed_heuristics(stand_in):
+    timer = FakeTimer([2.0, 1.0])
+    seen = []
+
+    def block(args):
+        seen.append((args["n"], args["num_warps"]))
+        return 64 * args["num_warps"]
+
+    k = fastkernel.autotune(configs=[triton.Config({}, num_warps=2), triton.Config({}, num_warps=4)],
+                            key=["n"], do_bench=timer)(
+        fastkernel.heuristics({"BLOCK": block}, key=["n"])(fk(kernels.add_kernel)))
+    x = torch.randn(4096)
+    k[grid_1d](x, x, x, 1000)
+    k[grid_1d](x, x, x, 1000)
+    launches = stand_in.launches()
+    # Two benchmark launches (BLOCK 128 and 256), the tuned launch, then a hit.
+    assert [(l.block[0], l.grid[0]) for l in launches] == [(64, 8), (128, 4), (128, 4), (128, 4)]
+    assert k.stats()["hits"] == 1
+    assert (1000, 4) in seen
+

@@ -33,13 +33,15 @@ from . import _C  # noqa: E402
 from ._C import CudaError, DriverUnavailableError  # noqa: E402
 from .bundle import export  # noqa: E402
 from .kernel import FastKernel, fastkernel, stats  # noqa: E402
-from ._autotune import AutotuneError, Autotuned, autotune  # noqa: E402
+from ._autotune import AutotuneError, Autotuned, Heuristics, autotune, heuristics  # noqa: E402
 
 # ``from fastkernel import fastkernel`` users write ``@fastkernel.autotune(...)`` too.
 fastkernel.autotune = autotune
+fastkernel.heuristics = heuristics
 
 __version__ = "0.1.0"
-__all__ = ["fastkernel", "FastKernel", "autotune", "Autotuned", "AutotuneError", "CudaError",
+__all__ = ["fastkernel", "FastKernel", "autotune", "Autotuned", "AutotuneError", "heuristics",
+           "Heuristics", "CudaError",
            "DriverUnavailableError", "get_include", "get_cmake_dir", "export", "stats",
            "__version__"]
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import triton
 from triton.runtime.autotuner import Autotuner, Config
+from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction
 
 from . import _triton_abi as abi
@@ -115,6 +116,8 @@ class Autotuned(NativeDispatch, Autotuner):
                  cache_results: bool = True):
         jit_fn = kernel.jit_function
         arg_names = [p.name for p in jit_fn.params]
+        # Under it, a keyed fastkernel.heuristics: its values join each tuned config's.
+        self._heuristics: Optional[Heuristics] = kernel if isinstance(kernel, Heuristics) else None
         configs = list(configs) if configs else [Config({}, num_warps=4, num_stages=3)]
         for c in configs:
             if not isinstance(c, Config):
@@ -147,6 +150,12 @@ class Autotuned(NativeDispatch, Autotuner):
                         f"annotate it '{name}: tl.constexpr'")
                 if name not in self._config_params:
                     self._config_params.append(name)
+        if self._heuristics is not None:
+            for name in self._heuristics.values:
+                if name in self._config_params:
+                    raise ValueError(f"fastkernel.autotune: {name!r} is set both by configs and "
+                                     f"by fastkernel.heuristics")
+            self._config_params.extend(self._heuristics.values)
         # Triton's constructor: validation, hooks, prune settings, and every attribute that
         # torch.compile reads. Its own disk cache and deprecated warmup/rep are not used.
         init_kwargs = dict(fn=kernel, arg_names=arg_names, configs=configs, key=list(key),
@@ -170,15 +179,16 @@ class Autotuned(NativeDispatch, Autotuner):
         self._config_names = set()
         for c in configs:
             self._config_names.update(c.all_kwargs())
+        heuristic_keys = self._heuristics.keys if self._heuristics is not None else []
         tune = {}
         for p in jit_fn.params:
             flags = _TUNE_LAYOUT
             if p.name in self._config_params:
                 flags |= _TUNE_CONFIG_PROVIDED
-            if p.name in self.keys:
+            if p.name in self.keys or p.name in heuristic_keys:
                 flags |= _TUNE_VALUE | _TUNE_SIZES
             tune[p.name] = flags
-        self._init_native(jit_fn, _params_spec(jit_fn, tune), kernel.pre_run_hooks)
+        self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
 
     # -- Triton-compatible surface ------------------------------------------------------------
 
@@ -234,9 +244,13 @@ class Autotuned(NativeDispatch, Autotuner):
             # Triton's error (runtime/autotuner.py, Autotuner.run).
             raise ValueError(f"Conflicting meta-parameters: {', '.join(conflicts)}. Make sure "
                              f"that you don't re-define auto-tuned symbols.")
+        if self._heuristics is not None:
+            self._heuristics.check_conflicts(kwargs)
         named = self._named_args(args, kwargs)
         config = self._config_for(named, grid, args, kwargs, device)
         merged = {**kwargs, **config.all_kwargs()}
+        if self._heuristics is not None:
+            merged.update(self._heuristics.values_for({**named, **config.all_kwargs()}))
         if config.pre_hook is not None:
             # Triton runs a config's pre_hook before every launch: Python on every call.
             config.pre_hook({**named, **config.all_kwargs()})
@@ -248,7 +262,7 @@ class Autotuned(NativeDispatch, Autotuner):
         if key is None:
             return self._fallback(grid, args, merged, reason or "unsupported call")
         values = {**{p.name: p.default for p in self.jit_function.params if p.has_default},
-                  **config.all_kwargs()}
+                  **merged}
         tuned_args = tuple(values.get(p.name) if p.name in self._config_params else None
                            for p in self.jit_function.params)
         return self._register_miss(grid, args, merged, key, device, tuned_args)
@@ -496,6 +510,130 @@ class Autotuned(NativeDispatch, Autotuner):
             log.warning("fastkernel: cannot write the tuning record %s: %s", path, exc)
 
 
+class _KeyedArgs(dict):
+    """The arguments a keyed heuristic may read: reading any other raises, so a value never
+    depends on something the native key does not hold."""
+
+    def __init__(self, visible: Dict[str, Any], kernel: str, value: str, key: Sequence[str]):
+        super().__init__(visible)
+        self._where = (kernel, value, list(key))
+
+    def __missing__(self, name):
+        kernel, value, key = self._where
+        raise KeyError(f"{kernel}: the heuristic for {value!r} read argument {name!r}, which is "
+                       f"not in its key {key}; add it to fastkernel.heuristics(key=...)")
+
+    def get(self, name, default=None):
+        return self[name]
+
+
+class Heuristics(NativeDispatch, TritonHeuristics):
+    """A ``@fastkernel`` kernel under ``@fastkernel.heuristics(values, key=...)``: each value is
+    computed once per key and compiled into the launch record, so a call is one native hit.
+    It is also a ``triton.runtime.autotuner.Heuristics`` (torch.compile applies its values)."""
+
+    def __init__(self, kernel: FastKernel, values: Dict[str, Callable], key: Sequence[str]):
+        jit_fn = kernel.jit_function
+        arg_names = [p.name for p in jit_fn.params]
+        by_name = {p.name: p for p in jit_fn.params}
+        if isinstance(key, str):
+            raise TypeError(f"fastkernel.heuristics: key must be a list of argument names, got "
+                            f"the string {key!r}")
+        unknown = [n for n in key if n not in by_name]
+        if unknown:
+            raise ValueError(f"fastkernel.heuristics: key names {', '.join(map(repr, unknown))}, "
+                             f"not arguments of {jit_fn.__name__} ({', '.join(arg_names)})")
+        for name in values:
+            if name not in by_name or not by_name[name].is_constexpr:
+                raise TypeError(f"fastkernel.heuristics: {name!r} is not a tl.constexpr parameter "
+                                f"of {jit_fn.__name__}; computed values are compiled in")
+            if name in key:
+                raise ValueError(f"fastkernel.heuristics: {name!r} is both computed and in the key")
+        TritonHeuristics.__init__(self, kernel, arg_names, dict(values))
+        self.__name__ = jit_fn.__name__
+        self.keys = list(key)
+        self._constexprs = [p.name for p in jit_fn.params if p.is_constexpr and p.name not in values]
+        tune = {p.name: (_TUNE_CONFIG_PROVIDED if p.name in values else 0) |
+                        (_TUNE_VALUE | _TUNE_SIZES if p.name in self.keys else 0)
+                for p in jit_fn.params}
+        self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
+
+    def run(self, *args, grid, warmup: bool = False, **kwargs):
+        """``Heuristics.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``."""
+        if warmup:
+            raise NotImplementedError("fastkernel.heuristics: warmup=True is not supported")
+        return self[grid](*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Heuristics({self.fn!r}, {sorted(self.values)}, key={self.keys})"
+
+    def check_conflicts(self, kwargs: Dict[str, Any]) -> None:
+        conflicts = [k for k in kwargs if k in self.values]
+        if conflicts:
+            raise ValueError(f"{self.__name__}: {', '.join(conflicts)} computed by "
+                             f"fastkernel.heuristics cannot be passed too")
+
+    def values_for(self, named: Dict[str, Any]) -> Dict[str, Any]:
+        """The computed values for a bound call, each function seeing the key's arguments, the
+        constexprs, the tuned config's values and the values computed before it."""
+        visible = {k: named[k] for k in (*self.keys, *self._constexprs) if k in named}
+        visible.update({k: v for k, v in named.items() if k not in self.arg_names})  # config options
+        for name, fn in self.values.items():
+            visible[name] = fn(_KeyedArgs(visible, self.__name__, name, self.keys))
+        return {name: visible[name] for name in self.values}
+
+    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
+                 reason: Optional[str]):
+        self.check_conflicts(kwargs)
+        named = Autotuned._named_args(self, args, kwargs)
+        merged = {**kwargs, **self.values_for(named)}
+        if key is None:
+            return self._fallback(grid, args, merged, reason or "unsupported call")
+        tuned_args = tuple(merged.get(p.name) if p.name in self.values else None
+                           for p in self.jit_function.params)
+        return self._register_miss(grid, args, merged, key, device, tuned_args)
+
+    @property
+    def _config_params(self) -> List[str]:
+        return list(self.values)
+
+
+def heuristics(values: Dict[str, Callable], key: Optional[Sequence[str]] = None):
+    """Compute tl.constexpr parameters from the arguments; stack it above ``@fastkernel``
+    (and below ``@fastkernel.autotune``).
+
+    Parameters
+    ----------
+    values : dict of str to callable
+        ``{name: fn(args) -> value}`` as for ``triton.heuristics``: ``args`` maps argument names
+        to values (and, under an autotuner, the tuned config's values; later functions also see
+        earlier results).
+    key : list of str, optional
+        The arguments the functions read. Given, each value is computed once per key (ints and
+        floats by value, tensors by sizes, dtype and alignment) and compiled into the launch
+        record: a call is one native hit. A function reading an argument outside the key (or
+        a non-constexpr one) raises KeyError naming it. Without a key this is
+        ``triton.heuristics``: the functions run in Python on every call and the launch is
+        native.
+
+    Raises
+    ------
+    TypeError, ValueError
+        At decoration: a computed name that is not a tl.constexpr parameter, a key name that is
+        not an argument. At a call: passing a computed parameter.
+    """
+    def decorator(kernel):
+        if key is None or not isinstance(kernel, FastKernel):
+            if isinstance(kernel, JITFunction) and not isinstance(kernel, FastKernel) and \
+                    os.environ.get("FASTKERNEL_DISABLE", "0") in ("", "0") and \
+                    os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+                raise TypeError("fastkernel.heuristics goes above @fastkernel")
+            return triton.heuristics(values)(kernel)
+        return Heuristics(kernel, values, key)
+
+    return decorator
+
+
 def _median(timing: Any) -> float:
     """The median of a ``do_bench`` result: a float, or a list of quantiles (median first)."""
     if isinstance(timing, (list, tuple)):
@@ -578,11 +716,15 @@ def autotune(configs: Sequence[Config], key: Sequence[str],
                         "key=[...])")
 
     def decorator(kernel):
+        if isinstance(kernel, TritonHeuristics) and not isinstance(kernel, Heuristics):
+            raise TypeError("fastkernel.autotune over @triton.heuristics: put @triton.heuristics "
+                            "above @fastkernel.autotune, or use @fastkernel.heuristics(values, "
+                            "key=[...]) below it")
         if isinstance(kernel, JITFunction) and not isinstance(kernel, FastKernel):
             raise TypeError("fastkernel.autotune goes above @fastkernel:\n"
                             "    @fastkernel.autotune(configs=..., key=...)\n    @fastkernel\n"
                             "    @triton.jit\n    def kernel(...): ...")
-        if not isinstance(kernel, FastKernel):
+        if not isinstance(kernel, (FastKernel, Heuristics)):
             if os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0") or \
                     os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
                 # @fastkernel returned Triton's own object: tune with Triton's autotuner.
