@@ -162,8 +162,9 @@ Bundle Bundle::load(const std::string& directory) {
             r.profile_scratch_align)) {
         fail("malformed entry line");
       }
-      if (r.global_scratch_size != 0 || r.profile_scratch_size != 0) {
-        fail("entries that need scratch buffers are not supported from C++ yet");
+      const auto power_of_two = [](uint64_t a) { return a != 0 && (a & (a - 1)) == 0; };
+      if (!power_of_two(r.global_scratch_align) || !power_of_two(r.profile_scratch_align)) {
+        fail("scratch alignments must be powers of two");
       }
       r.cooperative_grid = coop != 0;
       r.pdl = pdl != 0;
@@ -280,6 +281,10 @@ const LaunchRecord* load_entry(BundleEntry& entry, int device, std::mutex& mutex
     r->pdl = p.pdl;
     r->plan = p.plan;
     r->num_scratch_params = p.num_scratch_params;
+    r->global_scratch_size = p.global_scratch_size;
+    r->global_scratch_align = p.global_scratch_align;
+    r->profile_scratch_size = p.profile_scratch_size;
+    r->profile_scratch_align = p.profile_scratch_align;
     load_launch_record(*r, entry.cubin.data(), entry.cubin.size());
     record = std::move(r);
     if (device >= 0 && size_t(device) < entry.ready.size()) {
@@ -292,16 +297,38 @@ const LaunchRecord* load_entry(BundleEntry& entry, int device, std::mutex& mutex
 }  // namespace
 
 void Bundle::launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
-                    const ArgValue* args, size_t num_args, int device, const int* scalar_types) {
-  BundleEntry& chosen = select(kernel, args, num_args, scalar_types);
+                    const ArgValue* args, size_t num_args, int device, const int* scalar_types,
+                    CUdeviceptr global_scratch, CUdeviceptr profile_scratch) {
+  launch_entry(select(kernel, args, num_args, scalar_types), grid, stream, args, device,
+               global_scratch, profile_scratch);
+}
+
+void Bundle::launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream stream,
+                          const ArgValue* args, int device, CUdeviceptr global_scratch,
+                          CUdeviceptr profile_scratch) {
+  const LaunchRecord& p = entry.prototype;
+  if (p.needs_scratch() && grid.x != 0 && grid.y != 0 && grid.z != 0) {
+    const auto missing = [&](const char* which, uint64_t size, uint64_t align) {
+      throw BundleError("fastkernel: " + entry.describe() + " needs a " + which +
+                        " scratch buffer of " + std::to_string(size) + " bytes per CTA (aligned to " +
+                        std::to_string(align) + "): pass one, or launch through "
+                        "fastkernel/torch.h, which allocates it");
+    };
+    if (p.global_scratch_size > 0 && global_scratch == 0) {
+      missing("global", p.global_scratch_size, p.global_scratch_align);
+    }
+    if (p.profile_scratch_size > 0 && profile_scratch == 0) {
+      missing("profile", p.profile_scratch_size, p.profile_scratch_align);
+    }
+  }
   const LaunchRecord* record = nullptr;
-  if (device >= 0 && size_t(device) < chosen.ready.size()) {
-    record = chosen.ready[size_t(device)].load(std::memory_order_acquire);
+  if (device >= 0 && size_t(device) < entry.ready.size()) {
+    record = entry.ready[size_t(device)].load(std::memory_order_acquire);
   }
   if (record == nullptr) {
-    record = load_entry(chosen, device, *load_mutex_);
+    record = load_entry(entry, device, *load_mutex_);
   }
-  fastkernel::launch(*record, grid, stream, args, 0, 0);
+  fastkernel::launch(*record, grid, stream, args, global_scratch, profile_scratch);
 }
 
 }  // namespace fastkernel

@@ -138,6 +138,44 @@ def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(stand_i
         torch.cuda.is_available()
 
 
+def test_cpp_torch_launch_allocates_the_scratch_an_entry_needs(stand_in, cpp_torch_program,
+                                                              tmp_path):
+    from triton.runtime import _allocation
+    token = _allocation._allocator.set(
+        lambda size, alignment, stream: torch.empty(size + alignment, dtype=torch.int8))
+    try:
+        k = fk(kernels.device_descriptor_kernel)
+        src, dst = torch.randn(64, 32), torch.empty(64, 32)
+        k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)
+    finally:
+        _allocation._allocator.reset(token)
+    (python_launch,) = stand_in.launches()
+    meta = k._compiled[-1].metadata
+    assert meta.global_scratch_size > 0
+    add = fk(kernels.add_kernel)
+    flat = torch.empty(4096)
+    add[(4,)](flat, flat, flat, 4096, BLOCK=1024)
+    add[(4,)](flat, flat, flat[1:], 4095, BLOCK=1024)  # the program's unaligned call
+    fastkernel.export(add, tmp_path / "add")
+    fastkernel.export(k, tmp_path / "scratch")
+    result = subprocess.run([str(cpp_torch_program), str(tmp_path / "add"),
+                             str(tmp_path / "scratch")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(out) if line.startswith("scratch-pointers "))
+    sp, dp = (int(v, 16) for v in out[at].split()[1:])
+    raw = bytes.fromhex(out[at + 1].rsplit(" ", 1)[1])
+    layout = python_launch.param_layout
+    params = [raw[o:o + n] for o, n in layout]
+    assert params[0] == struct.pack("<Q", sp) and params[1] == struct.pack("<Q", dp)
+    assert params[2:-2] == python_launch.params[2:-2]  # M, N as Python packed them
+    scratch = struct.unpack("<Q", params[-2])[0]
+    assert scratch != 0 and scratch % meta.global_scratch_align == 0
+    assert params[-1] == b"\0" * 8  # no profile scratch
+    assert out[at + 2].startswith("no-scratch: fastkernel: device_descriptor_kernel[")
+    assert "needs a global scratch buffer of %d bytes per CTA" % meta.global_scratch_size in out[at + 2]
+
+
 def test_the_benchmark_cpp_row_launches_the_bytes_python_launches(stand_in, tmp_path):
     from fastkernel import bench
     from fastkernel import fastkernel as fk

@@ -75,7 +75,7 @@ def export(kernel, path) -> List[pathlib.Path]:
         ``kernel`` is not a fastkernel kernel.
     ValueError
         It has no registered specialization, or one uses an argument kind C++ bundles do not
-        support (constexpr objects in runtime parameters, tuples, descriptors, scratch buffers).
+        support (constexpr objects in runtime parameters, tuples, host tensor descriptors).
     """
     from .kernel import FastKernel, _params_spec
     if not isinstance(kernel, FastKernel):
@@ -91,16 +91,14 @@ def export(kernel, path) -> List[pathlib.Path]:
     lines = ["fastkernel-bundle 1"]
     written = []
     for number, (target, spec, meta) in enumerate(registrations):
-        if meta.global_scratch_size or meta.profile_scratch_size:
-            raise ValueError(f"{kernel.__name__}: a specialization needs scratch buffers, which "
-                             f"C++ bundles do not allocate yet")
         cubin = root / f"{meta.name}-{number}.cubin"
         atomic_write(cubin, meta.cubin)
         written.append(cubin)
         lines.append(" ".join(str(x) for x in (
             "entry", kernel.__name__, cubin.name, meta.name, target.arch, meta.block_x,
             meta.shared_mem, meta.num_ctas, int(meta.cooperative_grid), int(meta.pdl),
-            abi.num_scratch_params(), 0, 1, 0, 1)))
+            abi.num_scratch_params(), meta.global_scratch_size, meta.global_scratch_align,
+            meta.profile_scratch_size, meta.profile_scratch_align)))
         constexprs = {kernel.params[k[0]].name: v for k, v in spec.constexprs.items()
                       if kernel.params[k[0]].is_constexpr}
         lines.append("constexprs " + " ".join(f"{k}={v!r}" for k, v in constexprs.items()))

@@ -2,7 +2,7 @@
 // recording stand-in driver with CPU tensors standing in for CUDA tensors, and prints what the
 // driver received and each error a bad call raises.
 //
-// usage: launch_tensors BUNDLE_DIR
+// usage: launch_tensors ADD_BUNDLE_DIR [SCRATCH_BUNDLE_DIR]
 #include <fastkernel/fastkernel.h>
 #include <fastkernel/torch.h>
 
@@ -57,8 +57,8 @@ void expect_error(const char* what, const std::function<void()>& call) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s BUNDLE_DIR\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: %s ADD_BUNDLE_DIR [SCRATCH_BUNDLE_DIR]\n", argv[0]);
     return 2;
   }
   try {
@@ -82,6 +82,20 @@ int main(int argc, char** argv) {
     expect_error("kind", [&] { fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {4096, y, out, 4096}, stream); });
     expect_error("undefined", [&] { fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {at::Tensor(), y, out, 4096}, stream); });
     expect_error("stream", [&] { fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {x, y, out, 4096}); });
+    if (argc == 3) {
+      // device_descriptor_kernel(in, out, M, N): a per-CTA global scratch buffer, which
+      // fastkernel/torch.h allocates and the raw API must be given.
+      fastkernel::Bundle scratch = fastkernel::Bundle::load(argv[2]);
+      at::Tensor src = at::zeros({64, 32}, at::kFloat), dst = at::zeros({64, 32}, at::kFloat);
+      std::printf("scratch-pointers %llx %llx\n", (unsigned long long)(uintptr_t)src.data_ptr(),
+                  (unsigned long long)(uintptr_t)dst.data_ptr());
+      fastkernel::launch(scratch, "device_descriptor_kernel", {4, 1, 1}, {src, dst, 64, 32}, stream);
+      print_last_launch();
+      fastkernel::ArgValue raw[4] = {fastkernel::pointer_arg(uint64_t(uintptr_t(src.data_ptr()))),
+                                     fastkernel::pointer_arg(uint64_t(uintptr_t(dst.data_ptr()))),
+                                     fastkernel::int_arg(64), fastkernel::int_arg(32)};
+      expect_error("no-scratch", [&] { scratch.launch("device_descriptor_kernel", {4, 1, 1}, stream, raw, 4); });
+    }
   } catch (const std::exception& e) {
     std::printf("error: %s\n", e.what());
     return 1;

@@ -90,10 +90,19 @@ class Bundle {
   /// throws BundleError listing the entries when none or several match. Throws CudaError.
   /// `scalar_types` (optional, one per argument, -1 = unknown): the c10::ScalarType code of
   /// each tensor argument, checked against the entry's pointer types (see fastkernel/torch.h).
+  /// An entry that needs scratch buffers (BundleEntry::prototype.needs_scratch()) takes them as
+  /// `global_scratch` / `profile_scratch`: grid CTAs x num_ctas x the per-CTA size, aligned as
+  /// the prototype says (fastkernel/torch.h allocates them); BundleError if one is missing.
   /// Safe to call from several threads.
   void launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
               const ArgValue* args, size_t num_args, int device = 0,
-              const int* scalar_types = nullptr);
+              const int* scalar_types = nullptr, CUdeviceptr global_scratch = 0,
+              CUdeviceptr profile_scratch = 0);
+
+  /// Launches an entry chosen by select() (as launch() does after choosing it).
+  void launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream stream,
+                    const ArgValue* args, int device = 0, CUdeviceptr global_scratch = 0,
+                    CUdeviceptr profile_scratch = 0);
 
   /// The one entry of `kernel` matching `args`; throws BundleError listing the entries when
   /// none or several match.

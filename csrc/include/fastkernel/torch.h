@@ -12,6 +12,7 @@
 // \endcode
 #pragma once
 
+#include <ATen/Functions.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -131,10 +132,25 @@ inline TensorCall tensor_call(const std::string& kernel, std::initializer_list<A
   return call;
 }
 
+/// A scratch buffer for `entry` on `device`: grid CTAs x num_ctas x `per_cta` bytes from torch's
+/// allocator (as Triton's default allocator takes them), `align`-aligned. Returns the tensor
+/// that owns it (keep it until the launch is issued) and sets `*pointer`.
+inline at::Tensor allocate_scratch(const LaunchGrid& grid, unsigned num_ctas, uint64_t per_cta,
+                                   uint64_t align, int device, CUdeviceptr* pointer) {
+  const uint64_t bytes = uint64_t(grid.x) * grid.y * grid.z * num_ctas * per_cta;
+  const c10::Device where = testing::host_tensors()
+                                ? c10::Device(c10::DeviceType::CPU)
+                                : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(device));
+  at::Tensor buffer = at::empty({int64_t(bytes + align)}, at::TensorOptions().dtype(at::kByte).device(where));
+  const uint64_t address = reinterpret_cast<uint64_t>(buffer.data_ptr());
+  *pointer = CUdeviceptr((address + align - 1) & ~(align - 1));
+  return buffer;
+}
+
 /// Launches `kernel` from `bundle` with torch arguments (runtime parameters in declared order,
 /// constexprs excluded): on the tensors' device (else torch's current CUDA device) and on
 /// `stream`, by default torch's current stream there. The entry is chosen by Triton's
-/// specialization rules and the tensors' dtypes.
+/// specialization rules and the tensors' dtypes; scratch buffers it needs are allocated here.
 ///
 /// Throws std::invalid_argument (bad tensor argument), fastkernel::BundleError (no entry
 /// matches; the message lists the bundle's entries), fastkernel::CudaError (the driver failed),
@@ -151,8 +167,22 @@ inline void launch(Bundle& bundle, const std::string& kernel, const LaunchGrid& 
     device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index();
   }
   const CUstream s = stream ? *stream : current_stream(device);
-  bundle.launch(kernel, grid, s, call.values.data(), call.values.size(), device,
-                call.scalar_types.data());
+  BundleEntry& entry = bundle.select(kernel, call.values.data(), call.values.size(),
+                                     call.scalar_types.data());
+  const LaunchRecord& p = entry.prototype;
+  CUdeviceptr global_scratch = 0, profile_scratch = 0;
+  at::Tensor global_buffer, profile_buffer;  // alive until the launch is issued
+  if (p.needs_scratch() && grid.x != 0 && grid.y != 0 && grid.z != 0) {
+    if (p.global_scratch_size > 0) {
+      global_buffer = allocate_scratch(grid, p.num_ctas, p.global_scratch_size,
+                                       p.global_scratch_align, device, &global_scratch);
+    }
+    if (p.profile_scratch_size > 0) {
+      profile_buffer = allocate_scratch(grid, p.num_ctas, p.profile_scratch_size,
+                                        p.profile_scratch_align, device, &profile_scratch);
+    }
+  }
+  bundle.launch_entry(entry, grid, s, call.values.data(), device, global_scratch, profile_scratch);
 }
 
 }  // namespace fastkernel
