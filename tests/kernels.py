@@ -163,3 +163,13 @@ def fused_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps,
     inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     tl.store(out_ptr + row * n_cols + offs, r * inv * w, mask=mask)
+
+
+@triton.jit
+def tuple_kernel(out_ptr, pair, n, nested, BLOCK: tl.constexpr):
+    # pair = (x_ptr, k); nested = (b, (s, y_ptr)): out = x * k + b * s + y
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(pair[0] + offs, mask=mask)
+    y = tl.load(nested[1][1] + offs, mask=mask)
+    tl.store(out_ptr + offs, x * pair[1] + nested[0] * nested[1][0] + y, mask=mask)

@@ -203,10 +203,10 @@ def test_a_module_is_never_launched_on_another_device(stand_in):
 def test_fallback_path_counts_and_warns_once(stand_in, caplog):
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(64)
-    # A tuple argument is not covered by the native key: Triton's own launcher takes it, which
-    # needs Triton's GPU driver; on this machine that raises, after the fallback is counted.
+    # An arbitrary object is not covered by the native key: Triton's own launcher takes it,
+    # which needs Triton's GPU driver; on this machine that raises, after the fallback is counted.
     with pytest.raises(Exception):
-        k[(1,)](x, x, x, (64,), BLOCK=64)
+        k[(1,)](x, x, x, object(), BLOCK=64)
     assert k.stats()["fallbacks"] == 1
     assert "goes through Triton's own launcher" in caplog.text
 
@@ -360,3 +360,23 @@ def test_scratch_of_a_captured_launch_outlives_the_capture(stand_in, triton_allo
     assert buffers[0]() is None and buffers[1]() is not None
     assert abi.CAPTURED_SCRATCH[-1] is buffers[1]()
     abi.CAPTURED_SCRATCH.pop()
+
+
+def test_tuple_arguments_are_flattened_like_tritons_launcher(stand_in):
+    k = fastkernel(kernels.tuple_kernel)
+    x, y, out = torch.randn(64), torch.randn(64), torch.empty(64)
+    k[(1,)](out, (x, 3), 64, (7, (2.5, y)), BLOCK=64)
+    (launch,) = stand_in.launches()
+    # Leaves in order; every element specialized (an int == 1 would drop out).
+    assert launch.params == [ptr(out), ptr(x), struct.pack("<i", 3), struct.pack("<i", 64),
+                             struct.pack("<i", 7), struct.pack("<f", 2.5), ptr(y)] + SCRATCH
+    k[(1,)](out, (x[1:], 1), 63, (7, (2.5, y)), BLOCK=64)  # unaligned, and k == 1: constexpr
+    second = stand_in.launches()[1]
+    assert second.params == [ptr(out), ptr(x[1:]), struct.pack("<i", 63), struct.pack("<i", 7),
+                             struct.pack("<f", 2.5), ptr(y)] + SCRATCH
+    k[(1,)](out, (x, 5), 64, (9, (0.5, y)), BLOCK=64)  # the first specialization again: a hit
+    s = k.stats()
+    assert (s["hits"], s["misses"], s["fallbacks"], s["specializations"]) == (1, 2, 0, 2)
+    assert stand_in.launches()[2].params[2] == struct.pack("<i", 5)
+    with pytest.raises(OverflowError, match="tuple_kernel: argument 'pair'"):
+        k[(1,)](out, (x, 2**70), 64, (7, (2.5, y)), BLOCK=64)

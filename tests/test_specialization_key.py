@@ -244,8 +244,9 @@ def test_defaults_fill_missing_arguments():
     assert native_key(k, [x]) != native_key(k, [x, 17])
 
 
-@pytest.mark.parametrize("value", [(1, 2), object(), torch.nn.Parameter(torch.zeros(2))],
-                         ids=["tuple", "plain_object", "tensor_subclass_parameter"])
+@pytest.mark.parametrize("value", [__import__("collections").namedtuple("P", "a b")(1, 2),
+                                   object(), torch.nn.Parameter(torch.zeros(2))],
+                         ids=["namedtuple", "plain_object", "tensor_subclass_parameter"])
 def test_uncovered_kinds_take_the_fallback(value):
     result = _C._testing.build_key(PROBES[(True, True)], (value,), {}, 0)
     if isinstance(value, torch.nn.Parameter):
@@ -253,6 +254,28 @@ def test_uncovered_kinds_take_the_fallback(value):
         assert result[0] is not None
     else:
         assert result[0] is None and "does not cover" in result[1]
+
+
+def _tuple_values():
+    base = torch.zeros(64)
+    leaves = [base, base[1:], 1, 16, 17, 2**40, 1.5, None, True]
+    values = [(a, b) for a in leaves for b in leaves]
+    values += [(base, (16, None)), (base, (17, None)), (base[1:], (16, None)), ((1, 2.0),),
+               ((base,),), (base, 16, 17), ()]
+    return values
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=["specialize", "no_specialize", "no_align"])
+def test_tuples_key_like_tritons_specialization_of_each_element(flags):
+    """Tuples are flattened by Triton; the native key holds each element's class, so two tuple
+    arguments share a binary exactly when Triton specializes them alike."""
+    kernel = PROBES[flags]
+    values = _tuple_values()
+    native = [native_key(kernel, [v]) for v in values]
+    specs = [repr(native_specialize_impl(BACKEND, v, False, *flags)) +
+             repr(tuple(type(x) is bool for x in v)) for v in values]
+    for (i, a), (j, b) in itertools.combinations(enumerate(values), 2):
+        assert (native[i] == native[j]) == (specs[i] == specs[j]), (a, b)
 
 
 def test_fake_tensors_take_the_fallback():
@@ -267,3 +290,15 @@ def test_fake_tensors_take_the_fallback():
 def test_ints_beyond_64_bits_raise_overflow_naming_the_argument(value):
     with pytest.raises(OverflowError, match="argument 'x'"):
         _C._testing.build_key(PROBES[(True, True)], (value,), {}, 0)
+
+
+def test_tuple_constexprs_are_keyed_by_value():
+    k = fastkernel(kernels.constexpr_kernel)
+    out = torch.empty(4)
+
+    def key(scale):
+        return native_key(k, [out], {"SCALE": scale, "MODE": "x", "BLOCK": 4})
+
+    assert key((1, 2)) == key((1, 2))
+    assert len({key((1, 2)), key((2, 1)), key((1, 2, 3)), key(((1, 2),)), key((1.0, 2)),
+                key(())}) == 6

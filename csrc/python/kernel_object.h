@@ -75,7 +75,10 @@ struct BoundCall {
   PyObject* options[kMaxOptions];  ///< borrowed; only the entries listed in set_options are valid
   int set_options[kMaxOptions];    ///< indices of the options given, ascending
   int num_set_options = 0;
+  /// One per declared parameter, then the leaves of tuple arguments in depth-first order
+  /// (slots num_params + 0, 1, ...: the indices the launch record's plan uses for them).
   ArgValue values[kMaxArgs];
+  int num_leaves = 0;
   SpecializationKey key;
   const char* fallback_reason = nullptr;
 };

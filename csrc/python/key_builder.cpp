@@ -65,6 +65,9 @@ bool is_constexpr_wrapper(PyObject* v) {
 // while a record keyed on it exists). Anything else goes to the fallback path.
 bool push_object_constexpr(PyObject* v, SpecializationKey* key, int depth);
 
+// Tuples nest at most this deep on the native path (deeper ones take Triton's own).
+constexpr int kMaxTupleDepth = 4;
+
 bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
   if (v == Py_None) {
     key->push(uint64_t(ArgKind::ConstexprNone));
@@ -112,6 +115,16 @@ bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
     key->push_bytes(data, size_t(length));
     return true;
   }
+  if (PyTuple_CheckExact(v) && depth < kMaxTupleDepth) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(v);
+    key->push(uint64_t(ArgKind::ConstexprTuple) | (uint64_t(uint32_t(n)) << 8));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!push_constexpr(PyTuple_GET_ITEM(v, i), key, depth + 1)) {
+        return false;
+      }
+    }
+    return true;
+  }
   return push_object_constexpr(v, key, depth);
 }
 
@@ -143,7 +156,7 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   return KeyStatus::Error;
 }
 
-KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, ArgValue* value,
+[[gnu::always_inline]] inline KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, ArgValue* value,
                    SpecializationKey* key) {
   int overflow = 0;
   long long s = PyLong_AsLongLongAndOverflow(v, &overflow);
@@ -272,6 +285,77 @@ KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, Ar
   }
 }
 
+// One runtime (non-constexpr) argument: its key words and captured value. A tuple is keyed by
+// its length and elements, each element's value captured in the next leaf slot.
+[[gnu::noinline]] KeyStatus push_runtime_arg(KernelObject* kernel, const ParamSpec& param,
+                                             PyObject* v, ArgValue* value, BoundCall* call,
+                                             int depth) {
+  SpecializationKey& key = call->key;
+  if (THPVariable_CheckExact(v)) {
+    return push_tensor(kernel, param, v, value, &key);
+  }
+  if (PyBool_Check(v)) {
+    value->kind = ArgKind::Bool;
+    value->i = v == Py_True;
+    key.push(uint64_t(ArgKind::Bool));
+    return KeyStatus::Ok;
+  }
+  if (PyLong_CheckExact(v)) {
+    return push_int(kernel, param, v, value, &key);
+  }
+  if (PyFloat_CheckExact(v)) {
+    value->kind = ArgKind::Float;
+    value->d = PyFloat_AS_DOUBLE(v);
+    key.push(uint64_t(ArgKind::Float));
+    return KeyStatus::Ok;
+  }
+  if (v == Py_None) {
+    value->kind = ArgKind::None;
+    value->u = 0;
+    key.push(uint64_t(ArgKind::None));
+    return KeyStatus::Ok;
+  }
+  if ((is_constexpr_wrapper(v) || is_identity_keyed(v)) && push_constexpr(v, &key)) {
+    // Triton specializes tl.constexpr objects and jit functions to constexprs wherever they
+    // are passed (specialize.cc); they never reach the parameter buffer.
+    value->kind = ArgKind::None;
+    return KeyStatus::Ok;
+  }
+  if (PyTuple_CheckExact(v) && depth < kMaxTupleDepth) {
+    value->kind = ArgKind::None;  // the tuple itself is never packed; its leaves are
+    const Py_ssize_t n = PyTuple_GET_SIZE(v);
+    key.push(uint64_t(ArgKind::Tuple) | (uint64_t(uint32_t(n)) << 8));
+    const int num_params = int(kernel->state->params.size());
+    // Triton specializes tuple elements fully whatever the parameter's do_not_specialize /
+    // do_not_specialize_on_alignment (specialize.cc recurses with both on).
+    ParamSpec element = param;
+    element.specialize = true;
+    element.align = true;
+    element.tune = 0;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PyTuple_GET_ITEM(v, i);
+      ArgValue* leaf = value;  // a nested tuple takes no slot of its own
+      if (!PyTuple_CheckExact(item)) {
+        const int slot = num_params + call->num_leaves++;
+        if (slot >= kMaxArgs) {
+          call->fallback_reason = "tuple arguments with more elements than the native buffer holds";
+          return KeyStatus::Fallback;
+        }
+        leaf = &call->values[slot];
+      }
+      const KeyStatus status = push_runtime_arg(kernel, element, item, leaf, call, depth + 1);
+      if (status != KeyStatus::Ok) {
+        return status;
+      }
+    }
+    return KeyStatus::Ok;
+  }
+  // Tensor subclasses (FakeTensor under torch.compile), named tuples, tensor descriptors,
+  // other objects: Triton's own path handles them.
+  call->fallback_reason = "an argument of a kind the native key does not cover";
+  return KeyStatus::Fallback;
+}
+
 }  // namespace
 
 void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types) {
@@ -342,6 +426,7 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   SpecializationKey& key = call->key;
   key.size = 0;
   key.overflowed = false;
+  call->num_leaves = 0;
   for (int i = 0; i < num_params; ++i) {
     const ParamSpec& param = st.params[i];
     PyObject* v = call->args[i];
@@ -370,37 +455,18 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       }
       continue;
     }
+    // The common kinds inline (the hot path); constexpr objects, tuples and the fallback out
+    // of line.
+    KeyStatus status;
     if (THPVariable_CheckExact(v)) {
-      KeyStatus status = push_tensor(kernel, param, v, value, &key);
-      if (status != KeyStatus::Ok) {
-        return status;
-      }
-    } else if (PyBool_Check(v)) {
-      value->kind = ArgKind::Bool;
-      value->i = v == Py_True;
-      key.push(uint64_t(ArgKind::Bool));
+      status = push_tensor(kernel, param, v, value, &key);
     } else if (PyLong_CheckExact(v)) {
-      KeyStatus status = push_int(kernel, param, v, value, &key);
-      if (status != KeyStatus::Ok) {
-        return status;
-      }
-    } else if (PyFloat_CheckExact(v)) {
-      value->kind = ArgKind::Float;
-      value->d = PyFloat_AS_DOUBLE(v);
-      key.push(uint64_t(ArgKind::Float));
-    } else if (v == Py_None) {
-      value->kind = ArgKind::None;
-      value->u = 0;
-      key.push(uint64_t(ArgKind::None));
-    } else if ((is_constexpr_wrapper(v) || is_identity_keyed(v)) && push_constexpr(v, &key)) {
-      // Triton specializes tl.constexpr objects and jit functions to constexprs wherever they
-      // are passed (specialize.cc); they never reach the parameter buffer.
-      value->kind = ArgKind::None;
+      status = push_int(kernel, param, v, value, &key);
     } else {
-      // Tensor subclasses (FakeTensor under torch.compile), tuples, tensor descriptors,
-      // constexpr objects, jit functions: Triton's own path handles them.
-      call->fallback_reason = "an argument of a kind the native key does not cover";
-      return KeyStatus::Fallback;
+      status = push_runtime_arg(kernel, param, v, value, call, 0);
+    }
+    if (status != KeyStatus::Ok) {
+      return status;
     }
     if (C10_UNLIKELY(param.tune & kTuneValue) && value->kind != ArgKind::Tensor) {
       push_tuned_value(*value, &key);

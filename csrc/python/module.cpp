@@ -139,7 +139,8 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
       throw py::value_error("fastkernel: unsupported parameter type '" + type + "' in " +
                             kernel_name);
     }
-    if (arg_index < 0 || size_t(arg_index) >= num_args) {
+    // Parameters index the bound arguments; tuple leaves the slots after them (BoundCall).
+    if (arg_index < 0 || arg_index >= kMaxArgs) {
       throw py::value_error("fastkernel: parameter plan index out of range");
     }
     rec->plan.push_back({uint16_t(arg_index), pt});

@@ -102,7 +102,7 @@ def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str,
     TypeError, KeyError
         As Triton raises them for a bad call.
     UnsupportedByNativePath
-        For tuples and tensor descriptors, which the native packer does not expand yet.
+        For host tensor descriptors, which the native packer does not expand yet.
     """
     from triton import knobs
     backend = backend_for(target)
@@ -114,12 +114,31 @@ def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str,
     options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound_args,
                                                               specialization, options)
     plan: List[Tuple[int, str]] = []
-    for index, ty in enumerate(signature.values()):
+    # Tuple arguments are flattened (Triton's launcher does the same): their leaves, in
+    # depth-first order, take the native bound call's slots after the declared parameters.
+    next_leaf = [len(signature)]
+
+    def add(slot: int, ty: Any) -> None:
         if ty == "constexpr":
-            continue
+            return
         if not isinstance(ty, str) or ty.startswith("tensordesc") or ty == "nvTmaDesc":
-            raise UnsupportedByNativePath(f"parameter {index} has launch type {ty!r}")
-        plan.append((index, ty))
+            raise UnsupportedByNativePath(f"parameter {slot} has launch type {ty!r}")
+        plan.append((slot, ty))
+
+    def add_leaves(types: tuple) -> None:
+        for ty in types:
+            if isinstance(ty, tuple):
+                add_leaves(ty)
+            else:
+                slot = next_leaf[0]
+                next_leaf[0] += 1
+                add(slot, ty)
+
+    for index, ty in enumerate(signature.values()):
+        if isinstance(ty, tuple):
+            add_leaves(ty)
+        else:
+            add(index, ty)
     return Specialization(signature, constexprs, attrs, options, plan)
 
 

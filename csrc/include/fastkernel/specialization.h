@@ -34,6 +34,9 @@ enum class ArgKind : uint8_t {
   TuneValue = 16,     ///< the exact value of a scalar named in the autotune key; a word follows
   TuneLayout = 17,    ///< a tensor's stride classes: bits 8..15 its dim, then 2 bits per dim
   TuneSizes = 18,     ///< a named tensor's sizes: bits 8..15 its dim, one word per size follows
+  Tuple = 19,         ///< a tuple argument (flattened by Triton): bits 8..39 its length, its
+                      ///< elements' words follow
+  ConstexprTuple = 20,  ///< a tuple constexpr: bits 8..39 its length, its elements' words follow
 };
 
 /// Tuning flags of a parameter (ParamSpec::tune), set for kernels under fastkernel.autotune.
