@@ -109,7 +109,7 @@ def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str,
     kwargs = runtime_options(jit_fn, kwargs)
     binder = make_binder(jit_fn, target)
     bound_args, specialization, options = binder(*args, **kwargs)
-    if knobs.runtime.add_stages_inspection_hook is not None:
+    if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:  # Triton >= 3.6
         raise UnsupportedByNativePath("a stages-inspection hook is set")
     options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound_args,
                                                               specialization, options)
