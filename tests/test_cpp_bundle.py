@@ -125,7 +125,7 @@ def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(stand_i
     assert len(launches) == 2
     for line, python, (o, n) in zip(launches, (aligned, unaligned), ((op, 4096), (sp, 4095))):
         head, raw_hex = line.rsplit(" ", 1)
-        assert head == f"launch grid 4 block 128 stream {0x5EED5} params"
+        assert head == f"launch grid 4 1 1 block 128 stream {0x5EED5} params"
         raw = bytes.fromhex(raw_hex)
         # The same parameter layout as the Python launch of that entry, with these pointers.
         assert len(raw) == len(python.raw)

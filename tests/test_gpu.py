@@ -43,9 +43,9 @@ def test_fused_softmax_matches_triton_and_torch():
     torch.testing.assert_close(out, torch.softmax(x, dim=1))
 
 
-@pytest.mark.parametrize("m,n,kdim", [(256, 128, 64), (257, 129, 65)])
-def test_matmul_matches_triton_and_torch(m, n, kdim):
-    k = fastkernel(kernels.matmul_kernel)
+def _matmul_problem(m, n, kdim):
+    """fp16 a (m x kdim) and b (kdim x n), two fp32 outputs, the grid rule and the size/stride
+    arguments that come between the pointers and c's strides."""
     a = torch.randn(m, kdim, device=DEV, dtype=torch.float16)
     b = torch.randn(kdim, n, device=DEV, dtype=torch.float16)
     c, ref = (torch.empty(m, n, device=DEV, dtype=torch.float32) for _ in range(2))
@@ -53,7 +53,13 @@ def test_matmul_matches_triton_and_torch(m, n, kdim):
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
 
-    args = (m, n, kdim, a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    return a, b, c, ref, grid, (m, n, kdim, a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+
+
+@pytest.mark.parametrize("m,n,kdim", [(256, 128, 64), (257, 129, 65)])
+def test_matmul_matches_triton_and_torch(m, n, kdim):
+    k = fastkernel(kernels.matmul_kernel)
+    a, b, c, ref, grid, args = _matmul_problem(m, n, kdim)
     k[grid](a, b, c, *args, c.stride(0), c.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
     kernels.matmul_kernel[grid](a, b, ref, *args, ref.stride(0), ref.stride(1), BLOCK_M=64,
                                 BLOCK_N=64, BLOCK_K=32)
@@ -160,14 +166,7 @@ def test_autotuned_matmul_equals_triton_with_the_chosen_config():
     import fastkernel as fkmod
     k = fkmod.autotune(configs=MATMUL_CONFIGS, key=["M", "N", "K"])(fastkernel(kernels.matmul_kernel))
     m, n, kdim = 300, 200, 96
-    a = torch.randn(m, kdim, device=DEV, dtype=torch.float16)
-    b = torch.randn(kdim, n, device=DEV, dtype=torch.float16)
-    c, ref = (torch.empty(m, n, device=DEV, dtype=torch.float32) for _ in range(2))
-
-    def grid(meta):
-        return (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
-
-    args = (m, n, kdim, a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    a, b, c, ref, grid, args = _matmul_problem(m, n, kdim)
     k[grid](a, b, c, *args, c.stride(0), c.stride(1))
     best = k.best_config
     kernels.matmul_kernel[grid](a, b, ref, *args, ref.stride(0), ref.stride(1), **best.all_kwargs())

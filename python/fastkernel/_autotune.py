@@ -33,7 +33,7 @@ from triton.runtime.jit import JITFunction
 
 from . import _triton_abi as abi
 from . import cache as _cache
-from .kernel import FastKernel, NativeDispatch, _params_spec
+from .kernel import FastKernel, NativeDispatch, _params_spec, env_count
 
 log = logging.getLogger("fastkernel")
 
@@ -62,16 +62,7 @@ def _is_tensor(value: Any) -> bool:
 def _compile_workers(jobs: int) -> int:
     """Worker processes for compiling ``jobs`` configs (FASTKERNEL_COMPILE_WORKERS; 0 or 1 =
     compile in this process; default: one per CPU, at most one per job)."""
-    raw = os.environ.get("FASTKERNEL_COMPILE_WORKERS", "")
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"FASTKERNEL_COMPILE_WORKERS must be an int >= 0, got {raw!r}") from None
-        if value < 0:
-            raise ValueError(f"FASTKERNEL_COMPILE_WORKERS must be an int >= 0, got {raw!r}")
-        return min(value, jobs)
-    return min(os.cpu_count() or 1, jobs)
+    return min(env_count("FASTKERNEL_COMPILE_WORKERS", os.cpu_count() or 1), jobs)
 
 
 def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:

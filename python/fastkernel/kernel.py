@@ -102,17 +102,23 @@ def capacity_exceeded(items, capacity: int) -> bool:
     return capacity != 0 and len(items) > capacity
 
 
-def _max_specializations() -> int:
-    raw = os.environ.get("FASTKERNEL_MAX_SPECIALIZATIONS", "")
+def env_count(name: str, default: int) -> int:
+    """An int >= 0 from environment variable ``name`` (``default`` when unset or empty).
+    Raises ValueError naming the variable for anything else."""
+    raw = os.environ.get(name, "")
     if not raw:
-        return DEFAULT_MAX_SPECIALIZATIONS
+        return default
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"FASTKERNEL_MAX_SPECIALIZATIONS must be an int >= 0, got {raw!r}") from None
+        raise ValueError(f"{name} must be an int >= 0, got {raw!r}") from None
     if value < 0:
-        raise ValueError(f"FASTKERNEL_MAX_SPECIALIZATIONS must be an int >= 0, got {raw!r}")
+        raise ValueError(f"{name} must be an int >= 0, got {raw!r}")
     return value
+
+
+def _max_specializations() -> int:
+    return env_count("FASTKERNEL_MAX_SPECIALIZATIONS", DEFAULT_MAX_SPECIALIZATIONS)
 
 
 def stats() -> Dict[str, Dict[str, Any]]:

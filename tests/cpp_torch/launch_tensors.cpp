@@ -7,43 +7,15 @@
 #include <fastkernel/torch.h>
 
 #include <ATen/ATen.h>
-#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 
+#include "stand_in_recording.h"
+
 namespace {
-
-template <typename Fn>
-Fn stand_in(const char* name) {
-  void* lib = dlopen(fastkernel::driver_library_path().c_str(), RTLD_NOW | RTLD_NOLOAD);
-  return lib ? reinterpret_cast<Fn>(dlsym(lib, name)) : nullptr;
-}
-
-void print_last_launch() {
-  auto count = stand_in<int (*)()>("fkstub_launch_count");
-  auto dims = stand_in<int (*)(int, unsigned*, unsigned*)>("fkstub_launch_dims");
-  auto stream = stand_in<int (*)(int, unsigned long long*)>("fkstub_launch_stream");
-  auto raw = stand_in<int (*)(int, void*, int)>("fkstub_launch_raw");
-  if (!count || !dims || !stream || !raw) {
-    std::printf("error: not running against the recording stand-in driver\n");
-    std::exit(3);
-  }
-  const int last = count() - 1;
-  unsigned grid[3], block[3];
-  unsigned long long s = 0;
-  unsigned char bytes[4096];
-  dims(last, grid, block);
-  stream(last, &s);
-  const int n = raw(last, bytes, sizeof(bytes));
-  std::printf("launch grid %u block %u stream %llu params ", grid[0], block[0], s);
-  for (int i = 0; i < n; ++i) {
-    std::printf("%02x", bytes[i]);
-  }
-  std::printf("\n");
-}
 
 void expect_error(const char* what, const std::function<void()>& call) {
   try {
@@ -72,11 +44,11 @@ int main(int argc, char** argv) {
     std::printf("pointers %llx %llx %llx\n", (unsigned long long)(uintptr_t)x.data_ptr(),
                 (unsigned long long)(uintptr_t)y.data_ptr(), (unsigned long long)(uintptr_t)out.data_ptr());
     fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {x, y, out, int64_t(4096)}, stream);
-    print_last_launch();
+    stand_in::print_last_launch("launch ");
     at::Tensor shifted = out.slice(0, 1);  // 4 bytes past a 16-byte boundary: the other entry
     std::printf("shifted %llx\n", (unsigned long long)(uintptr_t)shifted.data_ptr());
     fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {x, y, shifted, 4095}, stream);
-    print_last_launch();
+    stand_in::print_last_launch("launch ");
     at::Tensor xd = at::zeros({4096}, at::kDouble);
     expect_error("dtype", [&] { fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {xd, y, out, 4096}, stream); });
     expect_error("kind", [&] { fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {4096, y, out, 4096}, stream); });
@@ -90,7 +62,7 @@ int main(int argc, char** argv) {
       std::printf("scratch-pointers %llx %llx\n", (unsigned long long)(uintptr_t)src.data_ptr(),
                   (unsigned long long)(uintptr_t)dst.data_ptr());
       fastkernel::launch(scratch, "device_descriptor_kernel", {4, 1, 1}, {src, dst, 64, 32}, stream);
-      print_last_launch();
+      stand_in::print_last_launch("launch ");
       fastkernel::ArgValue raw[4] = {fastkernel::pointer_arg(uint64_t(uintptr_t(src.data_ptr()))),
                                      fastkernel::pointer_arg(uint64_t(uintptr_t(dst.data_ptr()))),
                                      fastkernel::int_arg(64), fastkernel::int_arg(32)};
