@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU checks, for a session that is lent a GPU machine (its python3 has torch, triton,
+# pybind11, scikit-build-core, cmake, ninja, pytest, hypothesis, filelock and tqdm, and reaches
+# no package registry). Each step fits one 10-minute device call; logs and results go to $OUT
+# (default build/gpu-out), benchmark results also to benchmarks/results/.
+#   scripts/gpu_session.sh test      build, then the GPU tests and the whole suite on the GPU
+#   scripts/gpu_session.sh bench     build, then the dispatch benchmark (--quick)
+#   scripts/gpu_session.sh sanitize  build, then the GPU tests under compute-sanitizer memcheck
+#   scripts/gpu_session.sh example   build, then the C++ torch op example (examples/torch_op)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step=${1:-test}
+shift || true
+OUT=${OUT:-build/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+  "$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+} | tee "$OUT/versions-$step.txt"
+"$py" -m pip install -q --no-build-isolation --no-deps . 2>&1 | tee "$OUT/build-$step.log"
+
+case "$step" in
+  test)
+    set -o pipefail
+    "$py" -m pytest -q -m gpu tests -p no:cacheprovider -rs "$@" 2>&1 | tee "$OUT/pytest-gpu.log"
+    "$py" -m pytest -q tests -p no:cacheprovider -x "$@" 2>&1 | tee "$OUT/pytest-all.log"
+    ;;
+  bench)
+    "$py" benchmarks/dispatch.py --quick --out benchmarks/results "$@" 2>&1 | tee "$OUT/bench.log"
+    cp benchmarks/results/*.json "$OUT/" 2>/dev/null || true
+    ;;
+  sanitize)
+    compute-sanitizer --tool memcheck --error-exitcode 1 \
+      "$py" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider "$@" 2>&1 | tee "$OUT/memcheck.log"
+    ;;
+  example)
+    build=build/torch_op
+    cmake -S examples/torch_op -B "$build" -G Ninja \
+      -DTorch_DIR="$("$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')/Torch" \
+      -Dfastkernel_DIR="$("$py" -c 'import fastkernel; print(fastkernel.get_cmake_dir())')" \
+      > "$OUT/example-cmake.log" 2>&1
+    cmake --build "$build" >> "$OUT/example-cmake.log" 2>&1
+    "$py" examples/torch_op/add_kernel.py "$build" 2>&1 | tee "$OUT/example.log"
+    ;;
+  *) echo "usage: scripts/gpu_session.sh test|bench|sanitize|example [pytest/bench args]" >&2; exit 2 ;;
+esac
