@@ -128,3 +128,24 @@ def test_a_cubin_the_driver_rejects_falls_back_to_triton_with_one_warning(stand_
     assert stand_in.launches() == []
     assert caplog.text.count("registering the cubin failed") == 1
     assert fk.stats()[f"{k.module}.{k.fn.__qualname__}"]["fallbacks"] >= 2
+
+
+def test_refused_specializations_are_remembered_within_the_capacity(stand_in, monkeypatch):
+    from fastkernel import _triton_abi as abi
+    monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "2")
+    monkeypatch.setenv("FASTKERNEL_CACHE", "0")
+    k = fastkernel(kernels.add_kernel)
+    real = abi.launch_metadata
+
+    def corrupt(compiled):
+        meta = real(compiled)
+        meta.cubin = b"\x7fELF" + b"\0" * 60
+        return meta
+
+    monkeypatch.setattr(abi, "launch_metadata", corrupt)
+    x = torch.randn(64)
+    for block in (16, 32, 64, 128):  # four refused specializations
+        with pytest.raises(Exception, match="active drivers|driver"):
+            k[(1,)](x, x, x, 64, BLOCK=block)
+    assert len(k._refused_keys) == 2  # the two most recent
+    assert k.stats()["fallbacks"] == 4

@@ -235,6 +235,8 @@ class NativeDispatch(_C.Kernel):
                 # Triton's to launch; a missing driver (DriverUnavailableError) still raises.
                 reason = f"registering the cubin failed: {exc}"
                 self._refused_keys[key] = reason
+                while capacity_exceeded(self._refused_keys, self._capacity):  # oldest first
+                    del self._refused_keys[next(iter(self._refused_keys))]
                 self._miss_fallbacks += 1
                 return self._fallback(grid, args, kwargs, reason)
             self._compiled.append(compiled)
