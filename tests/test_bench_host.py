@@ -210,3 +210,14 @@ def test_absent_group_stays_in_entry():
     per = breakdown(total, functions, hits=1)
     assert per["stream query"] is None
     assert per["entry"] == 50000 - 10000 - 2000 - 12000
+
+
+def test_warm_start_is_measured_in_fresh_processes(host_report):
+    report, stdout = host_report
+    warm = report["warm_start"]
+    assert warm["fastkernel_cold"]["triton_compiles"] == [1]  # empty caches: Triton compiled
+    assert all(n == 0 for n in warm["fastkernel_warm"]["triton_compiles"])  # read from disk
+    for system in ("fastkernel_cold", "fastkernel_warm"):
+        assert warm[system]["start_to_first_launch_s"] > warm[system]["first_call_s"] > 0
+    assert "triton_warm" in warm["absent"] and warm["warm_speedup"] is None
+    assert "warm start (fresh processes" in stdout

@@ -219,6 +219,9 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
         _C._testing.set_host_testing(False, 0, 0)
         shutil.rmtree(bundles, ignore_errors=True)
 
+    from . import _bench_warm
+    warm = _bench_warm.measure(host=True, repeats=1 if opts.quick else 3, stream=HOST_STREAM,
+                               driver_library=os.environ.get("FASTKERNEL_CUDA_DRIVER"))
     rows = bench.result_rows(shape_results, shape_info)
     report = {
         "environment": env,
@@ -231,6 +234,7 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
         "cold_us": cold,
         "fastkernel_path": fast_path,
         "floor_params_match": params_match,
+        "warm_start": warm,
     }
     stem = f"host-{bench.slug(env['cpu'])}-{env['date'][:10]}"
     bench.finish_report(report, bench.results_dir(opts.out, repo), stem, list(HOST_LABELS),
@@ -251,6 +255,7 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
         f"{s}: {1e3 * (us[(s, 'fastkernel_callable')] - us[(s, 'fastkernel')]):.0f}"
         for s in shape_results))
     bench._print_cold(cold, "us")
+    _bench_warm.print_report(warm)
     bench._print_fast_path(fast_path)
     ok = bench._all_hits(fast_path)
     for name, match in params_match.items():

@@ -1,0 +1,125 @@
+"""Warm start (issue 6): from process start to the first launch of a kernel, in fresh processes.
+
+(a) ``fastkernel_cold``: fastkernel with empty fastkernel and Triton caches (Triton compiles);
+(b) ``fastkernel_warm``: fastkernel again, its disk cache now holding the binary;
+(c) ``triton_warm``: Triton's own ``kernel[grid]`` with Triton's disk cache warm (GPU only: its
+    launcher needs the CUDA runtime).
+
+Each child reports the wall-clock moment its first launch returned (synchronized on a GPU) and
+the duration of that first call alone, and how often it called ``triton.compile`` (for Triton
+itself a warm cache still goes through ``triton.compile``, which then reads its cache). Python's and torch's import cost is in every process-start figure
+alike; the first-call figure is what differs between the systems.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, Optional
+
+# The child: imports, one launch of the add-2 benchmark kernel, a JSON line.
+_CHILD = r"""
+import json, sys, time
+system, host, stream = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+import torch
+import triton
+import triton.compiler
+import triton.compiler.compiler
+compiles = []
+_real_compile = triton.compiler.compiler.compile
+def _counting_compile(*a, **k):
+    compiles.append(1)
+    return _real_compile(*a, **k)
+triton.compile = triton.compiler.compile = triton.compiler.compiler.compile = _counting_compile
+from fastkernel import _C, FastKernel
+from fastkernel._bench_kernels import add2_kernel, N, BLOCK
+if host:
+    _C._testing.set_host_testing(True, 0, stream)
+device = "cpu" if host else "cuda"
+x0, x1 = (torch.zeros(N, device=device) for _ in range(2))
+kernel = FastKernel(add2_kernel) if system == "fastkernel" else add2_kernel
+start = time.perf_counter()
+kernel[(triton.cdiv(N, BLOCK),)](x0, x1, N, BLOCK)
+if not host:
+    torch.cuda.synchronize()
+first = time.perf_counter() - start
+print(json.dumps({"done_wall": time.time(), "first_call_s": first, "triton_compiles": len(compiles)}))
+"""
+
+
+def _run_child(system: str, host: bool, stream: int, env: Dict[str, str]) -> Dict[str, Any]:
+    start = time.time()
+    done = subprocess.run([sys.executable, "-c", _CHILD, system, "1" if host else "0", str(stream)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"warm-start child ({system}) failed:\n{done.stderr[-3000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"start_to_first_launch_s": report["done_wall"] - start,
+            "first_call_s": report["first_call_s"], "triton_compiles": report["triton_compiles"]}
+
+
+def measure(host: bool, repeats: int = 3, stream: int = 0,
+            driver_library: Optional[str] = None) -> Dict[str, Any]:
+    """Run the three systems in fresh processes with private, initially empty caches.
+
+    Parameters
+    ----------
+    host : bool
+        Launch against the recording stand-in driver (``driver_library``) with CPU tensors; then
+        (c) is absent (Triton's launcher needs a GPU).
+    repeats : int
+        Runs of (b) and (c); the median is reported ((a) runs once: only one run is cold).
+    stream : int
+        The stream handle host-side launches use.
+
+    Returns
+    -------
+    dict
+        Per system: medians of ``start_to_first_launch_s`` and ``first_call_s``, the
+        ``triton_compiles`` of each run; ``absent``: system -> why; ``warm_speedup``: (c)'s first
+        call over (b)'s (None host-side).
+    """
+    with tempfile.TemporaryDirectory(prefix="fastkernel-warm-") as tmp:
+        env = dict(os.environ, FASTKERNEL_CACHE_DIR=str(pathlib.Path(tmp) / "fastkernel"),
+                   TRITON_CACHE_DIR=str(pathlib.Path(tmp) / "triton"), PYTHONHASHSEED="0")
+        if host and driver_library:
+            env["FASTKERNEL_CUDA_DRIVER"] = driver_library
+        runs: Dict[str, list] = {"fastkernel_cold": [_run_child("fastkernel", host, stream, env)]}
+        runs["fastkernel_warm"] = [_run_child("fastkernel", host, stream, env) for _ in range(repeats)]
+        absent = {}
+        if host:
+            absent["triton_warm"] = "needs a GPU (Triton's launcher needs the CUDA runtime)"
+        else:
+            runs["triton_warm"] = [_run_child("triton", host, stream, env) for _ in range(repeats)]
+    result: Dict[str, Any] = {"absent": absent, "repeats": repeats}
+    for system, samples in runs.items():
+        result[system] = {
+            "start_to_first_launch_s": statistics.median(s["start_to_first_launch_s"] for s in samples),
+            "first_call_s": statistics.median(s["first_call_s"] for s in samples),
+            "triton_compiles": [s["triton_compiles"] for s in samples],
+        }
+    warm, triton_warm = result.get("fastkernel_warm"), result.get("triton_warm")
+    result["warm_speedup"] = (triton_warm["first_call_s"] / warm["first_call_s"]
+                              if warm and triton_warm else None)
+    return result
+
+
+def print_report(result: Dict[str, Any]) -> None:
+    print("\nwarm start (fresh processes; s = from process start, first call = the call alone):")
+    for system in ("fastkernel_cold", "fastkernel_warm", "triton_warm"):
+        if system in result:
+            r = result[system]
+            print(f"  {system:18}  start->first launch {r['start_to_first_launch_s']:7.3f} s   "
+                  f"first call {1e3 * r['first_call_s']:9.2f} ms   Triton compiles "
+                  f"{r['triton_compiles']}")
+        else:
+            print(f"  {system:18}  absent: {result['absent'][system]}")
+    if result["warm_speedup"] is not None:
+        print(f"  Triton warm first call / fastkernel warm first call = "
+              f"{result['warm_speedup']:.1f} (target >= 10)")
