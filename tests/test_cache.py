@@ -147,7 +147,7 @@ def make_module(tmp_path):
     return make
 
 
-def test_key_changes_with_each_ingredient(cache_root, make_module, monkeypatch):
+def test_key_changes_with_each_ingredient(cache_root, make_module, monkeypatch, tmp_path):
     x = torch.randn(64)
     base_mod = make_module()
     args, kw = (x, x, 64), {"BLOCK": 64}
@@ -179,6 +179,11 @@ def test_key_changes_with_each_ingredient(cache_root, make_module, monkeypatch):
         m.setattr(cache, "_triton_key_digest", lambda memo_dir: "0" * 64)
         keys["triton_key (compiler sources, libtriton)"] = key_of(base_mod.kern, args, kw)
     with monkeypatch.context() as m:
+        # Another ptxas (TRITON_PTXAS_BLACKWELL_PATH, as Triton's knobs find it) reporting
+        # another version: the memoized backend digest is taken again for the new binary.
+        other_ptxas = tmp_path / "ptxas-blackwell"
+        other_ptxas.write_bytes(b"#!/bin/sh\n")
+        m.setenv("TRITON_PTXAS_BLACKWELL_PATH", str(other_ptxas))
         m.setattr(abi.backend_for(T90), "hash", lambda: "ptxas 99.9-90")
         keys["backend hash (ptxas version)"] = key_of(base_mod.kern, args, kw)
     with monkeypatch.context() as m:
@@ -602,3 +607,68 @@ def test_cli_runs_as_a_module(cache_root):
     assert result.returncode == 0, result.stderr
     assert "disabled (FASTKERNEL_CACHE=0)" in result.stdout
 
+
+
+# -- the warm index ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def binder_calls(monkeypatch) -> list:
+    """Counts Triton binder runs (abi.specialize) through fastkernel."""
+    calls = []
+    real = abi.specialize
+
+    def counting(jit_fn, target, args, kwargs):
+        calls.append(jit_fn.__name__)
+        return real(jit_fn, target, args, kwargs)
+
+    monkeypatch.setattr(abi, "specialize", counting)
+    return calls
+
+
+def index_files(root: pathlib.Path) -> list:
+    return sorted((root / "index").glob("*/*.json"))
+
+
+def test_a_warm_kernel_skips_tritons_binder_and_launches_the_same_bytes(stand_in, cache_root,
+                                                                        compiles, binder_calls):
+    x, y = torch.randn(64), torch.randn(65)
+    cold = fk(kernels.tuple_kernel)
+    for args in [(x, (x, 3), 64, (7, (2.5, x))), (x, (y[1:], 1), 63, (7, (2.5, x)))]:
+        cold[(1,)](*args, BLOCK=64)
+    assert len(binder_calls) == 2 and len(compiles) == 2 and len(index_files(cache_root)) == 2
+    warm = fk(kernels.tuple_kernel)
+    for args in [(x, (x, 3), 64, (7, (2.5, x))), (x, (y[1:], 1), 63, (7, (2.5, x)))]:
+        handle = warm[(1,)](*args, BLOCK=64)
+        assert isinstance(handle, cache.CachedKernel)
+    assert len(binder_calls) == 2 and len(compiles) == 2  # neither binder nor compiler ran
+    launches = stand_in.launches()
+    assert [l.raw for l in launches[2:]] == [l.raw for l in launches[:2]]
+    # What export needs came from the index too.
+    assert [r[1].plan for r in warm._registrations.values()] == \
+        [r[1].plan for r in cold._registrations.values()]
+
+
+def test_a_damaged_or_lying_index_record_falls_back_to_the_binder(stand_in, cache_root, compiles,
+                                                                  binder_calls):
+    x = torch.randn(64)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    (record,) = index_files(cache_root)
+    good = json.loads(record.read_text())
+    lying = json.loads(record.read_text())
+    lying["spec"]["signature"][3][1] = "i64"  # n as an i64: another binary, not the entry's
+    for text in ['{"entry": "', json.dumps(lying)]:
+        record.write_text(text)
+        fresh = fk(kernels.add_kernel)
+        fresh[(1,)](x, x, x, 64, BLOCK=64)
+        assert stand_in.launches()[-1].raw == stand_in.launches()[0].raw
+    assert len(binder_calls) == 3 and len(compiles) == 1  # binder each time; compiled once
+    assert json.loads(record.read_text()) == good  # rewritten by the binder's result
+
+
+def test_keys_holding_object_addresses_are_not_indexed(stand_in, cache_root):
+    import triton.language as tl
+    src, out = torch.randn(64), torch.empty(64, dtype=torch.float16)
+    fk(kernels.cast_kernel)[(1,)](out, src, 64, OUT_DTYPE=tl.float16, FN=kernels.times_two,
+                                  BLOCK=64)
+    assert len(entry_files(cache_root)) == 1 and index_files(cache_root) == []

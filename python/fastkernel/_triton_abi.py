@@ -113,6 +113,15 @@ def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str,
         raise UnsupportedByNativePath("a stages-inspection hook is set")
     options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound_args,
                                                               specialization, options)
+    return Specialization(signature, constexprs, attrs, options, launch_plan(signature))
+
+
+def launch_plan(signature: Dict[str, Any]) -> List[Tuple[int, str]]:
+    """(bound-argument slot, Triton type) of each kernel parameter, in order, from a
+    specialization's signature: constexprs dropped, tuples flattened depth-first into the slots
+    after the declared parameters (the native bound call's layout). Raises
+    UnsupportedByNativePath for launch types the trampoline does not pack (tensor descriptors).
+    """
     plan: List[Tuple[int, str]] = []
     # Tuple arguments are flattened (Triton's launcher does the same): their leaves, in
     # depth-first order, take the native bound call's slots after the declared parameters.
@@ -139,7 +148,7 @@ def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str,
             add_leaves(ty)
         else:
             add(index, ty)
-    return Specialization(signature, constexprs, attrs, options, plan)
+    return plan
 
 
 def compile_specialization(jit_fn, target: GPUTarget, spec: Specialization):
@@ -255,6 +264,15 @@ def _hook_parts(hook) -> Tuple[Optional[list], bool]:
     return None, True
 
 
+def binary_knobs() -> Tuple[bool, str, bool]:
+    """The knob values that change the compiled binary: (debug, instrumentation mode,
+    fpsan homomorphic casts), as JITFunction.run reads them into the compile options."""
+    from triton import knobs
+    runtime, compilation = knobs.runtime, knobs.compilation
+    return (bool(runtime.debug), str(getattr(compilation, "instrumentation_mode", "")),
+            bool(getattr(compilation, "fpsan_homomorphic_casts", False)))
+
+
 def knob_state() -> Tuple[int, bool, Optional[list], bool, Optional[list], bool]:
     """The knob state for the native path: (key word, native path disabled, enter hook list,
     enter is a plain callable, exit hook list, exit is a plain callable).
@@ -263,10 +281,8 @@ def knob_state() -> Tuple[int, bool, Optional[list], bool, Optional[list], bool]
     change the compiled binary, so a knob change selects (and compiles) a new binary.
     """
     from triton import knobs
-    runtime, compilation = knobs.runtime, knobs.compilation
-    binary = (bool(runtime.debug), str(getattr(compilation, "instrumentation_mode", "")),
-              bool(getattr(compilation, "fpsan_homomorphic_casts", False)))
-    word = _BINARY_KNOB_WORDS.setdefault(binary, len(_BINARY_KNOB_WORDS) + 1)
+    runtime = knobs.runtime
+    word = _BINARY_KNOB_WORDS.setdefault(binary_knobs(), len(_BINARY_KNOB_WORDS) + 1)
     disabled = getattr(runtime, "add_stages_inspection_hook", None) is not None
     enter_calls, enter_plain = _hook_parts(runtime.launch_enter_hook)
     exit_calls, exit_plain = _hook_parts(runtime.launch_exit_hook)

@@ -214,23 +214,17 @@ def _compute_triton_key_digest() -> str:
     return _sha256(triton_key())
 
 
-_triton_key_digests: Dict[str, str] = {}
-_memo_dirs_seen: set = set()
+_digests: Dict[Tuple[str, str], str] = {}
+_memos_written: set = set()
 
 
-def _triton_key_digest(memo_dir: Optional[str]) -> str:
-    """sha256 of Triton's ``triton_key()`` (its version and a hash of its compiler's sources and
-    of libtriton, about 500 MB read in Triton 3.9).
-
-    Hashing libtriton takes about 0.4 s, which would dominate a warm start, so the digest is
-    memoized, in the process and on disk under ``memo_dir``, by the stats of every file it reads
-    (:func:`_triton_stat_signature`, the way ccache's direct mode trusts file stats): a
-    reinstalled or edited Triton changes a stat and is hashed again. The memo is local; entries
-    carry the content digest, which is what another machine compares.
-    """
-    signature = _triton_stat_signature()
-    memo = pathlib.Path(memo_dir) / f"triton-{signature[:40]}.txt" if memo_dir else None
-    digest = _triton_key_digests.get(signature)
+def _memoized_digest(kind: str, signature: str, compute, memo_dir: Optional[str]) -> str:
+    """``compute()`` (a sha256 hex digest), memoized in the process and on disk under
+    ``memo_dir`` as ``<kind>-<signature>.txt``, where ``signature`` hashes the stats of every
+    input (the way ccache's direct mode trusts file stats): a changed input changes a stat and
+    the digest is computed again. The memo is local; entries carry the digest itself."""
+    digest = _digests.get((kind, signature))
+    memo = pathlib.Path(memo_dir) / f"{kind}-{signature[:40]}.txt" if memo_dir else None
     if digest is None and memo is not None:
         try:
             text = memo.read_text("ascii").strip()
@@ -239,10 +233,10 @@ def _triton_key_digest(memo_dir: Optional[str]) -> str:
         except (OSError, UnicodeDecodeError):
             pass
     if digest is None:
-        digest = _compute_triton_key_digest()
-    _triton_key_digests[signature] = digest
-    if memo is not None and memo_dir not in _memo_dirs_seen:
-        _memo_dirs_seen.add(memo_dir)
+        digest = compute()
+    _digests[(kind, signature)] = digest
+    if memo is not None and (memo_dir, kind, signature) not in _memos_written:
+        _memos_written.add((memo_dir, kind, signature))
         try:
             if not memo.exists():
                 atomic_write(memo, digest.encode("ascii"))
@@ -250,6 +244,41 @@ def _triton_key_digest(memo_dir: Optional[str]) -> str:
             _log_once(logging.DEBUG, ("memo", memo_dir), "fastkernel: cannot write %s: %s", memo,
                       exc)
     return digest
+
+
+def _triton_key_digest(memo_dir: Optional[str]) -> str:
+    """sha256 of Triton's ``triton_key()`` (its version and a hash of its compiler's sources and
+    of libtriton, about 500 MB read in Triton 3.9). Hashing libtriton takes about 0.4 s, which
+    would dominate a warm start, so it is memoized by :func:`_triton_stat_signature`."""
+    return _memoized_digest("triton", _triton_stat_signature(), _compute_triton_key_digest,
+                            memo_dir)
+
+
+def _backend_stat_signature(target) -> str:
+    """A hash of what the backend's ``hash()`` depends on for CUDA (the ptxas it runs, found as
+    triton/knobs.py ``env_nvidia_tool`` finds it, and the mock version knob) by path and stats."""
+    from triton import knobs
+    parts = [_triton_stat_signature(), str(target.arch), str(target.backend),
+             repr(getattr(getattr(knobs, "nvidia", None), "mock_ptx_version", None))]
+    bin_dir = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    for tool in ("ptxas", "ptxas-blackwell"):
+        env = os.environ.get(f"TRITON_{tool.upper().replace('-', '_')}_PATH")
+        for path in ([env] if env else []) + [str(bin_dir / tool)]:
+            try:
+                st = os.stat(path)
+                parts.append(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}")
+            except OSError:
+                parts.append(f"{path}\0missing")
+    return _sha256("\n".join(parts))
+
+
+def _backend_digest(target, memo_dir: Optional[str]) -> str:
+    """sha256 of the backend's ``hash()`` (for CUDA the ptxas version text and the arch: two
+    ``ptxas --version`` runs, ~15 ms), memoized by :func:`_backend_stat_signature`."""
+    if target.backend != "cuda":
+        return _sha256(abi.backend_for(target).hash())
+    return _memoized_digest("backend", _backend_stat_signature(target),
+                            lambda: _sha256(abi.backend_for(target).hash()), memo_dir)
 
 
 def toolchain_fingerprint(target, memo_dir: Optional[pathlib.Path] = None) -> Dict[str, Any]:
@@ -278,7 +307,7 @@ def toolchain_fingerprint(target, memo_dir: Optional[pathlib.Path] = None) -> Di
         "fastkernel": fastkernel.__version__,
         "triton": triton.__version__,
         "triton_key": _triton_key_digest(str(memo_dir) if memo_dir else None),
-        "backend": _sha256(abi.backend_for(target).hash()),
+        "backend": _backend_digest(target, str(memo_dir) if memo_dir else None),
     }
 
 
@@ -734,6 +763,143 @@ def is_cached(jit_fn, target, spec: "abi.Specialization") -> bool:
     return entry_path(root, key).is_file()
 
 
+# -- the warm index: a native key to its specialization, so a warm process skips the binder ----
+#
+# Triton's binder costs a warm process most of its first call (Triton 3.9 imports
+# triton.experimental.gluon on its first use: ~70 ms here). The native key already decides the
+# specialization (same key iff same specialization, given the kernel, its globals, the
+# binary-changing knobs, the target, the toolchain and the environment), so the index maps it,
+# with those, to the Specialization the binder produced, stored as JSON. A decoded
+# specialization is trusted only when its recomputed entry key is the one stored beside it and
+# that entry loads and verifies; anything else falls back to the binder.
+
+INDEX_FORMAT = 1
+
+
+class _NotEncodable(Exception):
+    pass
+
+
+def _enc(value: Any) -> Any:
+    """A reversible JSON encoding of the values a Specialization holds."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return {"i": str(value)}
+    if isinstance(value, float):
+        return {"f": value.hex()}
+    if isinstance(value, tuple):
+        return {"t": [_enc(v) for v in value]}
+    if isinstance(value, list):
+        return [_enc(v) for v in value]
+    if isinstance(value, triton.language.dtype) and type(value) is triton.language.dtype:
+        return {"dtype": value.name}
+    raise _NotEncodable(type(value).__name__)
+
+
+def _dec(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_dec(v) for v in value]
+    if isinstance(value, dict):
+        (tag, inner), = value.items()
+        if tag == "i":
+            return int(inner)
+        if tag == "f":
+            return float.fromhex(inner)
+        if tag == "t":
+            return tuple(_dec(v) for v in inner)
+        if tag == "dtype":
+            return triton.language.dtype(inner)
+        raise ValueError(f"unknown tag {tag!r}")
+    return value
+
+
+def _encode_spec(spec: "abi.Specialization") -> Dict[str, Any]:
+    return {
+        "signature": [[k, _enc(v)] for k, v in spec.signature.items()],
+        "constexprs": [[_enc(k), _enc(v)] for k, v in spec.constexprs.items()],
+        "attrs": [[_enc(k), _enc(v)] for k, v in spec.attrs.items()],
+        "options": [[k, _enc(v)] for k, v in spec.options.__dict__.items()],
+    }
+
+
+def _decode_spec(doc: Mapping[str, Any], target) -> "abi.Specialization":
+    defaults = abi.backend_for(target).parse_options({})
+    options = dataclasses.replace(defaults, **{k: _dec(v) for k, v in doc["options"]})
+    signature = {k: _dec(v) for k, v in doc["signature"]}
+    # The plan is derived, never stored: the entry key check covers the signature it comes from.
+    return abi.Specialization(
+        signature=signature, constexprs={_dec(k): _dec(v) for k, v in doc["constexprs"]},
+        attrs={_dec(k): _dec(v) for k, v in doc["attrs"]}, options=options,
+        plan=abi.launch_plan(signature))
+
+
+def _index_path(jit_fn, target, native_key: bytes, root: pathlib.Path) -> pathlib.Path:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    # Globals, options and the rest of the binary's identity are checked through the entry key
+    # the decoded specialization must reproduce (warm_lookup).
+    doc = {
+        "format": INDEX_FORMAT,
+        "kernel": jit_fn.cache_key,
+        # The device and knob-state words (the last two) are per process; the knob values are not.
+        "native_key": native_key[:-16].hex(),
+        "knobs": list(abi.binary_knobs()),
+        "target": _target_dict(target),
+        "toolchain": toolchain_fingerprint(target, root / "toolchain"),
+        "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
+    }
+    digest = hashlib.sha256(_canonical(doc)).hexdigest()
+    return root / "index" / digest[:2] / f"{digest}.json"
+
+
+def warm_lookup(jit_fn, target, native_key: bytes):
+    """``(spec, meta, handle)`` for a native key whose specialization the warm index holds and
+    whose entry verifies, else None (then the caller specializes with Triton's binder). Never
+    raises for cache problems."""
+    if not enabled() or always_compile():
+        return None
+    root = cache_dir()
+    try:
+        path = _index_path(jit_fn, target, native_key, root)
+        record = json.loads(path.read_text())
+        spec = _decode_spec(record["spec"], target)
+        doc = key_document(jit_fn, target, spec, root / "toolchain")
+        key = hashlib.sha256(_canonical(doc)).hexdigest()
+        if key != record["entry"]:
+            raise ValueError("the specialization does not give the recorded entry")
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a damaged or stale index record: the binder decides
+        log.debug("fastkernel: warm index unusable for %s: %s", _kernel_name(jit_fn), exc)
+        return None
+    entry = _load(entry_path(root, key), key, target, doc["toolchain"])
+    if entry is None:
+        return None
+    from triton.compiler import ASTSource
+    src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
+    return spec, entry.launch_metadata(), CachedKernel.from_entry(entry, src)
+
+
+def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization") -> None:
+    """Record ``native_key -> spec`` in the warm index (after its entry was written). Skipped
+    quietly when the cache is off or a value has no JSON encoding."""
+    if not enabled():
+        return
+    root = cache_dir()
+    try:
+        doc = key_document(jit_fn, target, spec, root / "toolchain")
+        record = {"entry": hashlib.sha256(_canonical(doc)).hexdigest(), "spec": _encode_spec(spec)}
+        if not entry_path(root, record["entry"]).is_file():
+            return
+        atomic_write(_index_path(jit_fn, target, native_key, root),
+                     json.dumps(record, sort_keys=True).encode())
+    except (_NotEncodable, Uncacheable) as exc:
+        log.debug("fastkernel: no warm index record for %s: %s", _kernel_name(jit_fn), exc)
+    except OSError as exc:
+        _log_once(logging.DEBUG, ("index-write", str(root)), "fastkernel: cannot write the warm "
+                  "index under %s: %s", root, exc)
+
+
 # -- managing a cache directory -------------------------------------------------------------
 
 
@@ -789,9 +955,9 @@ def clear(root: Optional[pathlib.Path] = None) -> Tuple[int, int]:
             continue
         count += 1
         size += st.st_size
-    for sub in ("entries", "toolchain", "autotune"):
+    for sub in ("entries", "toolchain", "autotune", "index"):
         shutil.rmtree(root / sub, ignore_errors=True)
-    _memo_dirs_seen.discard(str(root / "toolchain"))
+    _memos_written.clear()
     return count, size
 
 

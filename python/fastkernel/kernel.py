@@ -97,6 +97,16 @@ _KERNELS: "weakref.WeakSet[FastKernel]" = weakref.WeakSet()
 DEFAULT_MAX_SPECIALIZATIONS = 1024
 
 
+def _holds_identity_objects(values) -> bool:
+    """Whether any value (or tuple element, or tl.constexpr's value) is keyed by identity."""
+    for v in values:
+        if isinstance(v, triton.language.constexpr):
+            v = v.value
+        if isinstance(v, _IDENTITY_TYPES) or (isinstance(v, tuple) and _holds_identity_objects(v)):
+            return True
+    return False
+
+
 def capacity_exceeded(items, capacity: int) -> bool:
     """Whether a bounded collection (capacity 0 = unbounded) holds more than it may."""
     return capacity != 0 and len(items) > capacity
@@ -211,19 +221,29 @@ class NativeDispatch(_C.Kernel):
             return self._fallback(grid, args, kwargs, refused)
         with self._lock:
             target = self._target(device)
-            try:
-                spec = abi.specialize(self.jit_function, target, args, kwargs)
-            except abi.UnsupportedByNativePath as exc:
-                self._miss_fallbacks += 1
-                return self._fallback(grid, args, kwargs, str(exc))
-            try:
-                meta, compiled = self._launch_artifact(target, spec)
-            except abi.UnsupportedByNativePath as exc:
-                self._miss_fallbacks += 1
-                return self._fallback(grid, args, kwargs, str(exc))
-            except Exception as exc:
-                self._raise_kind_mismatch(args, kwargs, exc)
-                raise
+            # A warm process finds the specialization of a native key it has seen in the disk
+            # cache's warm index and skips Triton's binder. Not for tuned kernels (their key
+            # leaves the config out) nor keys holding object addresses (per process).
+            indexable = tuned_args is None and not _holds_identity_objects((*args, *kwargs.values()))
+            warm = _cache.warm_lookup(self.jit_function, target, key) if indexable else None
+            if warm is not None:
+                spec, meta, compiled = warm
+            else:
+                try:
+                    spec = abi.specialize(self.jit_function, target, args, kwargs)
+                except abi.UnsupportedByNativePath as exc:
+                    self._miss_fallbacks += 1
+                    return self._fallback(grid, args, kwargs, str(exc))
+                try:
+                    meta, compiled = self._launch_artifact(target, spec)
+                except abi.UnsupportedByNativePath as exc:
+                    self._miss_fallbacks += 1
+                    return self._fallback(grid, args, kwargs, str(exc))
+                except Exception as exc:
+                    self._raise_kind_mismatch(args, kwargs, exc)
+                    raise
+                if indexable:
+                    _cache.warm_store(self.jit_function, target, key, spec)
             try:
                 _C.register(self, key, device, meta.name, meta.cubin, meta.block_x,
                             meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
