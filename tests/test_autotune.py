@@ -235,7 +235,8 @@ def test_prune_configs_by_early_prune_perf_model_and_top_k(stand_in):
     seen = {}
 
     def early(configs, named_args, **kwargs):
-        seen["n"] = named_args["n"]
+        assert "n" not in named_args
+        seen["n"] = kwargs["n"]
         return [c for c in configs if c.kwargs["BLOCK"] != 256]
 
     def perf_model(**args):
@@ -244,7 +245,7 @@ def test_prune_configs_by_early_prune_perf_model_and_top_k(stand_in):
     k = tuned_add(timer, prune_configs_by={"early_config_prune": early, "perf_model": perf_model,
                                            "top_k": 1})
     x = torch.randn(1000)
-    k[grid_1d](x, x, x, 1000)
+    k[grid_1d](x, x, x, n=1000)  # a keyword: named_args and kwargs stay apart, as in Triton
     assert seen["n"] == 1000
     assert timer.calls == 0  # one config left: nothing to benchmark
     assert k.best_config is CONFIGS[1]

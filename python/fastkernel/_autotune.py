@@ -299,6 +299,8 @@ class Autotuned(NativeDispatch, Autotuner):
         the ``top_k`` best by ``perf_model(**named_args, **kwargs, **config.all_kwargs())``
         (Triton's ``prune_configs_by``; ``top_k`` a count, or a fraction of the configs)."""
         configs = list(self.configs)
+        # Triton passes the positional arguments by name (Autotuner.nargs) and the keywords apart.
+        named = {k: v for k, v in named.items() if k not in kwargs}
         if self.early_config_prune is not None:
             configs = list(self.early_config_prune(configs, named, **kwargs))
             if not configs:
