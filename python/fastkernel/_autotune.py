@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -635,6 +636,25 @@ def _median(timing: Any) -> float:
     return value if not math.isnan(value) else float("inf")
 
 
+def _interpreter_timer() -> Optional[Callable]:
+    """Under TRITON_INTERPRET=1, a do_bench of wall-clock milliseconds per call (Triton's needs a
+    GPU driver); otherwise None (Triton's own)."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return None
+
+    def wall_clock(kernel_call, quantiles=None, **_):
+        import time
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            kernel_call()
+            times.append((time.perf_counter() - start) * 1e3)
+        times.sort()
+        return [times[1]] * len(quantiles) if quantiles else times[1]
+
+    return wall_clock
+
+
 def tuning_dir() -> pathlib.Path:
     """Where tuning records live: ``autotune/`` under the kernel cache directory
     (FASTKERNEL_CACHE_DIR)."""
@@ -720,10 +740,14 @@ def autotune(configs: Sequence[Config], key: Sequence[str],
         if not isinstance(kernel, (FastKernel, Heuristics)):
             if os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0") or \
                     os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-                # @fastkernel returned Triton's own object: tune with Triton's autotuner.
-                return triton.autotune(configs, key, prune_configs_by=prune_configs_by,
-                                       reset_to_zero=reset_to_zero, restore_value=restore_value,
-                                       pre_hook=pre_hook, post_hook=post_hook)(
+                # @fastkernel returned Triton's own object: tune with Triton's autotuner (in
+                # the interpreter, timed by the wall clock: there is no GPU to time on).
+                options = dict(prune_configs_by=prune_configs_by, reset_to_zero=reset_to_zero,
+                               restore_value=restore_value, pre_hook=pre_hook,
+                               post_hook=post_hook, do_bench=do_bench or _interpreter_timer())
+                accepted = inspect.signature(triton.autotune).parameters
+                return triton.autotune(configs, key, **{k: v for k, v in options.items()
+                                                        if k in accepted})(
                                            getattr(kernel, "fn", kernel))
             raise TypeError(
                 f"fastkernel.autotune wraps a @fastkernel kernel, got {type(kernel).__name__}; "

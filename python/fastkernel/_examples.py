@@ -1,4 +1,5 @@
-"""Example kernels the demo runs: an elementwise add, a fused softmax and a tiled matmul.
+"""Example kernels the demo runs: an elementwise add, a fused softmax, a tiled matmul and an
+autotuned accumulating axpy.
 
 Decorated when this module is imported, so the demo imports it only after choosing between a
 GPU (native launches) and Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors)."""
@@ -6,6 +7,7 @@ GPU (native launches) and Triton's interpreter (``TRITON_INTERPRET=1``, CPU tens
 import triton
 import triton.language as tl
 
+from ._autotune import autotune
 from .kernel import fastkernel
 
 
@@ -50,3 +52,18 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
         acc += tl.dot(a, b)
     tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@autotune(configs=[triton.Config({"BLOCK": 256}, num_warps=2),
+                   triton.Config({"BLOCK": 1024}, num_warps=4),
+                   triton.Config({"BLOCK": 4096}, num_warps=8)],
+          key=["n"], reset_to_zero=["out_ptr"])
+@fastkernel
+@triton.jit
+def axpy_accumulate_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    # out += alpha * x + y with atomics: an accumulator that needs its output zeroed, tuned
+    # over BLOCK and num_warps (reset_to_zero keeps the tuning runs out of the result).
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = alpha * tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask)
+    tl.atomic_add(out_ptr + offs, v, mask=mask)
