@@ -479,3 +479,11 @@ def test_autotune_over_keyed_heuristics(stand_in):
     assert k.stats()["hits"] == 1
     assert (1000, 4) in seen
 
+
+
+def test_kill_switch_gives_tritons_autotuner_over_tritons_kernel(monkeypatch):
+    monkeypatch.setenv("FASTKERNEL_DISABLE", "1")
+    k = fastkernel.autotune(configs=CONFIGS, key=["n"])(fk(kernels.add_kernel))
+    assert type(k) is triton.runtime.autotuner.Autotuner and k.fn is kernels.add_kernel
+    h = fastkernel.heuristics({"BLOCK": lambda a: 64}, key=["n"])(fk(kernels.add_kernel))
+    assert type(h) is triton.runtime.autotuner.Heuristics and h.fn is kernels.add_kernel

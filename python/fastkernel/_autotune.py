@@ -729,6 +729,19 @@ def autotune(configs: Sequence[Config], key: Sequence[str],
                         "key=[...])")
 
     def decorator(kernel):
+        passthrough = os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0") or \
+            os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        if passthrough and not isinstance(kernel, (FastKernel, Heuristics)):
+            # @fastkernel returned Triton's own object: tune with Triton's autotuner (in the
+            # interpreter, timed by the wall clock: there is no GPU to time on).
+            from .kernel import _InterpretedKernel
+            inner = kernel.fn if isinstance(kernel, _InterpretedKernel) else kernel
+            options = dict(prune_configs_by=prune_configs_by, reset_to_zero=reset_to_zero,
+                           restore_value=restore_value, pre_hook=pre_hook, post_hook=post_hook,
+                           do_bench=do_bench or _interpreter_timer())
+            accepted = inspect.signature(triton.autotune).parameters
+            return triton.autotune(configs, key, **{k: v for k, v in options.items()
+                                                    if k in accepted})(inner)
         if isinstance(kernel, TritonHeuristics) and not isinstance(kernel, Heuristics):
             raise TypeError("fastkernel.autotune over @triton.heuristics: put @triton.heuristics "
                             "above @fastkernel.autotune, or use @fastkernel.heuristics(values, "
@@ -738,17 +751,6 @@ def autotune(configs: Sequence[Config], key: Sequence[str],
                             "    @fastkernel.autotune(configs=..., key=...)\n    @fastkernel\n"
                             "    @triton.jit\n    def kernel(...): ...")
         if not isinstance(kernel, (FastKernel, Heuristics)):
-            if os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0") or \
-                    os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-                # @fastkernel returned Triton's own object: tune with Triton's autotuner (in
-                # the interpreter, timed by the wall clock: there is no GPU to time on).
-                options = dict(prune_configs_by=prune_configs_by, reset_to_zero=reset_to_zero,
-                               restore_value=restore_value, pre_hook=pre_hook,
-                               post_hook=post_hook, do_bench=do_bench or _interpreter_timer())
-                accepted = inspect.signature(triton.autotune).parameters
-                return triton.autotune(configs, key, **{k: v for k, v in options.items()
-                                                        if k in accepted})(
-                                           getattr(kernel, "fn", kernel))
             raise TypeError(
                 f"fastkernel.autotune wraps a @fastkernel kernel, got {type(kernel).__name__}; "
                 f"@triton.heuristics goes above @fastkernel.autotune (its values are then passed "
