@@ -487,3 +487,27 @@ def test_kill_switch_gives_tritons_autotuner_over_tritons_kernel(monkeypatch):
     assert type(k) is triton.runtime.autotuner.Autotuner and k.fn is kernels.add_kernel
     h = fastkernel.heuristics({"BLOCK": lambda a: 64}, key=["n"])(fk(kernels.add_kernel))
     assert type(h) is triton.runtime.autotuner.Heuristics and h.fn is kernels.add_kernel
+
+
+def test_a_warm_process_registers_a_tuned_config_without_tritons_binder(stand_in, monkeypatch):
+    x = torch.randn(1000)
+    tuned_add(FakeTimer([3.0, 1.0, 2.0]))[grid_1d](x, x, x, 1000)  # tunes, compiles, indexes
+    first = stand_in.launches()[-1]
+    binder = []
+    real = abi.specialize
+    monkeypatch.setattr(abi, "specialize", lambda *a: binder.append(1) or real(*a))
+    timer = FakeTimer([1.0])
+    warm = tuned_add(timer)  # a new object: its tuning record and specialization come from disk
+    warm[grid_1d](x, x, x, 1000)
+    assert timer.calls == 0 and binder == []
+    assert stand_in.launches()[-1].raw == first.raw and stand_in.launches()[-1].grid == first.grid
+    # Another config for the same native key (the record says BLOCK=256 now): not served the
+    # BLOCK=128 binary.
+    (record,) = fastkernel._autotune.tuning_dir().glob("*/*.json")
+    doc = json.loads(record.read_text())
+    doc["config_index"], doc["config"] = 2, fastkernel._autotune._config_doc(CONFIGS[2])
+    record.write_text(json.dumps(doc))
+    other = tuned_add(FakeTimer([1.0]))
+    other[grid_1d](x, x, x, 1000)
+    assert stand_in.launches()[-1].block[0] == 256 and stand_in.launches()[-1].grid[0] == 4
+    assert len(binder) == 1

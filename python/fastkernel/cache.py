@@ -834,7 +834,8 @@ def _decode_spec(doc: Mapping[str, Any], target) -> "abi.Specialization":
         plan=abi.launch_plan(signature))
 
 
-def _index_path(jit_fn, target, native_key: bytes, root: pathlib.Path) -> pathlib.Path:
+def _index_path(jit_fn, target, native_key: bytes, root: pathlib.Path,
+                tuned: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
     from triton._C.libtriton import get_cache_invalidating_env_vars
     # Globals, options and the rest of the binary's identity are checked through the entry key
     # the decoded specialization must reproduce (warm_lookup).
@@ -847,20 +848,23 @@ def _index_path(jit_fn, target, native_key: bytes, root: pathlib.Path) -> pathli
         "target": _target_dict(target),
         "toolchain": toolchain_fingerprint(target, root / "toolchain"),
         "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
+        # A tuned kernel's key leaves its config out: the config's values are part of the doc.
+        "tuned": sorted([str(k), _render(v)] for k, v in (tuned or {}).items()),
     }
     digest = hashlib.sha256(_canonical(doc)).hexdigest()
     return root / "index" / digest[:2] / f"{digest}.json"
 
 
-def warm_lookup(jit_fn, target, native_key: bytes):
+def warm_lookup(jit_fn, target, native_key: bytes, tuned: Optional[Mapping[str, Any]] = None):
     """``(spec, meta, handle)`` for a native key whose specialization the warm index holds and
-    whose entry verifies, else None (then the caller specializes with Triton's binder). Never
-    raises for cache problems."""
+    whose entry verifies, else None (then the caller specializes with Triton's binder). ``tuned``:
+    the values a tuned config (or keyed heuristics) gave, which a tuned kernel's native key does
+    not hold. Never raises for cache problems."""
     if not enabled() or always_compile():
         return None
     root = cache_dir()
     try:
-        path = _index_path(jit_fn, target, native_key, root)
+        path = _index_path(jit_fn, target, native_key, root, tuned)
         record = json.loads(path.read_text())
         spec = _decode_spec(record["spec"], target)
         doc = key_document(jit_fn, target, spec, root / "toolchain")
@@ -880,7 +884,8 @@ def warm_lookup(jit_fn, target, native_key: bytes):
     return spec, entry.launch_metadata(), CachedKernel.from_entry(entry, src)
 
 
-def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization") -> None:
+def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization",
+               tuned: Optional[Mapping[str, Any]] = None) -> None:
     """Record ``native_key -> spec`` in the warm index (after its entry was written). Skipped
     quietly when the cache is off or a value has no JSON encoding."""
     if not enabled():
@@ -891,7 +896,7 @@ def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization") ->
         record = {"entry": hashlib.sha256(_canonical(doc)).hexdigest(), "spec": _encode_spec(spec)}
         if not entry_path(root, record["entry"]).is_file():
             return
-        atomic_write(_index_path(jit_fn, target, native_key, root),
+        atomic_write(_index_path(jit_fn, target, native_key, root, tuned),
                      json.dumps(record, sort_keys=True).encode())
     except (_NotEncodable, Uncacheable) as exc:
         log.debug("fastkernel: no warm index record for %s: %s", _kernel_name(jit_fn), exc)

@@ -222,10 +222,15 @@ class NativeDispatch(_C.Kernel):
         with self._lock:
             target = self._target(device)
             # A warm process finds the specialization of a native key it has seen in the disk
-            # cache's warm index and skips Triton's binder. Not for tuned kernels (their key
-            # leaves the config out) nor keys holding object addresses (per process).
-            indexable = tuned_args is None and not _holds_identity_objects((*args, *kwargs.values()))
-            warm = _cache.warm_lookup(self.jit_function, target, key) if indexable else None
+            # cache's warm index and skips Triton's binder; a tuned kernel's index entry also
+            # names its config's values (the key leaves them out). Keys holding object
+            # addresses (per process) are not indexed.
+            indexable = not _holds_identity_objects((*args, *kwargs.values()))
+            tuned = None
+            if tuned_args is not None:  # the config's values and options arrive as keywords
+                import torch
+                tuned = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+            warm = _cache.warm_lookup(self.jit_function, target, key, tuned) if indexable else None
             if warm is not None:
                 spec, meta, compiled = warm
             else:
@@ -243,7 +248,7 @@ class NativeDispatch(_C.Kernel):
                     self._raise_kind_mismatch(args, kwargs, exc)
                     raise
                 if indexable:
-                    _cache.warm_store(self.jit_function, target, key, spec)
+                    _cache.warm_store(self.jit_function, target, key, spec, tuned)
             try:
                 _C.register(self, key, device, meta.name, meta.cubin, meta.block_x,
                             meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
