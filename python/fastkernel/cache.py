@@ -195,17 +195,20 @@ def _triton_key_sources() -> List[str]:
 
 
 @functools.lru_cache(maxsize=None)
+def _stat_part(path: str) -> str:
+    """One file's identity for a stat signature: path, size, mtime, inode and device."""
+    try:
+        st = os.stat(path)
+        return f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}"
+    except OSError:
+        return f"{path}\0missing"
+
+
 def _triton_stat_signature() -> str:
     """A hash of the installed Triton's version and the path, size, mtime, inode and device of
     every file ``triton_key()`` reads. Taken once per process: the Triton this process runs is
     the one it imported."""
-    parts = [triton.__version__]
-    for path in _triton_key_sources():
-        try:
-            st = os.stat(path)
-            parts.append(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}")
-        except OSError:
-            parts.append(f"{path}\0missing")
+    parts = [triton.__version__] + [_stat_part(path) for path in _triton_key_sources()]
     return _sha256("\n".join(parts))
 
 
@@ -263,12 +266,7 @@ def _backend_stat_signature(target) -> str:
     bin_dir = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     for tool in ("ptxas", "ptxas-blackwell"):
         env = os.environ.get(f"TRITON_{tool.upper().replace('-', '_')}_PATH")
-        for path in ([env] if env else []) + [str(bin_dir / tool)]:
-            try:
-                st = os.stat(path)
-                parts.append(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}")
-            except OSError:
-                parts.append(f"{path}\0missing")
+        parts += [_stat_part(path) for path in ([env] if env else []) + [str(bin_dir / tool)]]
     return _sha256("\n".join(parts))
 
 
