@@ -672,3 +672,22 @@ def test_keys_holding_object_addresses_are_not_indexed(stand_in, cache_root):
     fk(kernels.cast_kernel)[(1,)](out, src, 64, OUT_DTYPE=tl.float16, FN=kernels.times_two,
                                   BLOCK=64)
     assert len(entry_files(cache_root)) == 1 and index_files(cache_root) == []
+
+
+def test_an_index_record_in_another_keys_place_is_refused(stand_in, cache_root, compiles,
+                                                         binder_calls):
+    """A copied record names a real entry, but another specialization's: it must not serve."""
+    x = torch.randn(65)
+    k = fk(kernels.add_kernel)
+    k[(1,)](x, x, x, 64, BLOCK=64)      # aligned out_ptr
+    k[(1,)](x, x, x[1:], 64, BLOCK=64)  # unaligned out_ptr: another specialization
+    aligned, unaligned = (r.read_text() for r in index_files(cache_root))
+    by_content = {json.loads(t)["entry"]: t for t in (aligned, unaligned)}
+    assert len(by_content) == 2
+    for record in index_files(cache_root):  # swap the two records' contents
+        other = [t for t in (aligned, unaligned) if t != record.read_text()][0]
+        record.write_text(other)
+    fresh = fk(kernels.add_kernel)
+    fresh[(1,)](x, x, x[1:], 64, BLOCK=64)
+    assert stand_in.launches()[-1].raw == stand_in.launches()[1].raw
+    assert len(binder_calls) == 3  # the swapped record was refused: the binder decided

@@ -864,6 +864,8 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Optional[Mapping[str, 
     try:
         path = _index_path(jit_fn, target, native_key, root, tuned)
         record = json.loads(path.read_text())
+        if record["index"] != path.stem:  # another key's record (copied, or renamed)
+            raise ValueError("a record for another native key")
         spec = _decode_spec(record["spec"], target)
         doc = key_document(jit_fn, target, spec, root / "toolchain")
         key = hashlib.sha256(_canonical(doc)).hexdigest()
@@ -891,11 +893,12 @@ def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization",
     root = cache_dir()
     try:
         doc = key_document(jit_fn, target, spec, root / "toolchain")
-        record = {"entry": hashlib.sha256(_canonical(doc)).hexdigest(), "spec": _encode_spec(spec)}
+        path = _index_path(jit_fn, target, native_key, root, tuned)
+        record = {"index": path.stem, "entry": hashlib.sha256(_canonical(doc)).hexdigest(),
+                  "spec": _encode_spec(spec)}
         if not entry_path(root, record["entry"]).is_file():
             return
-        atomic_write(_index_path(jit_fn, target, native_key, root, tuned),
-                     json.dumps(record, sort_keys=True).encode())
+        atomic_write(path, json.dumps(record, sort_keys=True).encode())
     except (_NotEncodable, Uncacheable) as exc:
         log.debug("fastkernel: no warm index record for %s: %s", _kernel_name(jit_fn), exc)
     except OSError as exc:
