@@ -197,22 +197,6 @@ class Autotuned(NativeDispatch, Autotuner):
 
     # -- the tuning key -----------------------------------------------------------------------
 
-    def _named_args(self, args: tuple, kwargs: dict) -> Dict[str, Any]:
-        """The call bound to parameter names, with defaults (as Triton's ``nargs``)."""
-        params = self.jit_function.params
-        if len(args) > len(params):
-            raise TypeError(f"{self.__name__} takes {len(params)} arguments but {len(args)} "
-                            f"were given")
-        named = {p.name: a for p, a in zip(params, args)}
-        for name, value in kwargs.items():
-            if name in named:
-                raise TypeError(f"{self.__name__} got multiple values for argument '{name}'")
-            named[name] = value
-        for p in params:
-            if p.name not in named and p.has_default and p.name not in self._config_params:
-                named[p.name] = p.default
-        return named
-
     def tuning_key(self, named: Dict[str, Any]) -> Tuple[Any, ...]:
         """The autotune key of a bound call: each named argument's value (a tensor's sizes), then
         every tensor's dtype and stride classes (0, 1, other). Equal native keys give equal
@@ -238,7 +222,7 @@ class Autotuned(NativeDispatch, Autotuner):
                              f"that you don't re-define auto-tuned symbols.")
         if self._heuristics is not None:
             self._heuristics.check_conflicts(kwargs)
-        named = self._named_args(args, kwargs)
+        named = self.named_arguments(args, kwargs, provided=self._config_params)
         config = self._config_for(named, grid, args, kwargs, device)
         merged = {**kwargs, **config.all_kwargs()}
         if self._heuristics is not None:
@@ -247,8 +231,9 @@ class Autotuned(NativeDispatch, Autotuner):
             # Triton runs a config's pre_hook before every launch: Python on every call.
             config.pre_hook({**named, **config.all_kwargs()})
             if key is not None:
-                self._count_python_call("the tuned config has a pre_hook, which runs in Python "
-                                        "before every launch")
+                self._count_fallback("the tuned config has a pre_hook, which runs in Python "
+                                     "before every launch", logging.INFO, "runs Python per call")
+                self._miss_fallbacks += 1
                 result = self.fn[grid](*args, **merged)
                 return result if result is not None else True
         if key is None:
@@ -258,13 +243,6 @@ class Autotuned(NativeDispatch, Autotuner):
         tuned_args = tuple(values.get(p.name) if p.name in self._config_params else None
                            for p in self.jit_function.params)
         return self._register_miss(grid, args, merged, key, device, tuned_args)
-
-    def _count_python_call(self, reason: str) -> None:
-        count = self._fallback_reasons.get(reason, 0)
-        if count == 0:
-            log.info("fastkernel: %s: %s", self.__name__, reason)
-        self._fallback_reasons[reason] = count + 1
-        self._miss_fallbacks += 1
 
     def _config_for(self, named, grid, args, kwargs, device: int) -> Config:
         tuning_key = self.tuning_key(named)
@@ -579,17 +557,13 @@ class Heuristics(NativeDispatch, TritonHeuristics):
     def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
                  reason: Optional[str]):
         self.check_conflicts(kwargs)
-        named = Autotuned._named_args(self, args, kwargs)
+        named = self.named_arguments(args, kwargs, provided=self.values)
         merged = {**kwargs, **self.values_for(named)}
         if key is None:
             return self._fallback(grid, args, merged, reason or "unsupported call")
         tuned_args = tuple(merged.get(p.name) if p.name in self.values else None
                            for p in self.jit_function.params)
         return self._register_miss(grid, args, merged, key, device, tuned_args)
-
-    @property
-    def _config_params(self) -> List[str]:
-        return list(self.values)
 
 
 def heuristics(values: Dict[str, Callable], key: Optional[Sequence[str]] = None):

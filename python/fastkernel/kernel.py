@@ -290,12 +290,34 @@ class NativeDispatch(_C.Kernel):
         """
         return _cache.load_or_compile(self.jit_function, target, spec)
 
-    def _fallback(self, grid, args, kwargs, reason: str):
+    def _count_fallback(self, reason: str, level: int = logging.WARNING,
+                        what: str = "goes through Triton's own launcher") -> None:
+        """Count a call that took a Python path for ``reason``; log the first one."""
         count = self._fallback_reasons.get(reason, 0)
         if count == 0:
-            log.warning("fastkernel: %s goes through Triton's own launcher: %s",
-                        self.jit_function.__name__, reason)
+            log.log(level, "fastkernel: %s %s: %s", self.jit_function.__name__, what, reason)
         self._fallback_reasons[reason] = count + 1
+
+    def named_arguments(self, args: tuple, kwargs: dict, provided=()) -> Dict[str, Any]:
+        """The call bound to parameter names, with defaults (Triton's ``nargs``), except for
+        the parameters in ``provided`` (set by a tuned config or a heuristic, not by the call).
+        Raises TypeError for too many positional arguments or one given twice."""
+        params = self.jit_function.params
+        name = self.jit_function.__name__
+        if len(args) > len(params):
+            raise TypeError(f"{name} takes {len(params)} arguments but {len(args)} were given")
+        named = {p.name: a for p, a in zip(params, args)}
+        for key, value in kwargs.items():
+            if key in named:
+                raise TypeError(f"{name} got multiple values for argument '{key}'")
+            named[key] = value
+        for p in params:
+            if p.name not in named and p.has_default and p.name not in provided:
+                named[p.name] = p.default
+        return named
+
+    def _fallback(self, grid, args, kwargs, reason: str):
+        self._count_fallback(reason)
         result = self.jit_function[grid](*args, **kwargs)
         return result if result is not None else True
 
