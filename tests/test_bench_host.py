@@ -46,7 +46,7 @@ def test_environment_is_recorded(host_report):
                 "fastkernel", "cpu"):
         assert key in env
     assert env["mode"] == "host"
-    assert env["driver_library"].endswith(".so")
+    assert ".so" in pathlib.Path(env["driver_library"]).name
 
 
 def test_every_shape_and_system_has_a_result(host_report):

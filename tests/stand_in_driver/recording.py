@@ -38,26 +38,35 @@ def _compiler() -> list[str]:
     return ["cc"]
 
 
+def _build_command(output: str) -> list[str]:
+    # The soname makes the library answer to "libcuda.so.1": Triton's launcher module links
+    # against libcuda and dlopens "libcuda.so.1", and both resolve to this library once it is
+    # loaded (see tests/triton_reference.py).
+    return [*_compiler(), "-std=c11", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror",
+            "-Wl,-soname,libcuda.so.1", "-o", output, str(SOURCE), "-lpthread"]
+
+
 @functools.lru_cache(maxsize=None)
 def build_recording_driver() -> pathlib.Path:
     """Compiles recording_driver.c once per process and returns the .so path.
 
-    The file name carries a hash of the source, so an unchanged source reuses
-    the library built by an earlier session, and a library that some process
-    has loaded is never overwritten in place.
+    The library is ``BUILD_DIR/<hash>/libcuda.so.1`` (with a ``libcuda.so`` link beside it, for
+    linkers), where the hash covers the source and the build command: an unchanged source
+    reuses the library built by an earlier session, and a library that some process has loaded
+    is never overwritten in place.
     """
     source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    target = BUILD_DIR / f"librecording_driver-{digest}.so"
-    if target.exists():
+    digest = hashlib.sha256(source + shlex.join(_build_command("-")).encode()).hexdigest()[:16]
+    directory = BUILD_DIR / digest
+    target = directory / "libcuda.so.1"
+    if target.exists() and (directory / "libcuda.so").exists():
         return target
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     # Build to a temporary name and rename: concurrent builders (pytest-xdist
     # workers) then never see a half-written library.
-    fd, tmp = tempfile.mkstemp(prefix=".librecording_driver-", suffix=".so", dir=BUILD_DIR)
+    fd, tmp = tempfile.mkstemp(prefix=".libcuda-", suffix=".so", dir=directory)
     os.close(fd)
-    cmd = [*_compiler(), "-std=c11", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror",
-           "-o", tmp, str(SOURCE), "-lpthread"]
+    cmd = _build_command(tmp)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -67,6 +76,13 @@ def build_recording_driver() -> pathlib.Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    link = directory / "libcuda.so"
+    if not link.exists():
+        fd, tmp_link = tempfile.mkstemp(prefix=".libcuda-link-", dir=directory)
+        os.close(fd)
+        os.unlink(tmp_link)
+        os.symlink("libcuda.so.1", tmp_link)
+        os.replace(tmp_link, link)
     return target
 
 
@@ -121,6 +137,7 @@ class RecordingDriver:
             "fkstub_launch_num_params": (c_int, [c_int]),
             "fkstub_launch_param": (c_int, [c_int, c_int, u32p, u32p]),
             "fkstub_launch_raw": (c_int, [c_int, c_void_p, c_int]),
+            "fkstub_tensor_map_encode_count": (c_int, []),
         }
         for name, (restype, argtypes) in sigs.items():
             fn = getattr(L, name)
@@ -146,6 +163,10 @@ class RecordingDriver:
     def launch_count(self) -> int:
         """Successful launches since the last reset, including any past the 4096 recorded."""
         return self.lib.fkstub_launch_count()
+
+    def tensor_map_encodes(self) -> int:
+        """Successful cuTensorMapEncodeTiled calls since the last reset."""
+        return self.lib.fkstub_tensor_map_encode_count()
 
     def func_attribute(self, name: str, attr: int) -> int:
         """Last value set with cuFuncSetAttribute(attr) on any function called `name`, or -1."""

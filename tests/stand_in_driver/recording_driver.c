@@ -96,6 +96,7 @@ enum {
     FK_FUNC_LOCAL_SIZE_BYTES = 3,
     FK_FUNC_NUM_REGS = 4,
     FK_FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    FK_FUNC_SHARED_MEMORY_MODE = 17,
 };
 
 /* Limits of the pretend device (an H100-like sm_90 part). */
@@ -225,6 +226,16 @@ static int device_count(void) {
 
 static int valid_device(CUdevice dev) { return dev >= 0 && dev < device_count(); }
 
+/* Compute capability as major*10+minor: FKSTUB_CAPABILITY (e.g. "80"), read
+ * on every call like FKSTUB_DEVICES; 90 (sm_90) when unset or invalid. */
+static int capability(void) {
+    const char *s = getenv("FKSTUB_CAPABILITY");
+    if (!s || !*s) return 90;
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    return (*end != '\0' || v < 10 || v > 199) ? 90 : (int)v;
+}
+
 static int ctx_device(CUcontext ctx) {
     for (int i = 0; i < FK_MAX_DEVICES; i++)
         if (ctx == &g_ctx[i]) return i;
@@ -286,8 +297,8 @@ FK_EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
     if (!pi) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     switch (attrib) {
-    case 75: *pi = 9; break;                        /* COMPUTE_CAPABILITY_MAJOR */
-    case 76: *pi = 0; break;                        /* COMPUTE_CAPABILITY_MINOR */
+    case 75: *pi = capability() / 10; break;        /* COMPUTE_CAPABILITY_MAJOR */
+    case 76: *pi = capability() % 10; break;        /* COMPUTE_CAPABILITY_MINOR */
     case 97: *pi = FK_SMEM_PER_BLOCK_OPTIN; break;  /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
     case 81: *pi = 233472; break;                   /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
     case 16: *pi = 132; break;                      /* MULTIPROCESSOR_COUNT */
@@ -619,6 +630,10 @@ FK_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value) {
      * the real device too; catching it here keeps CPU tests honest. */
     if (attrib == FK_FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES && (value < 0 || value > FK_SMEM_PER_BLOCK_OPTIN))
         return CUDA_ERROR_INVALID_VALUE;
+    /* The shared memory mode (oversized shared memory, sm_107 with newer
+     * drivers) is unknown to an sm_90 driver: Triton >= 3.8 tries it first and
+     * then opts in through MAX_DYNAMIC_SHARED_SIZE_BYTES, as on an H100. */
+    if (attrib == FK_FUNC_SHARED_MEMORY_MODE) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     if (!valid_func(hfunc)) {
         pthread_mutex_unlock(&g_lock);
@@ -861,13 +876,16 @@ FK_EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr) {
     return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* There is no device memory here, so pointer queries are unsupported; the
- * launcher must treat that as "not a device pointer it can inspect". */
+/* Host memory stands in for device memory here (CPU tensors play device
+ * tensors), so every nonzero address is its own device pointer: the query
+ * Triton's launcher makes for each pointer argument (DEVICE_POINTER, 3)
+ * answers with the address; other attributes are unsupported. */
 FK_EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
-    (void)data;
-    (void)attribute;
-    (void)ptr;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    if (attribute != 3) return CUDA_ERROR_NOT_SUPPORTED;
+    if (ptr == 0) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(data, &ptr, sizeof ptr);
+    return CUDA_SUCCESS;
 }
 
 FK_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus) {
@@ -876,6 +894,109 @@ FK_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus) {
     *captureStatus = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
     return CUDA_SUCCESS;
 }
+
+/* Context limits (printf FIFO, stack size, ...): one value per limit id, as
+ * Triton's launcher only sets and reads them back. */
+#define FK_MAX_LIMITS 16
+static size_t g_limits[FK_MAX_LIMITS];
+
+FK_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
+    if (limit < 0 || limit >= FK_MAX_LIMITS) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx()) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    g_limits[limit] = value;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuCtxGetLimit(size_t *value, int limit) {
+    if (!value || limit < 0 || limit >= FK_MAX_LIMITS) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx()) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    *value = g_limits[limit];
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensor maps (TMA descriptors).  cuTensorMapEncodeTiled checks its inputs
+ * with the rules the CUDA driver API documents for it, then writes a
+ * readable encoding of them instead of the hardware format, so tests can
+ * compare the 128 bytes a launcher passes and decode what was encoded:
+ *
+ *   0..3    "FKTM"                     16..23  global address
+ *   4       data type                  24..63  globalDim[5]     (u64, innermost first)
+ *   5       rank                       64..95  globalStrides[4] (u64 bytes, dims 1..4)
+ *   6..9    interleave, swizzle,       96..115 boxDim[5]        (u32)
+ *           L2 promotion, OOB fill     116..120 elementStrides[5] (u8)
+ *
+ * Unused entries and bytes are zero. */
+
+#define FK_TENSOR_MAP_BYTES 128
+static int g_num_tensor_map_encodes;
+
+/* Bytes per element of each CUtensorMapDataType (cuda.h order); the packed
+ * 4- and 6-bit types (13..15) count as one byte. */
+static const unsigned char k_tma_elem_bytes[16] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4, 1, 1, 1};
+
+static int is_float_tma_type(int t) { return t >= 6 && t <= 12; }
+
+FK_EXPORT CUresult cuTensorMapEncodeTiled(void *tensorMap, int dataType, unsigned int rank, void *globalAddress,
+                                          const unsigned long long *globalDim,
+                                          const unsigned long long *globalStrides, const unsigned int *boxDim,
+                                          const unsigned int *elementStrides, int interleave, int swizzle,
+                                          int l2Promotion, int oobFill) {
+    if (!tensorMap || ((uintptr_t)tensorMap & 63) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (dataType < 0 || dataType > 15 || rank < 1 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
+    if (interleave < 0 || interleave > 2 || swizzle < 0 || swizzle > 3 || l2Promotion < 0 || l2Promotion > 3 ||
+        oobFill < 0 || oobFill > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (interleave != 0 && rank < 3) return CUDA_ERROR_INVALID_VALUE;
+    if (!globalDim || !boxDim || !elementStrides || (rank > 1 && !globalStrides)) return CUDA_ERROR_INVALID_VALUE;
+    uintptr_t address = (uintptr_t)globalAddress;
+    if (address == 0 || (address & (interleave == 2 ? 31 : 15)) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (oobFill == 1 && !is_float_tma_type(dataType)) return CUDA_ERROR_INVALID_VALUE;
+    unsigned int elem = k_tma_elem_bytes[dataType];
+    for (unsigned int i = 0; i < rank; i++) {
+        if (globalDim[i] == 0 || globalDim[i] > (1ull << 32)) return CUDA_ERROR_INVALID_VALUE;
+        if (boxDim[i] == 0 || boxDim[i] > 256) return CUDA_ERROR_INVALID_VALUE;
+        if (elementStrides[i] == 0 || elementStrides[i] > 8) return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (unsigned int i = 0; i + 1 < rank; i++)
+        if (globalStrides[i] % 16 != 0 || globalStrides[i] >= (1ull << 40)) return CUDA_ERROR_INVALID_VALUE;
+    if (interleave == 0 && dataType < 13) {
+        unsigned int inner = boxDim[0] * elem;
+        if (inner % 16 != 0) return CUDA_ERROR_INVALID_VALUE;
+        static const unsigned int span[4] = {0, 32, 64, 128};
+        if (swizzle != 0 && inner > span[swizzle]) return CUDA_ERROR_INVALID_VALUE;
+    }
+
+    unsigned char out[FK_TENSOR_MAP_BYTES];
+    memset(out, 0, sizeof out);
+    memcpy(out, "FKTM", 4);
+    out[4] = (unsigned char)dataType;
+    out[5] = (unsigned char)rank;
+    out[6] = (unsigned char)interleave;
+    out[7] = (unsigned char)swizzle;
+    out[8] = (unsigned char)l2Promotion;
+    out[9] = (unsigned char)oobFill;
+    unsigned long long a = (unsigned long long)address;
+    memcpy(out + 16, &a, 8);
+    for (unsigned int i = 0; i < rank; i++) {
+        memcpy(out + 24 + 8 * i, &globalDim[i], 8);
+        memcpy(out + 96 + 4 * i, &boxDim[i], 4);
+        out[116 + i] = (unsigned char)elementStrides[i];
+    }
+    for (unsigned int i = 0; i + 1 < rank; i++) memcpy(out + 64 + 8 * i, &globalStrides[i], 8);
+    memcpy(tensorMap, out, sizeof out);
+    pthread_mutex_lock(&g_lock);
+    g_num_tensor_map_encodes++;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* Im2col tensor maps are not modelled: callers see the driver refuse them. */
+FK_EXPORT CUresult cuTensorMapEncodeIm2col(void) { return CUDA_ERROR_NOT_SUPPORTED; }
 
 /* ------------------------------------------------------------------------ */
 /* Recording accessors for tests (fkstub_ prefix).  Getters taking a launch
@@ -899,8 +1020,17 @@ FK_EXPORT void fkstub_reset(void) {
     free_launches_locked();
     g_num_launches = 0;
     g_num_module_loads = 0;
+    g_num_tensor_map_encodes = 0;
     g_launch_result_override = -1;
     pthread_mutex_unlock(&g_lock);
+}
+
+/* Successful cuTensorMapEncodeTiled calls since the last reset. */
+FK_EXPORT int fkstub_tensor_map_encode_count(void) {
+    pthread_mutex_lock(&g_lock);
+    int n = g_num_tensor_map_encodes;
+    pthread_mutex_unlock(&g_lock);
+    return n;
 }
 
 /* Successful launches since the last reset (can exceed the recorded ones). */
