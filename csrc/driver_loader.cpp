@@ -58,7 +58,8 @@ void load_locked() {
             resolve(lib, "cuFuncSetAttribute", &api.cuFuncSetAttribute, true, &missing) &&
             resolve(lib, "cuLaunchKernel", &api.cuLaunchKernel, true, &missing) &&
             // Older drivers lack cuLaunchKernelEx; only launches that need attributes use it.
-            resolve(lib, "cuLaunchKernelEx", &api.cuLaunchKernelEx, false, &missing);
+            resolve(lib, "cuLaunchKernelEx", &api.cuLaunchKernelEx, false, &missing) &&
+            resolve(lib, "cuTensorMapEncodeTiled", &api.cuTensorMapEncodeTiled, false, &missing);
   if (!ok) {
     dlclose(lib);
     throw DriverUnavailable("fastkernel: the CUDA driver library '" + path + "' lacks " + missing);

@@ -54,6 +54,7 @@ bool parse_param_type(const std::string& t, ParamType* out) {
       {"u8", ParamType::U8},     {"u16", ParamType::U16},   {"u32", ParamType::U32},
       {"u64", ParamType::U64},   {"fp16", ParamType::FP16}, {"bf16", ParamType::BF16},
       {"fp32", ParamType::FP32}, {"f32", ParamType::FP32},  {"fp64", ParamType::FP64},
+      {"nvTmaDesc", ParamType::TensorMap},
   };
   if (!t.empty() && t[0] == '*') {
     *out = ParamType::Pointer;

@@ -191,6 +191,8 @@ void pack_param(ParamType type, const ArgValue& v, void* slot) {
     case ParamType::FP64:
       store<double>(slot, float_value(v, "fp64"));
       return;
+    case ParamType::TensorMap:
+      break;  // 128 bytes, not a slot: launch() encodes it from the descriptor's leaves
   }
   throw ParamError(-1, false, "unknown parameter type");
 }
@@ -206,6 +208,9 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
   }
   alignas(16) uint64_t storage[kMaxParams];
   void* params[kMaxParams];
+  // Tensor maps of host descriptor arguments (only records that take them touch this).
+  alignas(kTensorMapAlign) unsigned char tensor_maps[kMaxTensorMaps][kTensorMapBytes];
+  size_t num_tensor_maps = 0;
   const PackSlot* plan = record.plan.data();
   for (size_t i = 0; i < n; ++i) {
     const PackSlot slot = plan[i];
@@ -225,6 +230,14 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
       continue;
     }
     try {
+      if (slot.type == ParamType::TensorMap) {
+        if (num_tensor_maps >= record.tensor_maps.size() || num_tensor_maps >= size_t(kMaxTensorMaps)) {
+          throw ParamError(-1, false, "the launch record has no tensor map for this parameter");
+        }
+        encode_tensor_map(record.tensor_maps[num_tensor_maps], &v, tensor_maps[num_tensor_maps]);
+        params[i] = tensor_maps[num_tensor_maps++];
+        continue;
+      }
       pack_param(slot.type, v, &storage[i]);
     } catch (ParamError& e) {
       throw ParamError(slot.arg_index, e.overflow, e.what());

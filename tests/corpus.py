@@ -169,6 +169,32 @@ def _device_descriptor(k, device):
     return [dst]
 
 
+def _host_descriptors(k, device):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    g = _seeded(device)
+    src = torch.randn(96, 128, device=device, generator=g)
+    outs = []
+    for padding in ("zero", "nan"):  # a runtime field: one binary, two tensor maps
+        dst = torch.zeros(96, 128, device=device)
+        k[(6, 4)](TensorDescriptor.from_tensor(src, [16, 32], padding=padding),
+                  TensorDescriptor.from_tensor(dst, [16, 32]), 0.5, BLOCK_M=16, BLOCK_N=32)
+        outs.append(dst)
+    return outs
+
+
+def _persistent_matmul_descriptors(k, device):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    g = _seeded(device)
+    m, n, kdim = 512, 384, 256
+    a = torch.randn(m, kdim, device=device, generator=g).half()
+    b = torch.randn(n, kdim, device=device, generator=g).half()
+    c = torch.empty(m, n, device=device, dtype=torch.float16)
+    k[(8,)](TensorDescriptor.from_tensor(a, [128, 64]), TensorDescriptor.from_tensor(b, [128, 64]),
+            TensorDescriptor.from_tensor(c, [128, 128]), m, n, kdim, BLOCK_M=128, BLOCK_N=128,
+            BLOCK_K=64, NUM_PROGRAMS=8, num_warps=8, num_stages=3)
+    return [c]
+
+
 def cases() -> List[Case]:
     return [
         Case("vector add", kernels.add_kernel, _add),
@@ -182,6 +208,11 @@ def cases() -> List[Case]:
         Case("num_ctas=2 (clusters)", kernels.add_kernel, _clusters, hopper=True),
         Case("device-side tensor descriptors (global scratch)", kernels.device_descriptor_kernel,
              _device_descriptor, hopper=True),
+        Case("host tensor descriptors, zero and nan padding", kernels.descriptor_copy_kernel,
+             _host_descriptors),
+        Case("persistent matmul over host tensor descriptors (TMA)",
+             kernels.matmul_descriptor_persistent_kernel, _persistent_matmul_descriptors,
+             hopper=True),
     ]
 
 

@@ -173,3 +173,45 @@ def tuple_kernel(out_ptr, pair, n, nested, BLOCK: tl.constexpr):
     x = tl.load(pair[0] + offs, mask=mask)
     y = tl.load(nested[1][1] + offs, mask=mask)
     tl.store(out_ptr + offs, x * pair[1] + nested[0] * nested[1][0] + y, mask=mask)
+
+
+# -- host tensor descriptors (triton.tools.tensor_descriptor.TensorDescriptor) -----------------
+
+
+@triton.jit
+def descriptor_copy_kernel(in_desc, out_desc, scale, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr):
+    # A tile copy through two host descriptors (TMA on sm_90+, pointers below), scaled.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    tile = in_desc.load([pid_m * BLOCK_M, pid_n * BLOCK_N])
+    out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], tile * scale)
+
+
+@triton.jit
+def descriptor_tuple_kernel(pair, out_ptr, BLOCK: tl.constexpr):
+    # A tuple holding a descriptor and an int: the descriptor's parameters sit among the tuple's.
+    desc, row = pair
+    tile = desc.load([row, 0])
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs[:, None] * BLOCK + offs[None, :], tile)
+
+
+@triton.jit
+def matmul_descriptor_persistent_kernel(a_desc, b_desc, c_desc, M, N, K,
+                                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                        BLOCK_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
+    # A persistent matmul C = A @ B.T over host descriptors (B is N x K): each program walks
+    # the output tiles start, start + NUM_PROGRAMS, ...
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
+        pid_m = tile // num_n
+        pid_n = tile % num_n
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+            b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(tl.float16))

@@ -75,8 +75,9 @@ struct BoundCall {
   PyObject* options[kMaxOptions];  ///< borrowed; only the entries listed in set_options are valid
   int set_options[kMaxOptions];    ///< indices of the options given, ascending
   int num_set_options = 0;
-  /// One per declared parameter, then the leaves of tuple arguments in depth-first order
-  /// (slots num_params + 0, 1, ...: the indices the launch record's plan uses for them).
+  /// One per declared parameter, then the leaves of tuple and tensor descriptor arguments in
+  /// depth-first order (slots num_params + 0, 1, ...: the indices the launch record's plan uses
+  /// for them; a descriptor takes descriptor_leaves(rank) consecutive ones).
   ArgValue values[kMaxArgs];
   int num_leaves = 0;
   SpecializationKey key;
@@ -91,6 +92,10 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
 /// Sets Triton's constexpr wrapper class and the tuple of types keyed by identity (tl.dtype,
 /// jit functions). Called once by the Python layer at import.
 void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types);
+
+/// Sets triton.tools.tensor_descriptor.TensorDescriptor: arguments of exactly this type are
+/// host tensor descriptors on the native path (see key_builder.cpp). Called once at import.
+void set_tensor_descriptor_type(PyObject* type);
 
 /// Appends the launch device and the binary-changing knob state to a built key.
 inline void finish_key(SpecializationKey* key, int device, uint64_t knob_word) {

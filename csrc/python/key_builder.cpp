@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "fastkernel/tensor_map.h"
 #include "kernel_object.h"
 #include "launch_context.h"
 
@@ -41,6 +42,18 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
 PyObject* g_identity_types = nullptr;  // a tuple of types
 PyObject* g_constexpr_type = nullptr;
 PyObject* g_value_name = nullptr;
+// triton.tools.tensor_descriptor.TensorDescriptor and the names of its fields (interned).
+PyTypeObject* g_tensor_descriptor_type = nullptr;
+struct DescriptorNames {
+  PyObject* base;
+  PyObject* shape;
+  PyObject* strides;
+  PyObject* block_shape;
+  PyObject* padding;
+  PyObject* round_f32_to_tf32;
+  PyObject* nan;
+};
+DescriptorNames g_desc_names{};
 
 bool is_identity_keyed(PyObject* v) {
   if (g_identity_types == nullptr) {
@@ -285,6 +298,128 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   }
 }
 
+// A sequence of ints (list, tuple or torch.Size) of exactly `rank` items into leaf values.
+bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
+  if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
+    return false;
+  }
+  const bool is_list = PyList_Check(seq);
+  if ((is_list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq)) != rank) {
+    return false;
+  }
+  for (int d = 0; d < rank; ++d) {
+    PyObject* item = is_list ? PyList_GET_ITEM(seq, d) : PyTuple_GET_ITEM(seq, d);
+    if (!PyLong_CheckExact(item)) {
+      return false;
+    }
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow != 0) {
+      return false;
+    }
+    out[d].kind = ArgKind::Int;
+    out[d].width = signed_width(value);
+    out[d].i = value;
+  }
+  return true;
+}
+
+// A host tensor descriptor (triton.tools.tensor_descriptor.TensorDescriptor): keyed as Triton
+// specializes it (the base's dtype and the block shape; plus the base's device), its fields
+// captured in descriptor_leaves(rank) leaf slots: base pointer, shape, strides, nan padding,
+// tf32 rounding. Which of them reach the kernel, and how, the record's plan says (a tensor map
+// under TMA lowering, the decomposed fields otherwise).
+[[gnu::noinline]] KeyStatus push_tensor_descriptor(KernelObject* kernel, const ParamSpec& param,
+                                                   PyObject* v, ArgValue* value,
+                                                   BoundCall* call) {
+  struct Fields {
+    PyObject* base = nullptr;
+    PyObject* shape = nullptr;
+    PyObject* strides = nullptr;
+    PyObject* block = nullptr;
+    PyObject* padding = nullptr;
+    PyObject* tf32 = nullptr;
+    ~Fields() {
+      Py_XDECREF(base);
+      Py_XDECREF(shape);
+      Py_XDECREF(strides);
+      Py_XDECREF(block);
+      Py_XDECREF(padding);
+      Py_XDECREF(tf32);
+    }
+  } f;
+  const DescriptorNames& n = g_desc_names;
+  f.base = PyObject_GetAttr(v, n.base);
+  f.shape = f.base ? PyObject_GetAttr(v, n.shape) : nullptr;
+  f.strides = f.shape ? PyObject_GetAttr(v, n.strides) : nullptr;
+  f.block = f.strides ? PyObject_GetAttr(v, n.block_shape) : nullptr;
+  f.padding = f.block ? PyObject_GetAttr(v, n.padding) : nullptr;
+  if (f.padding == nullptr) {
+    PyErr_Clear();
+    call->fallback_reason = "a tensor descriptor without the fields of Triton's TensorDescriptor";
+    return KeyStatus::Fallback;
+  }
+  // Triton < 3.7's TensorDescriptor has no round_f32_to_tf32.
+  f.tf32 = PyObject_GetAttr(v, n.round_f32_to_tf32);
+  if (f.tf32 == nullptr) {
+    PyErr_Clear();
+  }
+  const bool block_is_list = PyList_Check(f.block);
+  if (!THPVariable_CheckExact(f.base) || (!block_is_list && !PyTuple_Check(f.block))) {
+    call->fallback_reason = "a tensor descriptor whose base is not a plain tensor";
+    return KeyStatus::Fallback;
+  }
+  const Py_ssize_t rank = block_is_list ? PyList_GET_SIZE(f.block) : PyTuple_GET_SIZE(f.block);
+  const int num_params = int(kernel->state->params.size());
+  const int first = num_params + call->num_leaves;
+  if (rank < 1 || rank > kMaxTensorMapRank || first + descriptor_leaves(int(rank)) > kMaxArgs) {
+    call->fallback_reason = "a tensor descriptor of a rank or count the native buffer does not hold";
+    return KeyStatus::Fallback;
+  }
+  ArgValue* leaves = &call->values[first];
+  call->num_leaves += descriptor_leaves(int(rank));
+  ArgValue block[kMaxTensorMapRank];
+  if (!read_int_leaves(f.shape, int(rank), leaves + 1) ||
+      !read_int_leaves(f.strides, int(rank), leaves + 1 + rank) ||
+      !read_int_leaves(f.block, int(rank), block)) {
+    call->fallback_reason = "a tensor descriptor whose shape, strides or block shape are not ints";
+    return KeyStatus::Fallback;
+  }
+  const int nan = PyUnicode_Check(f.padding) ? PyUnicode_Compare(f.padding, n.nan) : -1;
+  if (nan == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+  }
+  const bool tf32 = f.tf32 == Py_True;
+  if (f.tf32 != nullptr && f.tf32 != Py_True && f.tf32 != Py_False) {
+    call->fallback_reason = "a tensor descriptor whose round_f32_to_tf32 is not a bool";
+    return KeyStatus::Fallback;
+  }
+  const at::Tensor& tensor = THPVariable_Unpack(f.base);
+  const c10::Device device = tensor.device();
+  if ((device.type() != c10::DeviceType::CUDA &&
+       !(host_testing() && device.type() == c10::DeviceType::CPU)) ||
+      C10_UNLIKELY(!tensor.has_storage() && tensor.layout() != c10::kStrided)) {
+    return tensor_error(kernel, param, tensor);
+  }
+  leaves[0].kind = ArgKind::Tensor;
+  leaves[0].u = reinterpret_cast<uint64_t>(tensor.data_ptr());
+  ArgValue& padding = leaves[1 + 2 * rank];
+  padding.kind = ArgKind::Bool;
+  padding.i = nan == 0;
+  ArgValue& rounding = leaves[2 + 2 * rank];
+  rounding.kind = ArgKind::Bool;
+  rounding.i = tf32;
+  value->kind = ArgKind::None;  // the descriptor itself is never packed; its leaves are
+  SpecializationKey& key = call->key;
+  key.push(uint64_t(ArgKind::TensorDesc) | (uint64_t(rank) << 8) |
+           (uint64_t(uint8_t(tensor.scalar_type())) << 16) |
+           (uint64_t(uint8_t(device.type())) << 24) | (uint64_t(uint16_t(device.index())) << 32));
+  for (Py_ssize_t d = 0; d < rank; ++d) {
+    key.push(uint64_t(block[d].i));
+  }
+  return KeyStatus::Ok;
+}
+
 // One runtime (non-constexpr) argument: its key words and captured value. A tuple is keyed by
 // its length and elements, each element's value captured in the next leaf slot.
 [[gnu::noinline]] KeyStatus push_runtime_arg(KernelObject* kernel, const ParamSpec& param,
@@ -334,8 +469,8 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
     element.tune = 0;
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* item = PyTuple_GET_ITEM(v, i);
-      ArgValue* leaf = value;  // a nested tuple takes no slot of its own
-      if (!PyTuple_CheckExact(item)) {
+      ArgValue* leaf = value;  // a nested tuple or a descriptor takes no slot of its own
+      if (!PyTuple_CheckExact(item) && Py_TYPE(item) != g_tensor_descriptor_type) {
         const int slot = num_params + call->num_leaves++;
         if (slot >= kMaxArgs) {
           call->fallback_reason = "tuple arguments with more elements than the native buffer holds";
@@ -350,13 +485,31 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
     }
     return KeyStatus::Ok;
   }
-  // Tensor subclasses (FakeTensor under torch.compile), named tuples, tensor descriptors,
+  if (Py_TYPE(v) == g_tensor_descriptor_type && g_tensor_descriptor_type != nullptr) {
+    return push_tensor_descriptor(kernel, param, v, value, call);
+  }
+  // Tensor subclasses (FakeTensor under torch.compile), named tuples, Gluon's descriptors,
   // other objects: Triton's own path handles them.
   call->fallback_reason = "an argument of a kind the native key does not cover";
   return KeyStatus::Fallback;
 }
 
 }  // namespace
+
+void set_tensor_descriptor_type(PyObject* type) {
+  if (type != nullptr && !PyType_Check(type)) {
+    return;
+  }
+  Py_XINCREF(type);
+  Py_XDECREF(reinterpret_cast<PyObject*>(g_tensor_descriptor_type));
+  g_tensor_descriptor_type = reinterpret_cast<PyTypeObject*>(type);
+  if (g_desc_names.base == nullptr) {
+    g_desc_names = {PyUnicode_InternFromString("base"), PyUnicode_InternFromString("shape"),
+                    PyUnicode_InternFromString("strides"), PyUnicode_InternFromString("block_shape"),
+                    PyUnicode_InternFromString("padding"),
+                    PyUnicode_InternFromString("round_f32_to_tf32"), PyUnicode_InternFromString("nan")};
+  }
+}
 
 void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types) {
   Py_XINCREF(constexpr_type);

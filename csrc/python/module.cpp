@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fastkernel/fastkernel.h"
@@ -102,7 +103,9 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
                      const std::vector<std::pair<int, std::string>>& plan, int num_scratch_params,
                      uint64_t global_scratch_size, uint64_t global_scratch_align,
                      uint64_t profile_scratch_size, uint64_t profile_scratch_align,
-                     py::handle compiled, py::handle tuned_args) {
+                     py::handle compiled, py::handle tuned_args,
+                     const std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>&
+                         tensor_maps) {
   KernelObject* kernel = as_kernel(kernel_obj);
   const std::string key_data = key_bytes;
   if (key_data.size() % sizeof(uint64_t) != 0 ||
@@ -144,6 +147,44 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
       throw py::value_error("fastkernel: parameter plan index out of range");
     }
     rec->plan.push_back({uint16_t(arg_index), pt});
+  }
+  // Tensor maps: (data type, element size, swizzle, block shape, fp4 padded, tf32 rounding),
+  // one per "nvTmaDesc" parameter, in order; each reads its descriptor's leaves.
+  size_t map_slots = 0;
+  for (const PackSlot& slot : rec->plan) {
+    if (slot.type != ParamType::TensorMap) {
+      continue;
+    }
+    if (map_slots >= tensor_maps.size() || map_slots >= size_t(kMaxTensorMaps)) {
+      throw py::value_error("fastkernel: " + kernel_name + " has more tensor-map parameters than "
+                            "tensor map descriptions (or more than " +
+                            std::to_string(kMaxTensorMaps) + ")");
+    }
+    const auto& [data_type, elem_size, swizzle, block, fp4_padded, tf32_rounding] =
+        tensor_maps[map_slots++];
+    TensorMapSpec spec;
+    spec.rank = int32_t(block.size());
+    if (spec.rank < 1 || spec.rank > kMaxTensorMapRank ||
+        slot.arg_index + descriptor_leaves(spec.rank) > kMaxArgs) {
+      throw py::value_error("fastkernel: a tensor map must have 1 to 5 block dimensions");
+    }
+    if (data_type < 0 || data_type > 15 || elem_size <= 0 || elem_size > 8 || swizzle < 0 ||
+        swizzle > 3) {
+      throw py::value_error("fastkernel: malformed tensor map description for " + kernel_name);
+    }
+    spec.data_type = data_type;
+    spec.elem_size = elem_size;
+    spec.swizzle = swizzle;
+    for (int d = 0; d < spec.rank; ++d) {
+      spec.block[d] = block[size_t(d)];
+    }
+    spec.fp4_padded = fp4_padded;
+    spec.tf32_rounding = tf32_rounding;
+    rec->tensor_maps.push_back(spec);
+  }
+  if (map_slots != tensor_maps.size()) {
+    throw py::value_error("fastkernel: tensor map descriptions do not match the plan of " +
+                          kernel_name);
   }
   // The record owns a reference to what a launch returns; dropped with the record (eviction,
   // clear, kernel deallocation), always under the GIL.
@@ -327,9 +368,17 @@ PYBIND11_MODULE(_C, m) {
         py::arg("num_scratch_params"), py::arg("global_scratch_size"),
         py::arg("global_scratch_align"), py::arg("profile_scratch_size"),
         py::arg("profile_scratch_align"), py::arg("compiled"), py::arg("tuned_args") = py::none(),
+        py::arg("tensor_maps") = std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>{},
         "Load a compiled specialization on `device` and register its launch record under `key`.\n"
         "`tuned_args` (a tuple, one item per parameter, or None): what a tuned config gives the\n"
-        "parameters a call leaves out, for the callable grid and the launch hooks.");
+        "parameters a call leaves out, for the callable grid and the launch hooks.\n"
+        "`tensor_maps`: (data type, element size, swizzle, block shape, fp4 padded, tf32\n"
+        "rounding) for each \"nvTmaDesc\" plan entry, in order (Triton's tensordesc_meta).");
+  m.def(
+      "set_tensor_descriptor_type",
+      [](py::object type) { set_tensor_descriptor_type(type.is_none() ? nullptr : type.ptr()); },
+      py::arg("type"),
+      "Tell the key builder Triton's host TensorDescriptor class (None: descriptors fall back).");
   m.def(
       "set_constexpr_types",
       [](py::object constexpr_type, py::tuple identity_types) {
@@ -370,6 +419,8 @@ PYBIND11_MODULE(_C, m) {
   register_bench_floor(m);
 
   py::module_ t = m.def_submodule("_testing", "Test-only access to native internals.");
+  t.def("clear_tensor_map_cache", &clear_tensor_map_cache,
+        "Forget this thread's cached tensor-map encodings.");
   t.def("set_host_testing", &set_host_testing, py::arg("enabled"), py::arg("device") = 0,
         py::arg("stream") = 0,
         "Let CPU tensors stand in for device tensors and fix the device and stream (tests only).");

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import triton
@@ -102,7 +103,7 @@ def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str,
     TypeError, KeyError
         As Triton raises them for a bad call.
     UnsupportedByNativePath
-        For host tensor descriptors, which the native packer does not expand yet.
+        For launch types the native packer does not build (im2col descriptors).
     """
     from triton import knobs
     backend = backend_for(target)
@@ -116,11 +117,33 @@ def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str,
     return Specialization(signature, constexprs, attrs, options, launch_plan(signature))
 
 
+def descriptor_rank(ty: str) -> Optional[int]:
+    """The rank of a host tensor descriptor's Triton type (``"tensordesc<fp16[64, 64]>"``), or
+    None for any other type. The rank is the block shape's (backends/driver.py
+    ``_parse_descriptor``); im2col descriptors (``tensordesc_im2col<...>``) are not host
+    TensorDescriptors of this kind and give None."""
+    if not isinstance(ty, str) or not ty.startswith("tensordesc<"):
+        return None
+    match = re.match(r"tensordesc<([^[>]*)\[([^\]]*)\]", ty)
+    if match is None or ",input_rank=" in ty:
+        return None
+    return match.group(2).count(",") + 1
+
+
+def descriptor_leaves(rank: int) -> int:
+    """Bound-call slots a host descriptor takes: base, shape[rank], strides[rank], nan padding,
+    round to tf32 (csrc/include/fastkernel/tensor_map.h ``descriptor_leaves``)."""
+    return 2 * rank + 3
+
+
 def launch_plan(signature: Dict[str, Any]) -> List[Tuple[int, str]]:
     """(bound-argument slot, Triton type) of each kernel parameter, in order, from a
     specialization's signature: constexprs dropped, tuples flattened depth-first into the slots
-    after the declared parameters (the native bound call's layout). Raises
-    UnsupportedByNativePath for launch types the trampoline does not pack (tensor descriptors).
+    after the declared parameters (the native bound call's layout). A host tensor descriptor
+    takes ``descriptor_leaves(rank)`` slots there and appears once, as (its first slot, its
+    ``tensordesc<...>`` type): :func:`expand_descriptors` turns it into the parameters the
+    compiled kernel takes. Raises UnsupportedByNativePath for launch types the trampoline does
+    not pack (im2col descriptors).
     """
     plan: List[Tuple[int, str]] = []
     # Tuple arguments are flattened (Triton's launcher does the same): their leaves, in
@@ -130,14 +153,24 @@ def launch_plan(signature: Dict[str, Any]) -> List[Tuple[int, str]]:
     def add(slot: int, ty: Any) -> None:
         if ty == "constexpr":
             return
-        if not isinstance(ty, str) or ty.startswith("tensordesc") or ty == "nvTmaDesc":
+        if not isinstance(ty, str) or ty == "nvTmaDesc" or (
+                ty.startswith("tensordesc") and descriptor_rank(ty) is None):
             raise UnsupportedByNativePath(f"parameter {slot} has launch type {ty!r}")
         plan.append((slot, ty))
+
+    def add_descriptor(ty: str) -> None:
+        slot = next_leaf[0]
+        next_leaf[0] += descriptor_leaves(descriptor_rank(ty))
+        add(slot, ty)
 
     def add_leaves(types: tuple) -> None:
         for ty in types:
             if isinstance(ty, tuple):
                 add_leaves(ty)
+            elif descriptor_rank(ty) is not None:
+                if TRITON_VERSION <= (3, 6):  # its launcher expands top-level descriptors only
+                    raise UnsupportedByNativePath("a tensor descriptor inside a tuple")
+                add_descriptor(ty)
             else:
                 slot = next_leaf[0]
                 next_leaf[0] += 1
@@ -146,9 +179,71 @@ def launch_plan(signature: Dict[str, Any]) -> List[Tuple[int, str]]:
     for index, ty in enumerate(signature.values()):
         if isinstance(ty, tuple):
             add_leaves(ty)
+        elif descriptor_rank(ty) is not None:
+            add_descriptor(ty)
         else:
             add(index, ty)
     return plan
+
+
+#: Triton's device-side TMA element type -> the host CUtensorMapDataType
+#: (backends/nvidia/driver.py ``TMA_DTYPE_DEVICE_TO_HOST``, the same in 3.5-3.9).
+_TMA_DTYPE_DEVICE_TO_HOST = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
+
+#: A tensor map description for the native launcher: (host data type, element size in bytes,
+#: swizzle, block shape, fp4 padded, round_f32_to_tf32 selects TFLOAT32).
+TensorMap = Tuple[int, int, int, List[int], bool, bool]
+
+
+def expand_descriptors(plan: List[Tuple[int, str]], tensordesc_meta: Optional[list],
+                       version: Tuple[int, int] = TRITON_VERSION
+                       ) -> Tuple[List[Tuple[int, str]], List[TensorMap]]:
+    """The parameters a compiled kernel takes for its host tensor descriptors, as the installed
+    Triton's launcher passes them (backends/nvidia/driver.py ``make_tensordesc_arg`` and
+    ``expand_signature``), reading the descriptor's leaves (base, shape, strides, nan, tf32 at
+    slot offsets 0, 1, 1+rank, 1+2*rank, 2+2*rank):
+
+    - with TMA lowering (``tensordesc_meta`` non-empty: sm_90 and later): a CUtensorMap
+      (``"nvTmaDesc"``), then shape as i32 and strides as i64;
+    - without (``tensordesc_meta`` empty): the base pointer, shape and strides as i64, the nan
+      padding flag as i1 (and, Triton >= 3.7, the tf32 flag as i1), then shape as i32 and
+      strides as i64 again.
+
+    Returns the expanded plan and one :data:`TensorMap` per ``"nvTmaDesc"`` entry. Raises
+    UnsupportedByNativePath for descriptor kinds the native encoder does not build: im2col,
+    and padded fp4 under Triton <= 3.6 (which passes the doubled inner size to the kernel).
+    """
+    expanded: List[Tuple[int, str]] = []
+    maps: List[TensorMap] = []
+    descriptor_index = 0
+    for slot, ty in plan:
+        rank = descriptor_rank(ty)
+        if rank is None:
+            expanded.append((slot, ty))
+            continue
+        shape = [slot + 1 + d for d in range(rank)]
+        strides = [slot + 1 + rank + d for d in range(rank)]
+        nan_slot, tf32_slot = slot + 1 + 2 * rank, slot + 2 + 2 * rank
+        if tensordesc_meta:
+            meta = tensordesc_meta[descriptor_index]
+            if meta.get("is_im2col", False):
+                raise UnsupportedByNativePath("im2col tensor descriptors")
+            if meta["fp4_padded"] and version <= (3, 6):
+                raise UnsupportedByNativePath("padded fp4 tensor descriptors on Triton <= 3.6")
+            maps.append((_TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], int(meta["elem_size"]),
+                         int(meta["swizzle"]), [int(b) for b in meta["block_size"]],
+                         bool(meta["fp4_padded"]), version >= (3, 7)))
+            expanded.append((slot, "nvTmaDesc"))
+        else:
+            dtype = ty[len("tensordesc<"):ty.index("[")]
+            expanded.append((slot, "*" + dtype))
+            expanded += [(s, "i64") for s in shape + strides]
+            expanded.append((nan_slot, "i1"))
+            if version >= (3, 7):
+                expanded.append((tf32_slot, "i1"))
+        expanded += [(s, "i32") for s in shape] + [(s, "i64") for s in strides]
+        descriptor_index += 1
+    return expanded, maps
 
 
 def compile_specialization(jit_fn, target: GPUTarget, spec: Specialization):
@@ -172,6 +267,9 @@ class LaunchMetadata:
     global_scratch_align: int
     profile_scratch_size: int
     profile_scratch_align: int
+    #: Triton's ``tensordesc_meta``: one dict per host descriptor parameter under TMA lowering
+    #: (swizzle, elem_size, elem_type, block_size, fp4_padded), empty otherwise.
+    tensordesc_meta: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def launch_metadata(compiled) -> LaunchMetadata:
@@ -183,8 +281,6 @@ def launch_metadata(compiled) -> LaunchMetadata:
             raise UnsupportedByNativePath("GSan instrumentation appends launch parameters")
     except ImportError:
         pass
-    if getattr(md, "tensordesc_meta", None):
-        raise UnsupportedByNativePath("tensor descriptors")
     return LaunchMetadata(
         name=md.name,
         cubin=compiled.asm["cubin"],
@@ -197,6 +293,7 @@ def launch_metadata(compiled) -> LaunchMetadata:
         global_scratch_align=getattr(md, "global_scratch_align", 1) or 1,
         profile_scratch_size=getattr(md, "profile_scratch_size", 0) or 0,
         profile_scratch_align=getattr(md, "profile_scratch_align", 1) or 1,
+        tensordesc_meta=[dict(m) for m in (getattr(md, "tensordesc_meta", None) or [])],
     )
 
 

@@ -105,6 +105,9 @@ def export(kernel, path) -> List[pathlib.Path]:
         for index, param in runtime:
             lines.append("arg " + " ".join(str(x) for x in _pattern(param, index, spec, flags[index])))
         for index, ty in spec.plan:
+            if abi.descriptor_rank(ty) is not None:
+                raise ValueError(f"{kernel.__name__}: a specialization takes host tensor "
+                                 f"descriptors, which C++ bundles do not support")
             if index not in runtime_index:
                 raise ValueError(f"{kernel.__name__}: a specialization takes tuple arguments, "
                                  f"which C++ bundles do not support")

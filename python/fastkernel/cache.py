@@ -45,7 +45,7 @@ from . import _triton_abi as abi
 log = logging.getLogger("fastkernel.cache")
 
 #: Bumped whenever the file layout, the header schema or the key's ingredients change.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the launch metadata holds tensordesc_meta
 ENTRY_SUFFIX = ".fkc"
 _MAGIC = b"FKCACHE\0"
 # magic, format version (u32), header length (u32), cubin length (u64), then the sha256 of
@@ -60,8 +60,20 @@ _MAX_HEADER = 1 << 20  # a header is a few KB; anything far larger is not ours
 _LAUNCH_FIELDS: Dict[str, type] = {
     "name": str, "block_x": int, "shared_mem": int, "num_ctas": int, "cooperative_grid": bool,
     "pdl": bool, "global_scratch_size": int, "global_scratch_align": int,
-    "profile_scratch_size": int, "profile_scratch_align": int,
+    "profile_scratch_size": int, "profile_scratch_align": int, "tensordesc_meta": list,
 }
+
+#: The keys of one ``tensordesc_meta`` entry the native launcher reads, with their JSON types.
+_TENSORDESC_META_FIELDS: Dict[str, type] = {
+    "swizzle": int, "elem_size": int, "elem_type": int, "block_size": list, "fp4_padded": bool,
+}
+
+
+def _valid_tensordesc_meta(value: Any) -> bool:
+    return all(isinstance(m, dict)
+               and all(type(m.get(k)) is kind for k, kind in _TENSORDESC_META_FIELDS.items())
+               and all(type(b) is int and b > 0 for b in m["block_size"])
+               for m in value)
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -511,7 +523,8 @@ def _check_header(header: Any) -> None:
         raise CorruptEntry("the launch metadata has other fields than this version stores")
     for field, kind in _LAUNCH_FIELDS.items():
         value = launch[field]
-        if type(value) is not kind or (kind is int and value < 0):
+        if type(value) is not kind or (kind is int and value < 0) or (
+                field == "tensordesc_meta" and not _valid_tensordesc_meta(value)):
             raise CorruptEntry(f"launch field {field!r} is {value!r}")
     target = header["target"]
     if not (isinstance(target.get("backend"), str) and isinstance(target.get("arch"), int)

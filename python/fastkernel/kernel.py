@@ -32,6 +32,11 @@ log = logging.getLogger("fastkernel")
 # registered key can be reused by another object.
 _IDENTITY_TYPES = abi.IDENTITY_CONSTEXPR_TYPES
 _C.set_constexpr_types(triton.language.constexpr, _IDENTITY_TYPES)
+try:  # host tensor descriptors (Triton >= 3.5 has them; without, they take Triton's path)
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+    _C.set_tensor_descriptor_type(_TensorDescriptor)
+except ImportError:
+    pass
 
 
 def _notify_on_assignment(cls: type) -> None:
@@ -250,11 +255,16 @@ class NativeDispatch(_C.Kernel):
                 if indexable:
                     _cache.warm_store(self.jit_function, target, key, spec, tuned)
             try:
+                plan, tensor_maps = abi.expand_descriptors(spec.plan, meta.tensordesc_meta)
+            except abi.UnsupportedByNativePath as exc:
+                self._miss_fallbacks += 1
+                return self._fallback(grid, args, kwargs, str(exc))
+            try:
                 _C.register(self, key, device, meta.name, meta.cubin, meta.block_x,
                             meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
-                            spec.plan, abi.num_scratch_params(), meta.global_scratch_size,
+                            plan, abi.num_scratch_params(), meta.global_scratch_size,
                             meta.global_scratch_align, meta.profile_scratch_size,
-                            meta.profile_scratch_align, compiled, tuned_args)
+                            meta.profile_scratch_align, compiled, tuned_args, tensor_maps)
             except (_C.CudaError, ValueError) as exc:
                 # A binary the native path cannot load (or a launch record it rejects) is
                 # Triton's to launch; a missing driver (DriverUnavailableError) still raises.

@@ -61,6 +61,11 @@ constexpr unsigned LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
 constexpr unsigned LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5;
 constexpr unsigned LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 constexpr int CLUSTER_SCHEDULING_POLICY_SPREAD = 1;
+constexpr int TENSOR_MAP_DATA_TYPE_TFLOAT32 = 11;
+constexpr int TENSOR_MAP_INTERLEAVE_NONE = 0;
+constexpr int TENSOR_MAP_L2_PROMOTION_L2_128B = 2;
+constexpr int TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;
+constexpr int TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA = 1;
 }  // namespace cu
 
 /// Entry points resolved from the driver library; every pointer is non-null once loaded.
@@ -86,6 +91,12 @@ struct DriverApi {
                              unsigned shared_mem_bytes, CUstream stream, void** params, void** extra);
   CUresult (*cuLaunchKernelEx)(const CUlaunchConfig* config, CUfunction f, void** params,
                                void** extra);
+  /// Null on drivers before CUDA 12.0; only kernels taking host tensor descriptors use it.
+  CUresult (*cuTensorMapEncodeTiled)(void* tensor_map, int data_type, unsigned rank,
+                                     void* global_address, const uint64_t* global_dim,
+                                     const uint64_t* global_strides, const uint32_t* box_dim,
+                                     const uint32_t* element_strides, int interleave, int swizzle,
+                                     int l2_promotion, int oob_fill);
 };
 
 /// Thrown for every failed driver call; carries the CUDA error's number, name and message.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fastkernel/cuda_driver.h"
+#include "fastkernel/tensor_map.h"
 
 namespace fastkernel {
 
@@ -16,6 +17,10 @@ namespace fastkernel {
 /// narrowed from the Python double, bf16 is the top half of the fp32 bits).
 enum class ParamType : uint8_t {
   Pointer, I1, I8, I16, I32, I64, U1, U8, U16, U32, U64, FP16, BF16, FP32, FP64,
+  /// A 128-byte CUtensorMap encoded from a host tensor descriptor's leaves ("nvTmaDesc"); the
+  /// slot's arg_index is the descriptor's first leaf, and the k-th such parameter of a record
+  /// is described by LaunchRecord::tensor_maps[k].
+  TensorMap,
 };
 
 /// Parses a Triton signature type ("*fp32", "i32", "u1", "bf16", ...); false if unknown.
@@ -40,6 +45,7 @@ struct LaunchRecord {
   bool cooperative_grid = false;
   bool pdl = false;           ///< programmatic dependent launch
   std::vector<PackSlot> plan; ///< declared non-constexpr parameters, in order
+  std::vector<TensorMapSpec> tensor_maps;  ///< one per ParamType::TensorMap slot of `plan`
   int num_scratch_params = 2; ///< pointers the installed Triton appends: 0 (<=3.2), 1 (3.3-3.4), 2
   uint64_t global_scratch_size = 0;   ///< bytes per CTA; > 0 needs an allocation per launch
   uint64_t global_scratch_align = 1;

@@ -37,6 +37,9 @@ enum class ArgKind : uint8_t {
   Tuple = 19,         ///< a tuple argument (flattened by Triton): bits 8..39 its length, its
                       ///< elements' words follow
   ConstexprTuple = 20,  ///< a tuple constexpr: bits 8..39 its length, its elements' words follow
+  TensorDesc = 21,    ///< a host tensor descriptor: bits 8..15 its rank, 16..23 the base's dtype,
+                      ///< 24..31 its device type, 32..47 its device index; one word per block
+                      ///< dim follows (Triton's "tensordesc<dtype[block]>")
 };
 
 /// Tuning flags of a parameter (ParamSpec::tune), set for kernels under fastkernel.autotune.
