@@ -195,7 +195,7 @@ def test_a_non_contiguous_last_dimension_is_refused(stand_in):
     bad = TensorDescriptor.from_tensor(src, [16, 32])
     bad.strides = [64, 2]  # TensorDescriptor checks this at construction only
     launches = len(stand_in.launches())
-    with pytest.raises(TypeError, match="innermost stride must be 1"):
+    with pytest.raises(TypeError, match="argument 'in_desc'.*innermost stride must be 1"):
         k[(4, 2)](bad, args[1], 2.0, BLOCK_M=16, BLOCK_N=32)
     assert len(stand_in.launches()) == launches
 
@@ -248,3 +248,15 @@ def _tritons_expansion(signature, tensordesc_meta):
             else:
                 yield item
     return list(flat(expanded))
+
+
+def test_a_shape_beyond_int32_raises_naming_the_descriptor(stand_in, capability):
+    src, dst = torch.randn(64, 64), torch.empty(64, 64)
+    k = fastkernel(kernels.descriptor_copy_kernel)
+    args = _copy_args(src, dst)
+    k[(4, 2)](*args, BLOCK_M=16, BLOCK_N=32)
+    huge = TensorDescriptor(src, [2**31, 64], [64, 1], [16, 32])  # the kernel takes shape as i32
+    launches = len(stand_in.launches())
+    with pytest.raises(OverflowError, match="argument 'in_desc'.*out of range for i32"):
+        k[(4, 2)](huge, args[1], 2.0, BLOCK_M=16, BLOCK_N=32)
+    assert len(stand_in.launches()) == launches

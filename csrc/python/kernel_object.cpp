@@ -447,9 +447,15 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     PyObject* compiled = static_cast<PyObject*>(rec->user_data);
     return Py_NewRef(compiled ? compiled : Py_None);
   } catch (const ParamError& e) {
-    if (e.arg_index >= 0 && size_t(e.arg_index) < st.params.size()) {
+    // A leaf (tuple element, descriptor field) is reported under the parameter it belongs to.
+    const int num_params = int(st.params.size());
+    int owner = e.arg_index;
+    if (owner >= num_params && owner < num_params + call.num_leaves) {
+      owner = call.leaf_owner[owner - num_params];
+    }
+    if (owner >= 0 && owner < num_params) {
       PyErr_Format(e.overflow ? PyExc_OverflowError : PyExc_TypeError, "%U: argument '%U': %s",
-                   kernel->name, st.params[e.arg_index].name, e.what());
+                   kernel->name, st.params[owner].name, e.what());
     } else {
       PyErr_Format(PyExc_TypeError, "%U: %s", kernel->name, e.what());
     }

@@ -80,6 +80,9 @@ struct BoundCall {
   /// for them; a descriptor takes descriptor_leaves(rank) consecutive ones).
   ArgValue values[kMaxArgs];
   int num_leaves = 0;
+  /// The declared parameter each leaf belongs to (leaf slot - num_params), for error messages.
+  uint16_t leaf_owner[kMaxArgs];
+  int current_param = 0;  ///< the parameter whose value is being keyed
   SpecializationKey key;
   const char* fallback_reason = nullptr;
 };

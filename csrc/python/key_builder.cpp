@@ -377,6 +377,9 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
     return KeyStatus::Fallback;
   }
   ArgValue* leaves = &call->values[first];
+  for (int j = 0; j < descriptor_leaves(int(rank)); ++j) {
+    call->leaf_owner[first - num_params + j] = uint16_t(call->current_param);
+  }
   call->num_leaves += descriptor_leaves(int(rank));
   ArgValue block[kMaxTensorMapRank];
   if (!read_int_leaves(f.shape, int(rank), leaves + 1) ||
@@ -476,6 +479,7 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
           call->fallback_reason = "tuple arguments with more elements than the native buffer holds";
           return KeyStatus::Fallback;
         }
+        call->leaf_owner[slot - num_params] = uint16_t(call->current_param);
         leaf = &call->values[slot];
       }
       const KeyStatus status = push_runtime_arg(kernel, element, item, leaf, call, depth + 1);
@@ -610,6 +614,7 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
     }
     // The common kinds inline (the hot path); constexpr objects, tuples and the fallback out
     // of line.
+    call->current_param = i;
     KeyStatus status;
     if (THPVariable_CheckExact(v)) {
       status = push_tensor(kernel, param, v, value, &key);
