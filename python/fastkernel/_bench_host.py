@@ -7,8 +7,10 @@ into a 4096-entry record and returns. CPU tensors stand in for device tensors
 does on the host (bind, key, lookup, stream query, packing) plus the stand-in's small launch, and
 the floor (``_C.BenchFloor`` against the same stand-in) measures that launch alone.
 
-Triton's own ``kernel[grid]`` cannot run without a GPU (its launcher needs the CUDA runtime),
-so its host cost is not measured here.
+Triton's own ``kernel[grid]`` and ``CompiledKernel.run`` run against the same stand-in
+(``tests/triton_reference.py``: Triton's launcher module is built against it), so their host cost
+is measured side by side. The current device and stream come from Python callables there (torch
+has no CUDA here), where a GPU process calls torch's C functions.
 
 ``--callgrind`` re-runs the hit loops under ``valgrind --tool=callgrind``, collecting only inside
 ``_C.bench_call_loop`` (``--toggle-collect=fastkernel_bench_call_loop``) and dumping once per
@@ -37,6 +39,8 @@ HOST_STREAM = 0x1234
 
 HOST_LABELS: Dict[str, str] = {
     "floor": "floor: C++ cuLaunchKernel loop (stand-in)",
+    "triton_run": "Triton CompiledKernel.run (stand-in)",
+    "triton": "Triton kernel[grid] (stand-in)",
     "fastkernel": "fastkernel, tuple grid",
     "fastkernel_callable": "fastkernel, callable grid",
     "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
@@ -154,7 +158,9 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     env = bench.environment("host", None)
     print(f"host-side cost per hit on {env['cpu']} ({env['cpu_count']} CPUs), stand-in driver "
           f"{env['driver_library']}; {iterations} calls x {repeats} repeats per system")
-    print("Triton's kernel[grid] and CompiledKernel.run need a GPU to run at all: not measured.")
+    from triton_reference import TritonReference
+    reference = TritonReference(drv, HOST_STREAM)
+    reference.__enter__()  # Triton's launcher on the stand-in, until the end of the run
 
     def no_sync() -> None:
         pass
@@ -180,8 +186,10 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
 
             floor = bench.floor_timed(compiled, args, grid, 0, HOST_STREAM)
             params_match[shape.name] = floor_params_match(drv, fk, shape, args, floor)
+            triton_compiled = shape.kernel[grid](*args)  # Triton's own path: compile, launch
             systems = {
                 "floor": floor,
+                **bench.triton_systems(shape.kernel, triton_compiled, grid, args, HOST_STREAM),
                 "fastkernel": bench.Timed(bench.call_loop(fk, grid, args)),
                 "fastkernel_callable": bench.Timed(bench.call_loop(fk, callable_grid, args)),
             }
@@ -216,6 +224,7 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             }
             drv.reset()
     finally:
+        reference.__exit__(None, None, None)
         _C._testing.set_host_testing(False, 0, 0)
         shutil.rmtree(bundles, ignore_errors=True)
 
@@ -228,8 +237,7 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
         "method": {**bench._method(iterations, repeats), "sync_before_clock": False,
                    "driver": "recording stand-in (tests/stand_in_driver)"},
         "systems": HOST_LABELS,
-        "absent": {"triton": "needs a GPU", "triton_run": "needs a GPU",
-                   "inductor_static": "needs a GPU", "cuda_graph": "needs a GPU"},
+        "absent": {"inductor_static": "needs a GPU", "cuda_graph": "needs a GPU"},
         "results": rows,
         "cold_us": cold,
         "fastkernel_path": fast_path,
@@ -242,6 +250,9 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
     print("\nfastkernel's own cost per hit (tuple grid minus the floor), ns:")
     print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel')] - us[(s, 'floor')]):.0f}"
+                           for s in shape_results))
+    print("Triton kernel[grid] / fastkernel (host-side cost against the same stand-in):")
+    print("  " + "  ".join(f"{s}: {us[(s, 'triton')] / us[(s, 'fastkernel')]:.1f}x"
                            for s in shape_results))
     print("C++ Bundle::launch minus the floor, ns:")
     print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel_cpp')] - us[(s, 'floor')]):.0f}"

@@ -286,6 +286,21 @@ def call_loop(launcher, grid, args: tuple) -> Callable[[int], None]:
     return loop
 
 
+def triton_systems(jit, compiled, grid, args: tuple, stream: int) -> Dict[str, "Timed"]:
+    """Triton's own dispatch: ``kernel[grid](*args)`` (``triton``) and the compiled kernel's
+    ``run`` with the launch facts already in hand (``triton_run``), for a kernel ``jit`` whose
+    ``compiled`` specialization a first ``jit[grid](*args)`` returned."""
+    g = (tuple(grid) + (1, 1))[:3]
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+
+    def triton_run_loop(n: int, run=run, function=function, packed=packed, args=args,
+                        g0=g[0], g1=g[1], g2=g[2]) -> None:
+        for _ in range(n):
+            run(g0, g1, g2, stream, function, packed, None, None, None, *args)
+
+    return {"triton_run": Timed(triton_run_loop), "triton": Timed(call_loop(jit, grid, args))}
+
+
 # ---- environment ------------------------------------------------------------------------------
 
 
@@ -630,18 +645,9 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             def callable_grid(meta, _grid=grid):
                 return _grid
 
-            g = (tuple(grid) + (1, 1))[:3]
-            run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
-
-            def triton_run_loop(n: int, run=run, function=function, packed=packed, args=args,
-                                g0=g[0], g1=g[1], g2=g[2]) -> None:
-                for _ in range(n):
-                    run(g0, g1, g2, stream, function, packed, None, None, None, *args)
-
             systems: Dict[str, Timed] = {
                 "floor": floor_timed(compiled, args, grid, device, stream),
-                "triton_run": Timed(triton_run_loop),
-                "triton": Timed(call_loop(jit, grid, args)),
+                **triton_systems(jit, compiled, grid, args, stream),
                 "fastkernel": Timed(call_loop(fk, grid, args)),
                 "fastkernel_callable": Timed(call_loop(fk, callable_grid, args)),
             }
