@@ -148,8 +148,8 @@ def test_tf32_rounding_matches_triton(stand_in, reference, capability):
             assert decode_tensor_map(ours.params[0])["data_type"] == (11 if rounding else 7)
 
 
-@pytest.mark.skipif(abi.TRITON_VERSION <= (3, 6),
-                    reason="Triton <= 3.6 expands top-level descriptors only")
+@pytest.mark.skipif(abi.TRITON_VERSION <= (3, 7),
+                    reason="Triton <= 3.7 expands top-level descriptors only")
 def test_a_descriptor_inside_a_tuple(stand_in, reference, capability):
     src, out = torch.randn(64, 16), torch.empty(16, 16)
     pair = (TensorDescriptor.from_tensor(src, [16, 16]), 32)
@@ -217,7 +217,7 @@ def test_expanded_plans_match_tritons_signature_expansion():
     """The parameter types fastkernel expands a descriptor into are the installed Triton's
     (expand_signature), with and without TMA metadata."""
     signature = {"a": "tensordesc<fp16[64, 32]>", "n": "i32", "t": ("i32", "tensordesc<fp32[8]>")}
-    if abi.TRITON_VERSION <= (3, 6):
+    if abi.TRITON_VERSION <= (3, 7):  # descriptors inside tuples: Triton >= 3.8
         signature.pop("t")
     plan = abi.launch_plan(signature)
     meta = {"swizzle": 3, "elem_size": 2, "elem_type": 6, "block_size": [64, 32],

@@ -168,7 +168,7 @@ def launch_plan(signature: Dict[str, Any]) -> List[Tuple[int, str]]:
             if isinstance(ty, tuple):
                 add_leaves(ty)
             elif descriptor_rank(ty) is not None:
-                if TRITON_VERSION <= (3, 6):  # its launcher expands top-level descriptors only
+                if TRITON_VERSION <= (3, 7):  # its launcher expands top-level descriptors only
                     raise UnsupportedByNativePath("a tensor descriptor inside a tuple")
                 add_descriptor(ty)
             else:
