@@ -15,6 +15,11 @@ namespace {
 
 constexpr int kMaxParams = 256;
 
+// Tensor maps of host descriptor arguments, per thread rather than on the stack so that a launch
+// without descriptors keeps a small frame. Nothing between packing and the driver call runs
+// other code on this thread, so one buffer per thread is enough.
+alignas(kTensorMapAlign) thread_local unsigned char t_tensor_maps[kMaxTensorMaps][kTensorMapBytes];
+
 // IEEE-754 binary16 from a double, round-to-nearest-even (what CPython's PyFloat_Pack2 gives,
 // which Triton's launcher uses for fp16 scalars).
 uint16_t to_fp16(double value) {
@@ -208,8 +213,6 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
   }
   alignas(16) uint64_t storage[kMaxParams];
   void* params[kMaxParams];
-  // Tensor maps of host descriptor arguments (only records that take them touch this).
-  alignas(kTensorMapAlign) unsigned char tensor_maps[kMaxTensorMaps][kTensorMapBytes];
   size_t num_tensor_maps = 0;
   const PackSlot* plan = record.plan.data();
   for (size_t i = 0; i < n; ++i) {
@@ -234,8 +237,9 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
         if (num_tensor_maps >= record.tensor_maps.size() || num_tensor_maps >= size_t(kMaxTensorMaps)) {
           throw ParamError(-1, false, "the launch record has no tensor map for this parameter");
         }
-        encode_tensor_map(record.tensor_maps[num_tensor_maps], &v, tensor_maps[num_tensor_maps]);
-        params[i] = tensor_maps[num_tensor_maps++];
+        unsigned char* map = t_tensor_maps[num_tensor_maps++];
+        encode_tensor_map(record.tensor_maps[num_tensor_maps - 1], &v, map);
+        params[i] = map;
         continue;
       }
       pack_param(slot.type, v, &storage[i]);
