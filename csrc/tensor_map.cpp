@@ -36,7 +36,6 @@ constexpr int kCacheEntries = 8;
 struct ThreadCache {
   CacheEntry entries[kCacheEntries];
   int next = 0;
-  TensorMapCacheStats stats;
 };
 thread_local ThreadCache t_cache;
 
@@ -110,7 +109,6 @@ void encode_tensor_map(const TensorMapSpec& spec, const ArgValue* leaves, void* 
     if (e.valid && e.request.address == req.address &&
         std::memcmp(&e.request, &req, sizeof(req)) == 0) {
       std::memcpy(out, e.map, kTensorMapBytes);
-      ++cache.stats.hits;
       return;
     }
   }
@@ -145,11 +143,8 @@ void encode_tensor_map(const TensorMapSpec& spec, const ArgValue* leaves, void* 
   slot.request = req;
   slot.valid = true;
   cache.next = (cache.next + 1) % kCacheEntries;
-  ++cache.stats.encodes;
   std::memcpy(out, slot.map, kTensorMapBytes);
 }
-
-TensorMapCacheStats tensor_map_cache_stats() { return t_cache.stats; }
 
 void clear_tensor_map_cache() noexcept {
   for (CacheEntry& e : t_cache.entries) {

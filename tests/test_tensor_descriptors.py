@@ -187,30 +187,35 @@ def test_a_descriptor_subclass_goes_through_triton(stand_in, reference):
     assert len(stand_in.launches()) == 1  # launched once, by Triton's own launcher
 
 
-def test_a_non_contiguous_last_dimension_is_refused(stand_in):
+def _assert_refused(stand_in, make_bad, exc, match):
+    """A registered copy kernel called with ``make_bad(src)`` as its input descriptor raises
+    ``exc`` matching ``match`` and launches nothing."""
     src, dst = torch.randn(64, 64), torch.empty(64, 64)
     k = fastkernel(kernels.descriptor_copy_kernel)
     args = _copy_args(src, dst)
     k[(4, 2)](*args, BLOCK_M=16, BLOCK_N=32)
-    bad = TensorDescriptor.from_tensor(src, [16, 32])
-    bad.strides = [64, 2]  # TensorDescriptor checks this at construction only
+    bad = make_bad(src)
     launches = len(stand_in.launches())
-    with pytest.raises(TypeError, match="argument 'in_desc'.*innermost stride must be 1"):
+    with pytest.raises(exc, match=match):
         k[(4, 2)](bad, args[1], 2.0, BLOCK_M=16, BLOCK_N=32)
     assert len(stand_in.launches()) == launches
+
+
+def test_a_non_contiguous_last_dimension_is_refused(stand_in):
+    def make_bad(src):
+        bad = TensorDescriptor.from_tensor(src, [16, 32])
+        bad.strides = [64, 2]  # TensorDescriptor checks this at construction only
+        return bad
+    _assert_refused(stand_in, make_bad, TypeError,
+                    "argument 'in_desc'.*innermost stride must be 1")
 
 
 def test_a_descriptor_the_driver_refuses_raises_and_launches_nothing(stand_in):
-    src, dst = torch.randn(64, 64), torch.empty(64, 64)
-    k = fastkernel(kernels.descriptor_copy_kernel)
-    args = _copy_args(src, dst)
-    k[(4, 2)](*args, BLOCK_M=16, BLOCK_N=32)
-    bad = TensorDescriptor.from_tensor(src, [16, 32])
-    bad.base = src.view(-1)[1:].view(63, 65)[:, :64]  # 4 bytes past a 16-byte boundary
-    launches = len(stand_in.launches())
-    with pytest.raises(CudaError, match="tensor map"):
-        k[(4, 2)](bad, args[1], 2.0, BLOCK_M=16, BLOCK_N=32)
-    assert len(stand_in.launches()) == launches
+    def make_bad(src):
+        bad = TensorDescriptor.from_tensor(src, [16, 32])
+        bad.base = src.view(-1)[1:].view(63, 65)[:, :64]  # 4 bytes past a 16-byte boundary
+        return bad
+    _assert_refused(stand_in, make_bad, CudaError, "tensor map")
 
 
 def test_expanded_plans_match_tritons_signature_expansion():
@@ -251,12 +256,6 @@ def _tritons_expansion(signature, tensordesc_meta):
 
 
 def test_a_shape_beyond_int32_raises_naming_the_descriptor(stand_in, capability):
-    src, dst = torch.randn(64, 64), torch.empty(64, 64)
-    k = fastkernel(kernels.descriptor_copy_kernel)
-    args = _copy_args(src, dst)
-    k[(4, 2)](*args, BLOCK_M=16, BLOCK_N=32)
-    huge = TensorDescriptor(src, [2**31, 64], [64, 1], [16, 32])  # the kernel takes shape as i32
-    launches = len(stand_in.launches())
-    with pytest.raises(OverflowError, match="argument 'in_desc'.*out of range for i32"):
-        k[(4, 2)](huge, args[1], 2.0, BLOCK_M=16, BLOCK_N=32)
-    assert len(stand_in.launches()) == launches
+    # The kernel takes the shape as i32 (after the tensor map, or the i64 decomposed copy).
+    _assert_refused(stand_in, lambda src: TensorDescriptor(src, [2**31, 64], [64, 1], [16, 32]),
+                    OverflowError, "argument 'in_desc'.*out of range for i32")

@@ -264,16 +264,21 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   key->push(word);
 }
 
+// Whether a tensor can feed a launch: on a CUDA device (or the CPU under host testing) and
+// strided. Only a tensor without storage can be non-strided (sparse, mkldnn...); has_storage()
+// is a load where layout() walks the dispatch keys, and data_ptr() checks it anyway.
+[[gnu::always_inline]] inline bool launchable(const at::Tensor& tensor, c10::Device device) {
+  return (device.type() == c10::DeviceType::CUDA ||
+          (host_testing() && device.type() == c10::DeviceType::CPU)) &&
+         !C10_UNLIKELY(!tensor.has_storage() && tensor.layout() != c10::kStrided);
+}
+
 [[gnu::always_inline]] inline KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param,
                                                     PyObject* v, ArgValue* value,
                                                     SpecializationKey* key) {
   const at::Tensor& tensor = THPVariable_Unpack(v);
   const c10::Device device = tensor.device();
-  // Only a tensor without storage can be non-strided (sparse, mkldnn...); has_storage() is a
-  // load where layout() walks the dispatch keys, and data_ptr() checks it anyway.
-  if ((device.type() != c10::DeviceType::CUDA &&
-       !(host_testing() && device.type() == c10::DeviceType::CPU)) ||
-      C10_UNLIKELY(!tensor.has_storage() && tensor.layout() != c10::kStrided)) {
+  if (!launchable(tensor, device)) {
     return tensor_error(kernel, param, tensor);
   }
   const uint64_t ptr = reinterpret_cast<uint64_t>(tensor.data_ptr());
@@ -399,9 +404,7 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   }
   const at::Tensor& tensor = THPVariable_Unpack(f.base);
   const c10::Device device = tensor.device();
-  if ((device.type() != c10::DeviceType::CUDA &&
-       !(host_testing() && device.type() == c10::DeviceType::CPU)) ||
-      C10_UNLIKELY(!tensor.has_storage() && tensor.layout() != c10::kStrided)) {
+  if (!launchable(tensor, device)) {
     return tensor_error(kernel, param, tensor);
   }
   leaves[0].kind = ArgKind::Tensor;
@@ -614,13 +617,13 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
     }
     // The common kinds inline (the hot path); constexpr objects, tuples and the fallback out
     // of line.
-    call->current_param = i;
     KeyStatus status;
     if (THPVariable_CheckExact(v)) {
       status = push_tensor(kernel, param, v, value, &key);
     } else if (PyLong_CheckExact(v)) {
       status = push_int(kernel, param, v, value, &key);
     } else {
+      call->current_param = i;  // the owner of any leaves (tuple elements, descriptor fields)
       status = push_runtime_arg(kernel, param, v, value, call, 0);
     }
     if (status != KeyStatus::Ok) {

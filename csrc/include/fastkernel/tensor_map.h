@@ -39,13 +39,6 @@ constexpr int descriptor_leaves(int rank) { return 2 * rank + 3; }
 /// encoder refuses the descriptor or is missing. Thread-safe.
 void encode_tensor_map(const TensorMapSpec& spec, const ArgValue* leaves, void* out);
 
-/// Encoder calls that reached the driver / that the per-thread cache answered, this thread.
-struct TensorMapCacheStats {
-  uint64_t encodes = 0;
-  uint64_t hits = 0;
-};
-TensorMapCacheStats tensor_map_cache_stats();
-
 /// Forgets this thread's cached encodings (tests use it to count encoder calls from cold).
 void clear_tensor_map_cache() noexcept;
 
