@@ -89,15 +89,13 @@ def test_export_needs_a_launched_kernel(tmp_path):
 
 @pytest.fixture(scope="module")
 def cpp_torch_program(tmp_path_factory):
-    """tests/cpp_torch built against the installed torch (find_package(Torch)) and fastkernel."""
-    import torch.utils
+    """tests/cpp_torch built against fastkernel's CMake package (fastkernel::torch)."""
     build = tmp_path_factory.mktemp("cpp-torch-build")
     cmake = _tool("cmake")
     env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     subprocess.run([cmake, "-S", str(HERE / "cpp_torch"), "-B", str(build), "-G", "Ninja",
                     f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
-                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}",
-                    f"-DTorch_DIR={torch.utils.cmake_prefix_path}/Torch"],
+                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}"],
                    check=True, capture_output=True, text=True, env=env)
     subprocess.run([cmake, "--build", str(build)], check=True, capture_output=True, text=True,
                    env=env)

@@ -22,13 +22,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def ops():
-    import torch.utils
     build = ROOT / "build" / "test-torch-op"
     env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     subprocess.run([_tool("cmake"), "-S", str(ROOT / "examples" / "torch_op"), "-B", str(build),
                     "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
-                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}",
-                    f"-DTorch_DIR={torch.utils.cmake_prefix_path}/Torch"],
+                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}"],
                    check=True, capture_output=True, text=True, env=env)
     subprocess.run([_tool("cmake"), "--build", str(build)], check=True, capture_output=True,
                    text=True, env=env)
