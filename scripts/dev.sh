@@ -33,9 +33,12 @@ fi
 
 # A torch extension builds against the installed torch, so no build isolation; build the wheel
 # and install it, as a user would.
-rm -rf dist
-"${pip[@]}" wheel --no-build-isolation --no-deps -w dist .
-"${pip[@]}" install --force-reinstall --no-deps dist/fastkernel-*.whl
+# The wheel goes inside the environment it is built for, so that environments built side by
+# side (scripts/matrix.sh) never share one.
+wheels="$VENV/wheels"
+rm -rf "$wheels"
+"${pip[@]}" wheel --no-build-isolation --no-deps -w "$wheels" .
+"${pip[@]}" install --force-reinstall --no-deps "$wheels"/fastkernel-*.whl
 
 # The sanitized module: the same sources built with -fsanitize=address,undefined into
 # build/sanitize, staged beside a copy of the Python package so that it shadows the installed
