@@ -50,11 +50,13 @@ without_toolkit() {
       for d in /usr/local/cuda /usr/local/cuda-*; do
         [ -d "$d" ] && mount -t tmpfs none "$d"
       done
+      : >/tmp/fastkernel-no-nvcc  # an empty file that is not executable
       IFS=: read -ra dirs <<<"$PATH"
       for d in "${dirs[@]}"; do
-        [ -f "$d/nvcc" ] && mount --bind /dev/null "$d/nvcc"
+        [ -f "$d/nvcc" ] && mount --bind /tmp/fastkernel-no-nvcc "$d/nvcc"
       done
-      if command -v nvcc >/dev/null || [ -n "$(find /usr/local/cuda*/ -mindepth 1 2>/dev/null)" ]; then
+      if nvcc --version >/dev/null 2>&1 ||
+         [ -n "$(find /usr/local/cuda*/ -mindepth 1 2>/dev/null)" ]; then
         echo "matrix: a CUDA toolkit is still visible" >&2; exit 1
       fi
       echo "matrix: no CUDA toolkit visible (CUDA_HOME unset, no nvcc, /usr/local/cuda* empty)"

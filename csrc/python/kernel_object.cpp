@@ -13,6 +13,7 @@
 #include "fastkernel/trampoline.h"
 #include "knob_watch.h"
 #include "launch_context.h"
+#include "patch_hook.h"
 
 namespace fastkernel {
 
@@ -184,6 +185,32 @@ PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* cons
   return PyObject_Vectorcall(kernel->miss_handler, handler_args, 7, nullptr);
 }
 
+// The reason a call falls back, naming the argument and its type where one is the cause:
+// "argument 'x' of type numpy.ndarray: an argument of a kind the native key does not cover".
+[[gnu::cold]] std::string fallback_reason(const BoundCall& call) {
+  std::string reason = call.fallback_reason ? call.fallback_reason : "unsupported call";
+  if (call.fallback_name == nullptr || call.fallback_value == nullptr) {
+    return reason;
+  }
+  const char* name = PyUnicode_AsUTF8(call.fallback_name);
+  if (name == nullptr) {
+    PyErr_Clear();
+    return reason;
+  }
+  PyTypeObject* type = Py_TYPE(call.fallback_value);
+  std::string type_name = type->tp_name;
+  if (std::strchr(type->tp_name, '.') == nullptr) {  // heap types: module.qualname
+    PyObject* module = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__module__");
+    const char* m = module != nullptr && PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : nullptr;
+    if (m != nullptr && std::strcmp(m, "builtins") != 0) {
+      type_name = std::string(m) + "." + type_name;
+    }
+    Py_XDECREF(module);
+    PyErr_Clear();
+  }
+  return "argument '" + std::string(name) + "' of type " + type_name + ": " + reason;
+}
+
 // Triton's per-call check (JITFunction.run) that the globals a kernel read when it was compiled
 // still hold the same values: identity first (free for unchanged globals), then equality.
 bool globals_unchanged(KernelObject* kernel) {
@@ -338,7 +365,7 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
   if (status == KeyStatus::Fallback) {
     ++st.fallbacks;  // Triton's own launch runs the pre-run and launch hooks itself
     return call_miss_handler(kernel, self->grid, args, nargs, kwnames, nullptr, -1,
-                             call.fallback_reason);
+                             fallback_reason(call).c_str());
   }
   if (kernel->pre_run_hooks != nullptr && PyList_GET_SIZE(kernel->pre_run_hooks) > 0 &&
       !run_pre_run_hooks(kernel, args, nargs, kwnames)) {
@@ -505,27 +532,6 @@ PyObject* make_bound(KernelObject* kernel, PyObject* grid) {
 
 // ---- Kernel type -----------------------------------------------------------------------------
 
-PyObject* kernel_subscript(KernelObject* self, PyObject* grid) {
-  // Reuse the cached bound launch when only this kernel holds it: `kernel[grid](...)` then
-  // allocates nothing. Safe under the GIL: the refcount cannot change underneath us.
-  PyObject* cached = self->cached_bound;
-  if (cached != nullptr && Py_REFCNT(cached) == 1) {
-    BoundLaunchObject* b = reinterpret_cast<BoundLaunchObject*>(cached);
-    if (b->grid != grid) {
-      PyObject* old = b->grid;
-      b->grid = Py_NewRef(grid);
-      Py_DECREF(old);
-    }
-    return Py_NewRef(cached);
-  }
-  PyObject* fresh = make_bound(self, grid);
-  if (fresh != nullptr && cached == nullptr) {
-    // The cache holds the bound launch, which holds the kernel: a cycle the GC can see.
-    self->cached_bound = Py_NewRef(fresh);
-  }
-  return fresh;
-}
-
 void kernel_release_state(KernelObject* self) {
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
@@ -576,6 +582,7 @@ void kernel_dealloc(KernelObject* self) {
   if (self->weakrefs != nullptr) {
     PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
   }
+  forget_patched_dispatch(self);
   kernel_clear(self);
   kernel_release_state(self);
   Py_CLEAR(self->name);
@@ -597,6 +604,27 @@ PyMappingMethods kernel_mapping = {nullptr, reinterpret_cast<binaryfunc>(kernel_
                                    nullptr};
 
 }  // namespace
+
+PyObject* kernel_subscript(KernelObject* self, PyObject* grid) {
+  // Reuse the cached bound launch when only this kernel holds it: `kernel[grid](...)` then
+  // allocates nothing. Safe under the GIL: the refcount cannot change underneath us.
+  PyObject* cached = self->cached_bound;
+  if (cached != nullptr && Py_REFCNT(cached) == 1) {
+    BoundLaunchObject* b = reinterpret_cast<BoundLaunchObject*>(cached);
+    if (b->grid != grid) {
+      PyObject* old = b->grid;
+      b->grid = Py_NewRef(grid);
+      Py_DECREF(old);
+    }
+    return Py_NewRef(cached);
+  }
+  PyObject* fresh = make_bound(self, grid);
+  if (fresh != nullptr && cached == nullptr) {
+    // The cache holds the bound launch, which holds the kernel: a cycle the GC can see.
+    self->cached_bound = Py_NewRef(fresh);
+  }
+  return fresh;
+}
 
 void set_hook_runners(PyObject* enter, PyObject* exit) {
   Py_XSETREF(g_hook_enter, Py_NewRef(enter));

@@ -49,6 +49,7 @@ struct KernelObject {
   PyObject* global_checks;      ///< tuple of (globals dict, name, value compiled with), or nullptr
   PyObject* global_check_failed;  ///< Python callable(name, old, new) raising Triton's error
   PyObject* weakrefs;
+  PyObject* patched_jit;  ///< the JITFunction this Kernel serves under fastkernel.patch() (borrowed)
 };
 
 /// `kernel[grid]`: a kernel with its grid, called with the kernel's arguments.
@@ -85,7 +86,14 @@ struct BoundCall {
   int current_param = 0;  ///< the parameter whose value is being keyed
   SpecializationKey key;
   const char* fallback_reason = nullptr;
+  /// What the fallback is about (borrowed): the parameter or option name and the value whose
+  /// kind the native key does not cover; nullptr when the reason concerns no one argument.
+  PyObject* fallback_name = nullptr;
+  PyObject* fallback_value = nullptr;
 };
+
+/// `kernel[grid]`: the kernel's bound launch for `grid` (new reference).
+PyObject* kernel_subscript(KernelObject* kernel, PyObject* grid);
 
 /// Binds vectorcall arguments to `kernel`'s parameters (TypeError on a bad call), then builds the
 /// specialization key and captures argument values. Never calls into Python on supported kinds.

@@ -498,6 +498,8 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   // Tensor subclasses (FakeTensor under torch.compile), named tuples, Gluon's descriptors,
   // other objects: Triton's own path handles them.
   call->fallback_reason = "an argument of a kind the native key does not cover";
+  call->fallback_name = param.name;
+  call->fallback_value = v;
   return KeyStatus::Fallback;
 }
 
@@ -611,6 +613,8 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       value->kind = ArgKind::None;
       if (!push_constexpr(v, &key)) {
         call->fallback_reason = "a constexpr value of a kind the native key does not cover";
+        call->fallback_name = param.name;
+        call->fallback_value = v;
         return KeyStatus::Fallback;
       }
       continue;
@@ -638,6 +642,8 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
     key.push(uint64_t(ArgKind::Option) | (uint64_t(i) << 8));
     if (!push_constexpr(call->options[i], &key)) {
       call->fallback_reason = "a compile option value of a kind the native key does not cover";
+      call->fallback_name = kernel->state->option_names[size_t(i)];
+      call->fallback_value = call->options[i];
       return KeyStatus::Fallback;
     }
   }

@@ -13,6 +13,8 @@
 #include "kernel_object.h"
 #include "knob_watch.h"
 #include "launch_context.h"
+#include "host_helpers.h"
+#include "patch_hook.h"
 #include "python_errors.h"
 
 namespace py = pybind11;
@@ -402,6 +404,49 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("kernel"), py::arg("checks"), py::arg("on_change"),
       "The globals a hit re-checks, as (globals dict, name, value compiled with) tuples.");
+  m.def(
+      "install_patch",
+      [](py::handle jit_type, py::object factory, py::object triton_getitem) {
+        if (!install_patch(jit_type.ptr(), factory.ptr(), triton_getitem.ptr())) {
+          throw py::error_already_set();
+        }
+      },
+      py::arg("jit_type"), py::arg("factory"), py::arg("triton_getitem"),
+      "Serve `jit_type.__getitem__` natively: factory(jit) -> dispatch Kernel or None.");
+  m.def(
+      "install_host_helpers",
+      [](py::handle constexpr_function_type, py::handle constexpr_type, py::handle triton_call,
+         py::handle cdiv, py::handle next_power_of_2) {
+        if (!install_host_helpers(constexpr_function_type.ptr(), constexpr_type.ptr(),
+                                  triton_call.ptr(), cdiv.ptr(), next_power_of_2.ptr(),
+                                  &BoundLaunchType)) {
+          throw py::error_already_set();
+        }
+      },
+      py::arg("constexpr_function_type"), py::arg("constexpr_type"), py::arg("triton_call"),
+      py::arg("cdiv"), py::arg("next_power_of_2"),
+      "Serve host calls of ConstexprFunction natively (the caller restores __call__ to undo).");
+  m.def("uninstall_patch", &uninstall_patch,
+        "Forget every patched dispatch (the caller restores the type's __getitem__).");
+  m.def(
+      "patched_dispatch",
+      [](py::handle jit) {
+        PyObject* d = patched_dispatch(jit.ptr());
+        if (d == nullptr) {
+          throw py::error_already_set();
+        }
+        return py::reinterpret_steal<py::object>(d);
+      },
+      py::arg("jit"), "The dispatch Kernel serving a JITFunction under the patch, or None.");
+  m.def(
+      "patch_slot_is_native",
+      [](py::handle type) {
+        if (!PyType_Check(type.ptr())) {
+          throw py::type_error("expected a type");
+        }
+        return patch_slot_is_native(reinterpret_cast<PyTypeObject*>(type.ptr()));
+      },
+      py::arg("type"), "Whether type's mp_subscript slot is the native patched subscript.");
   m.def("stats", &stats, py::arg("kernel"), "Hits, misses, fallbacks and specializations.");
   m.def(
       "set_capacity",

@@ -34,6 +34,24 @@ from ._C import CudaError, DriverUnavailableError  # noqa: E402
 from .bundle import export  # noqa: E402
 from .kernel import FastKernel, fastkernel, stats  # noqa: E402
 from ._autotune import AutotuneError, Autotuned, Heuristics, autotune, heuristics  # noqa: E402
+from .patch import is_patched, patch, patched, unpatch  # noqa: E402
+from . import _host_helpers  # noqa: E402
+
+
+def patch_host_helpers() -> bool:
+    """Make host calls of Triton's constexpr functions (``triton.cdiv``,
+    ``triton.next_power_of_2``, any ``@triton.constexpr_function``) native, without patching
+    kernel launches; :func:`patch` does this too. Results, exceptions and calls from Triton's
+    code generator are unchanged (see ``fastkernel/_host_helpers.py``). Returns False where
+    the installed Triton's helpers are plain functions already. Undone by
+    :func:`unpatch_host_helpers`."""
+    return _host_helpers.install()
+
+
+def unpatch_host_helpers() -> None:
+    """Undo :func:`patch_host_helpers`: ``ConstexprFunction.__call__`` is Triton's own again.
+    (While :func:`patch` is in effect, :func:`unpatch` undoes both.)"""
+    _host_helpers.uninstall()
 
 # ``from fastkernel import fastkernel`` users write ``@fastkernel.autotune(...)`` too.
 fastkernel.autotune = autotune
@@ -41,7 +59,8 @@ fastkernel.heuristics = heuristics
 
 __version__ = "0.1.0"
 __all__ = ["fastkernel", "FastKernel", "autotune", "Autotuned", "AutotuneError", "heuristics",
-           "Heuristics", "CudaError",
+           "Heuristics", "CudaError", "patch", "unpatch", "patched", "is_patched",
+           "patch_host_helpers", "unpatch_host_helpers",
            "DriverUnavailableError", "get_include", "get_cmake_dir", "export", "stats",
            "__version__"]
 
@@ -68,3 +87,7 @@ def get_include() -> str:
     if os.path.isdir(installed):
         return installed
     return os.path.join(os.path.dirname(os.path.dirname(here)), "csrc", "include")
+
+
+if os.environ.get("FASTKERNEL_PATCH", "0") not in ("", "0"):
+    patch()

@@ -1,5 +1,6 @@
-"""``python -m fastkernel demo|bench|cache``: the demo (examples checked against torch), the
-dispatch benchmark, and the on-disk kernel cache (``cache info|list|clear|export|import``)."""
+"""``python -m fastkernel demo|bench|cache|run``: the demo (examples checked against torch), the
+dispatch benchmark, the on-disk kernel cache (``cache info|list|clear|export|import``), and
+``run [--stats] [-m] target [args...]``, a program run with every Triton launch native."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import sys
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the target's arguments are its own: no parsing of them here
+        from . import _run
+        return _run.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m fastkernel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run example kernels through fastkernel and check them against torch",
@@ -16,6 +21,8 @@ def main(argv=None) -> int:
                    add_help=False)
     sub.add_parser("cache", help="inspect, clear, export or import the on-disk kernel cache",
                    add_help=False)
+    sub.add_parser("run", help="run a script or module with every Triton kernel launch native "
+                   "(fastkernel.patch())", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         from . import demo

@@ -67,6 +67,21 @@ for _cls in abi.knob_classes():
 _C.configure_knob_watch(abi.knob_dicts(), abi.knob_state)
 _C.set_hook_runners(abi.run_enter_hooks, abi.run_exit_hooks)
 
+#: Triton's own ``JITFunction.run``, captured before fastkernel.patch() can replace it: the launch
+#: path of every fallback.
+TRITON_RUN = JITFunction.run
+
+
+def triton_launch(jit_fn: JITFunction, grid, args: tuple, kwargs: dict):
+    """Launch a call through Triton's own ``run`` (the kernel's class's, or Triton's
+    ``JITFunction.run`` where fastkernel.patch() replaced it), as ``jit_fn[grid](*args, **kwargs)``
+    does without fastkernel."""
+    run = type(jit_fn).run
+    if getattr(run, "_fastkernel_patched", False):
+        run = TRITON_RUN
+    return run(jit_fn, *args, grid=grid, warmup=False, **kwargs)
+
+
 _KIND_NAMES = {bool: "bool", int: "int", float: "float", type(None): "None"}
 
 
@@ -96,7 +111,10 @@ def _params_spec(jit_fn: JITFunction, tune_flags: Optional[Dict[str, int]] = Non
     return spec
 
 
-_KERNELS: "weakref.WeakSet[FastKernel]" = weakref.WeakSet()
+_KERNELS: "weakref.WeakSet[NativeDispatch]" = weakref.WeakSet()
+
+#: The attribute under which fastkernel.patch() keeps a JITFunction's dispatch (its __dict__).
+PATCH_ATTR = "_fastkernel_dispatch"
 
 #: Specializations each kernel keeps registered (FASTKERNEL_MAX_SPECIALIZATIONS; 0 = no limit).
 DEFAULT_MAX_SPECIALIZATIONS = 1024
@@ -328,8 +346,19 @@ class NativeDispatch(_C.Kernel):
 
     def _fallback(self, grid, args, kwargs, reason: str):
         self._count_fallback(reason)
-        result = self.jit_function[grid](*args, **kwargs)
+        result = triton_launch(self.jit_function, grid, args, kwargs)
         return result if result is not None else True
+
+    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
+                 reason: Optional[str]):
+        """Called by the native entry on a miss (``key`` set) or a fallback (``key`` None).
+
+        Returns None after registering a launch record for ``key``; otherwise the result of
+        launching through Triton itself.
+        """
+        if key is None:  # counted as a fallback by the native entry
+            return self._fallback(grid, args, kwargs, reason or "unsupported call")
+        return self._register_miss(grid, args, kwargs, key, device)
 
     def _bound_kinds(self, args, kwargs) -> Dict[int, str]:
         kinds = {}
@@ -388,7 +417,7 @@ class FastKernel(NativeDispatch, JITFunction):
             raise TypeError(f"fastkernel expects a triton.jit function, got {type(jit_fn).__name__}")
         # Share the wrapped JITFunction's state (source, parameters, Triton's own caches): this
         # object is the same kernel, seen through a native launch path.
-        self.__dict__.update(jit_fn.__dict__)
+        self.__dict__.update((k, v) for k, v in jit_fn.__dict__.items() if k != PATCH_ATTR)
         self._init_native(jit_fn, _params_spec(jit_fn), self.pre_run_hooks)
 
     # -- Triton-compatible surface ------------------------------------------------------------
@@ -398,22 +427,11 @@ class FastKernel(NativeDispatch, JITFunction):
         (this is how ``triton.autotune`` and ``triton.heuristics`` call the kernel they wrap);
         ``warmup=True`` compiles through Triton without launching."""
         if warmup:
-            return self.jit_function.run(*args, grid=grid, warmup=True, **kwargs)
+            return TRITON_RUN(self.jit_function, *args, grid=grid, warmup=True, **kwargs)
         return self[grid](*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
-
-    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
-                 reason: Optional[str]):
-        """Called by the native entry on a miss (``key`` set) or a fallback (``key`` None).
-
-        Returns None after registering a launch record for ``key``; otherwise the result of
-        launching through Triton itself.
-        """
-        if key is None:  # counted as a fallback by the native entry
-            return self._fallback(grid, args, kwargs, reason or "unsupported call")
-        return self._register_miss(grid, args, kwargs, key, device)
 
 
 class _InterpretedKernel:

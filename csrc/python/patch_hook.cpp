@@ -1,0 +1,163 @@
+// The patch hook: `kernel[grid]` of any Triton JITFunction, served natively.
+//
+// The native subscript is installed as a slot wrapper (a wrapper_descriptor whose wrapped
+// function is patched_subscript): CPython's update_one_slot (Objects/typeobject.c) then puts
+// patched_subscript itself into the mp_subscript slot of JITFunction and of every subclass that
+// inherits __getitem__, so `jit[grid]` costs one C call plus one table lookup, with no Python
+// frame, exactly like a @fastkernel kernel's own subscript.
+#include "patch_hook.h"
+
+#include <unordered_map>
+
+namespace fastkernel {
+namespace {
+
+PyObject* g_factory = nullptr;         // Python callable(jit) -> dispatch Kernel or None
+PyObject* g_triton_getitem = nullptr;  // Triton's KernelInterface.__getitem__
+
+// JITFunction -> its dispatch Kernel (borrowed: the JITFunction's __dict__ keeps it alive, and
+// the Kernel removes its entry when it is deallocated). The last lookup is cached in front of
+// the map: a loop launching one kernel never reaches the map.
+std::unordered_map<PyObject*, KernelObject*>& dispatches() {
+  static auto* map = new std::unordered_map<PyObject*, KernelObject*>();
+  return *map;
+}
+PyObject* g_last_jit = nullptr;
+KernelObject* g_last_dispatch = nullptr;
+
+// The dispatch of `jit`, or Py_None (borrowed), or nullptr with an exception set.
+PyObject* find_or_create(PyObject* jit) {
+  if (jit == g_last_jit) {
+    return reinterpret_cast<PyObject*>(g_last_dispatch);
+  }
+  auto& map = dispatches();
+  auto it = map.find(jit);
+  if (it != map.end()) {
+    g_last_jit = jit;
+    g_last_dispatch = it->second;
+    return reinterpret_cast<PyObject*>(it->second);
+  }
+  if (g_factory == nullptr) {  // unpatched meanwhile (another thread): Triton's path
+    return Py_None;
+  }
+  PyObject* made = PyObject_CallOneArg(g_factory, jit);
+  if (made == nullptr) {
+    return nullptr;
+  }
+  if (made == Py_None || g_factory == nullptr) {
+    // Triton's own path (not cached: the JITFunction may be freed and its address reused), or
+    // unpatched by another thread while the factory ran.
+    Py_DECREF(made);
+    return Py_None;
+  }
+  if (!PyObject_TypeCheck(made, &KernelType)) {
+    PyErr_Format(PyExc_TypeError, "fastkernel: the patch factory returned %s, not a Kernel",
+                 Py_TYPE(made)->tp_name);
+    Py_DECREF(made);
+    return nullptr;
+  }
+  KernelObject* kernel = reinterpret_cast<KernelObject*>(made);
+  if (kernel->patched_jit != nullptr && kernel->patched_jit != jit) {
+    PyErr_SetString(PyExc_RuntimeError, "fastkernel: a dispatch Kernel serves one JITFunction");
+    Py_DECREF(made);
+    return nullptr;
+  }
+  // The factory keeps the Kernel alive (in the JITFunction's __dict__); the map borrows it.
+  kernel->patched_jit = jit;
+  map[jit] = kernel;
+  g_last_jit = jit;
+  g_last_dispatch = kernel;
+  Py_DECREF(made);
+  return reinterpret_cast<PyObject*>(kernel);
+}
+
+}  // namespace
+
+PyObject* patched_subscript(PyObject* jit, PyObject* grid) {
+  PyObject* dispatch = find_or_create(jit);
+  if (dispatch == nullptr) {
+    return nullptr;
+  }
+  if (dispatch == Py_None) {
+    if (g_triton_getitem == nullptr) {
+      PyErr_SetString(PyExc_RuntimeError, "fastkernel: the patch was never installed");
+      return nullptr;
+    }
+    return PyObject_CallFunctionObjArgs(g_triton_getitem, jit, grid, nullptr);
+  }
+  return kernel_subscript(reinterpret_cast<KernelObject*>(dispatch), grid);
+}
+
+PyObject* patched_dispatch(PyObject* jit) {
+  PyObject* dispatch = find_or_create(jit);
+  return dispatch == nullptr ? nullptr : Py_NewRef(dispatch);
+}
+
+PyObject* new_slot_wrapper(PyObject* type, PyTypeObject* model, const char* name, void* fn) {
+  if (!PyType_Check(type)) {
+    PyErr_Format(PyExc_TypeError, "fastkernel: a slot wrapper for %s needs a type", name);
+    return nullptr;
+  }
+  PyObject* model_descr = PyObject_GetAttrString(reinterpret_cast<PyObject*>(model), name);
+  if (model_descr == nullptr) {
+    return nullptr;
+  }
+  if (!Py_IS_TYPE(model_descr, &PyWrapperDescr_Type)) {
+    Py_DECREF(model_descr);
+    PyErr_Format(PyExc_RuntimeError, "fastkernel: %s.%s is not a slot wrapper", model->tp_name,
+                 name);
+    return nullptr;
+  }
+  struct wrapperbase* base = reinterpret_cast<PyWrapperDescrObject*>(model_descr)->d_base;
+  Py_DECREF(model_descr);  // the wrapperbase is a static slotdefs entry: it outlives the descr
+  return PyDescr_NewWrapper(reinterpret_cast<PyTypeObject*>(type), base, fn);
+}
+
+bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getitem) {
+  PyObject* descr = new_slot_wrapper(jit_type, &KernelType, "__getitem__",
+                                     reinterpret_cast<void*>(&patched_subscript));
+  if (descr == nullptr) {
+    return false;
+  }
+  Py_XSETREF(g_factory, Py_NewRef(factory));
+  Py_XSETREF(g_triton_getitem, Py_NewRef(triton_getitem));
+  const int rc = PyObject_SetAttrString(jit_type, "__getitem__", descr);
+  Py_DECREF(descr);
+  return rc == 0;
+}
+
+void uninstall_patch() {
+  for (auto& [jit, kernel] : dispatches()) {
+    kernel->patched_jit = nullptr;
+  }
+  dispatches().clear();
+  g_last_jit = nullptr;
+  g_last_dispatch = nullptr;
+  // Triton's __getitem__ stays referenced: a launch that entered the slot before the type's
+  // attribute was restored still completes through it.
+  Py_CLEAR(g_factory);
+}
+
+bool patch_slot_is_native(PyTypeObject* type) {
+  return type->tp_as_mapping != nullptr &&
+         type->tp_as_mapping->mp_subscript == reinterpret_cast<binaryfunc>(&patched_subscript);
+}
+
+void forget_patched_dispatch(KernelObject* kernel) {
+  PyObject* jit = kernel->patched_jit;
+  if (jit == nullptr) {
+    return;
+  }
+  auto& map = dispatches();
+  auto it = map.find(jit);
+  if (it != map.end() && it->second == kernel) {
+    map.erase(it);
+  }
+  if (g_last_jit == jit) {
+    g_last_jit = nullptr;
+    g_last_dispatch = nullptr;
+  }
+  kernel->patched_jit = nullptr;
+}
+
+}  // namespace fastkernel

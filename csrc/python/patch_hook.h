@@ -1,0 +1,42 @@
+// The patch hook behind fastkernel.patch(): Triton's own JITFunction.__getitem__ replaced, at the
+// type's slot, by a native subscript that serves every Triton kernel in the process through a
+// fastkernel dispatch object (a Kernel) created on the kernel's first launch.
+#pragma once
+
+#include <Python.h>
+
+#include "kernel_object.h"
+
+namespace fastkernel {
+
+/// A slot wrapper (wrapper_descriptor) on `type` for the slot behind `name`, wrapping the C
+/// function `fn`: assigned as `type.<name>`, CPython's update_one_slot puts `fn` itself into the
+/// slot of `type` and of its subclasses that inherit it. The slot's wrapperbase is borrowed from
+/// `model`'s own wrapper of that name (a native type defining the slot). New reference, or
+/// nullptr with an exception set.
+PyObject* new_slot_wrapper(PyObject* type, PyTypeObject* model, const char* name, void* fn);
+
+/// Installs the native subscript as `jit_type.__getitem__`. `factory(jit)` returns the dispatch
+/// Kernel of a JITFunction (keeping it alive itself) or None when the kernel keeps Triton's own
+/// path; `triton_getitem(jit, grid)` is Triton's KernelInterface.__getitem__, used for those.
+/// False with an exception set on failure.
+bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getitem);
+
+/// Forgets every dispatch and the callables given to install_patch (the caller restores the
+/// type's attribute).
+void uninstall_patch();
+
+/// `jit[grid]` under the patch: the dispatch's bound launch, or Triton's proxy.
+PyObject* patched_subscript(PyObject* jit, PyObject* grid);
+
+/// The dispatch Kernel serving `jit` (created through the factory on first use), or Py_None
+/// when it keeps Triton's path. New reference; nullptr with an exception set on failure.
+PyObject* patched_dispatch(PyObject* jit);
+
+/// Whether `type`'s mp_subscript slot is the native patched subscript (no Python in between).
+bool patch_slot_is_native(PyTypeObject* type);
+
+/// Called when a dispatch Kernel is deallocated: drops its entry.
+void forget_patched_dispatch(KernelObject* kernel);
+
+}  // namespace fastkernel
