@@ -5,7 +5,9 @@
 #   scripts/dev.sh bench  the dispatch benchmark
 #   scripts/dev.sh sanitize  the test suite against a copy of the native module built with
 #                         AddressSanitizer and UndefinedBehaviorSanitizer
-#   scripts/dev.sh ci     test, then sanitize (what .ci/run runs)
+#   scripts/dev.sh cuda-build  configure and compile the native module against a CUDA build of
+#                         torch without a CUDA toolkit (build only; downloads about 1.2 GB once)
+#   scripts/dev.sh ci     test, cuda-build, then sanitize (what .ci/run runs)
 # Extra arguments go to the command (pytest, the demo or the benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,15 +67,51 @@ sanitize() {
     PYTHONPATH="$stage" "$py" -m pytest tests "$@"
 }
 
+# The native module configured and compiled against a CUDA build of torch from the registry, with
+# no CUDA toolkit (CUDA_HOME unset; the build looks for none). The wheel is installed without its
+# CUDA libraries (1.2 GB instead of about 4.6 GB with them), so it cannot be imported: its paths
+# are given to CMake instead of read from torch.utils.cpp_extension (CMakeLists.txt).
+cuda_torch_build() {
+  local spec=${FASTKERNEL_CUDA_TORCH_SPEC:-torch==2.11.0} dir=build/ci-cuda-torch site torch_dir
+  local version abi
+  site="$dir/site"
+  if ! [ -f "$site/torch/version.py" ]; then
+    rm -rf "$site"
+    "${pip[@]}" install --no-deps --target "$site" "$spec"
+  fi
+  torch_dir="$site/torch"
+  version=$(sed -n "s/^__version__ = '\(.*\)'$/\1/p" "$torch_dir/version.py")
+  # libc10 exports std::__cxx11 names exactly when torch was built with _GLIBCXX_USE_CXX11_ABI=1.
+  abi=0
+  if nm -D --defined-only "$torch_dir/lib/libc10.so" | grep -q __cxx11; then abi=1; fi
+  echo "--- configure and compile against torch $version (CXX11 ABI $abi), no CUDA toolkit ---"
+  env -u CUDA_HOME -u CUDA_PATH PATH="$(dirname "$py"):$PATH" cmake -S . -B "$dir/build" -G Ninja \
+    -DPython_EXECUTABLE="$py" \
+    -Dpybind11_DIR="$("$py" -c 'import pybind11; print(pybind11.get_cmake_dir())')" \
+    -DFASTKERNEL_TORCH_VERSION="$version" -DFASTKERNEL_TORCH_CXX11_ABI="$abi" \
+    -DFASTKERNEL_TORCH_LIBRARY_DIR="$torch_dir/lib" \
+    -DFASTKERNEL_TORCH_INCLUDE_DIRS="$torch_dir/include;$torch_dir/include/torch/csrc/api/include" \
+    >/dev/null
+  env -u CUDA_HOME -u CUDA_PATH PATH="$(dirname "$py"):$PATH" cmake --build "$dir/build" --target _C
+  # It links torch's CPU libraries only: no CUDA library may be a direct dependency.
+  if readelf -d "$dir"/build/_C*.so | grep NEEDED | grep -Ei 'cuda|cudnn|nvrtc|cublas'; then
+    echo "error: _C links a CUDA library" >&2
+    return 1
+  fi
+  echo "built $(ls "$dir"/build/_C*.so) against torch $version"
+}
+
 case "$command" in
   demo) exec "$py" -m fastkernel demo "$@" ;;
   bench) exec "$py" -m fastkernel bench "$@" ;;
   test) exec "$py" -m pytest tests "$@" ;;
   sanitize) sanitize "$@" ;;
+  cuda-build) cuda_torch_build ;;
   ci)
     "$py" -m pytest tests "$@"
+    cuda_torch_build
     echo "--- the same suite against the AddressSanitizer/UBSan build of the native module ---"
     sanitize "$@"
     ;;
-  *) echo "usage: scripts/dev.sh demo|test|bench|sanitize|ci [args...]" >&2; exit 2 ;;
+  *) echo "usage: scripts/dev.sh demo|test|bench|sanitize|cuda-build|ci [args...]" >&2; exit 2 ;;
 esac
