@@ -90,6 +90,7 @@ def test_unpatch_leaves_every_triton_object_as_it_was(stand_in):
 
 
 def test_kernels_made_before_and_after_the_patch_launch_natively(stand_in, patch_on):
+    hits_before = fastkernel.stats().get("kernels.add_kernel", {"hits": 0})["hits"]
     made_after = JITFunction(kernels.add_kernel.fn)  # a new kernel, created under the patch
     table = {"add": kernels.add_kernel}  # a kernel held in a dict, as libraries do
     x, y, out = _tensors()
@@ -101,7 +102,8 @@ def test_kernels_made_before_and_after_the_patch_launch_natively(stand_in, patch
     assert _stats_of(made_after)["hits"] == 2 and _stats_of(made_after)["fallbacks"] == 0
     assert len(stand_in.launches()) == 9
     names = fastkernel.stats()
-    assert names["kernels.add_kernel"]["hits"] == 7  # both objects, under module.qualname
+    # Both objects, under module.qualname (other live kernels of that name are summed in too).
+    assert names["kernels.add_kernel"]["hits"] - hits_before == 7
 
 
 @pytest.mark.parametrize("style", ["tuple", "callable", "keywords", "num_warps", "run"])

@@ -450,7 +450,8 @@ def callgrind_child(argv: List[str]) -> int:
 
     from . import _C
     from ._bench_kernels import SHAPES, autotuned_call
-    from .kernel import FastKernel
+    from .kernel import PATCH_ATTR, FastKernel
+    from .patch import patched
 
     drv = use_stand_in_driver(pathlib.Path(opts.repo))
     loops = []
@@ -471,6 +472,19 @@ def callgrind_child(argv: List[str]) -> int:
             hits = fk.stats()["hits"] - hits_before
             loops.append({"shape": shape.name, "grid": grid_kind, "num_args": shape.num_args,
                           "num_tensors": shape.num_tensors, "hits": hits,
+                          "launches": drv.launch_count()})
+        # The same kernel as a plain Triton JITFunction under fastkernel.patch(), tuple grid.
+        with patched():
+            shape.kernel[shape.grid](*args)  # its dispatch's miss (warm index and disk cache)
+            dispatch = shape.kernel.__dict__[PATCH_ATTR]
+            for _ in range(_CALLGRIND_WARMUP):
+                shape.kernel[shape.grid](*args)
+            drv.reset()
+            hits_before = dispatch.stats()["hits"]
+            _C.bench_call_loop(shape.kernel, shape.grid, args, opts.hits)
+            loops.append({"shape": shape.name, "grid": "patched", "num_args": shape.num_args,
+                          "num_tensors": shape.num_tensors,
+                          "hits": dispatch.stats()["hits"] - hits_before,
                           "launches": drv.launch_count()})
     _C._testing.set_host_testing(False, 0, 0)
     with open(opts.manifest, "w") as f:
@@ -585,3 +599,10 @@ def _print_callgrind(loops: List[Dict[str, Any]]) -> None:
              for shape, grid in totals if grid == "tuple" and (shape, "callable") in totals]
     if extra:
         print("a callable grid adds (instructions per hit): " + "  ".join(extra))
+    own = {(l["shape"], l["grid"]): l["instructions_per_hit"]["fastkernel"] for l in loops}
+    ratios = [f"{shape}: {own[(shape, 'patched')] / own[(shape, 'tuple')]:.3f}"
+              for shape, grid in own if grid == "tuple" and (shape, "patched") in own
+              and own[(shape, "tuple")]]
+    if ratios:
+        print("patched Triton kernel / @fastkernel kernel (fastkernel's own instructions per hit, "
+              "tuple grid; the stand-in driver's share varies run to run): " + "  ".join(ratios))
