@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -383,3 +384,16 @@ def test_host_helpers_keep_the_code_generators_constexpr():
         result = triton.cdiv(tl.constexpr(10), 4, _semantic=object())
         assert isinstance(result, tl.constexpr) and result.value == 3
     assert cf.__dict__["__call__"] is original
+
+
+@pytest.mark.parametrize("version, ok", [("3.5.1", True), ("3.9.0", True), ("3.6.0+git1", True),
+                                         ("3.4.0", False), ("3.10.0", False), ("4.0.0", False),
+                                         ("nightly", False)])
+def test_an_unsupported_triton_is_named_at_import(version, ok):
+    if ok:
+        fastkernel._check_triton_version(version)
+    else:
+        expected = ("cannot read Triton's version" if version == "nightly" else
+                    rf"supports Triton 3\.5 to 3\.9, but Triton {re.escape(version)} is installed")
+        with pytest.raises(ImportError, match=expected):
+            fastkernel._check_triton_version(version)

@@ -29,6 +29,29 @@ def _check_torch_version() -> None:
 
 _check_torch_version()
 
+#: The Triton versions whose launch ABI fastkernel mirrors (python/fastkernel/_triton_abi.py).
+SUPPORTED_TRITON = ((3, 5), (3, 9))
+
+
+def _check_triton_version(version: str) -> None:
+    """Raise ImportError naming the supported range when ``version`` (a Triton version string)
+    is outside it: the native launcher packs parameters as those versions' launchers do."""
+    parts = version.split(".")
+    try:
+        major_minor = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        raise ImportError(f"fastkernel: cannot read Triton's version {version!r}") from None
+    low, high = SUPPORTED_TRITON
+    if not low <= major_minor <= high:
+        raise ImportError(
+            f"fastkernel supports Triton {low[0]}.{low[1]} to {high[0]}.{high[1]}, but Triton "
+            f"{version} is installed")
+
+
+import triton as _triton  # noqa: E402
+
+_check_triton_version(_triton.__version__)
+
 from . import _C  # noqa: E402
 from ._C import CudaError, DriverUnavailableError  # noqa: E402
 from .bundle import export  # noqa: E402
