@@ -85,7 +85,7 @@ run_cell() {
     "${runner[@]}" bash scripts/dev.sh test -q -p no:cacheprovider >"$log" 2>&1
   status=$?
   set -e
-  summary=$(grep -E '^=+ .*(passed|failed|error).* in ' "$log" | tail -n 1 | tr -d '=' |
+  summary=$(grep -E '^=* ?[0-9]+ (passed|failed|error).* in ' "$log" | tail -n 1 | tr -d '=' |
             sed 's/^ *//; s/ *$//')
   [ -n "$summary" ] || summary="no test summary (exit $status; see $log)"
   local versions
