@@ -31,14 +31,12 @@ from typing import Any, Dict, Iterator, Optional
 import triton
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import _C
+from . import SUPPORTED_TRITON, _C
 from . import _triton_abi as abi
 from .kernel import PATCH_ATTR, TRITON_RUN, NativeDispatch, _params_spec
 
 log = logging.getLogger("fastkernel")
 
-#: Triton versions whose launch ABI fastkernel mirrors (``_triton_abi``): (3, 5) to (3, 9).
-SUPPORTED_TRITON = ((3, 5), (3, 9))  # the same range as fastkernel.SUPPORTED_TRITON at import
 
 _lock = threading.RLock()
 _saved: Optional[Dict[str, Any]] = None  # Triton's attributes as they were, while patched
