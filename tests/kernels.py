@@ -215,3 +215,10 @@ def matmul_descriptor_persistent_kernel(a_desc, b_desc, c_desc, M, N, K,
             b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(tl.float16))
+
+
+@triton.jit
+def flag_kernel(out_ptr, FLAG: tl.constexpr, BLOCK: tl.constexpr):
+    # A constexpr that is a fill value: Triton compiles numpy scalars and enum members here.
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.full([BLOCK], FLAG, tl.float32))

@@ -18,6 +18,7 @@ from fastkernel import _triton_abi as abi
 
 import kernels
 from conftest import TEST_STREAM
+from triton_reference import TritonReference
 
 SCRATCH = [b"\0" * 8] * abi.num_scratch_params()
 
@@ -203,12 +204,28 @@ def test_a_module_is_never_launched_on_another_device(stand_in):
 def test_fallback_path_counts_and_warns_once(stand_in, caplog):
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(64)
-    # An arbitrary object is not covered by the native key: Triton's own launcher takes it,
-    # which needs Triton's GPU driver; on this machine that raises, after the fallback is counted.
-    with pytest.raises(Exception):
-        k[(1,)](x, x, x, object(), BLOCK=64)
-    assert k.stats()["fallbacks"] == 1
-    assert "goes through Triton's own launcher" in caplog.text
+    # A tensor subclass is not covered by the native key: Triton's own launcher takes it (here
+    # on the stand-in), and the call is counted as a fallback, with one warning.
+    sub = x.as_subclass(_TensorSubclass)
+    with TritonReference(stand_in, TEST_STREAM):
+        k[(1,)](x, x, sub, 64, BLOCK=64)
+        k[(1,)](x, x, sub, 64, BLOCK=64)
+    assert k.stats()["fallbacks"] == 2 and len(stand_in.launches()) == 2
+    assert caplog.text.count("goes through Triton's own launcher") == 1
+    assert "argument 'out_ptr' of type test_launch_bytes._TensorSubclass" in caplog.text
+
+
+class _TensorSubclass(torch.Tensor):
+    pass
+
+
+def test_a_call_triton_rejects_raises_tritons_error_and_is_no_fallback(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    with TritonReference(stand_in, TEST_STREAM):
+        with pytest.raises(TypeError, match="failed to specialize"):
+            k[(1,)](x, x, x, object(), BLOCK=64)
+    assert k.stats()["fallbacks"] == 0 and stand_in.launches() == []
 
 
 def test_dtype_and_jit_function_constexprs_stay_native(stand_in):

@@ -4,6 +4,8 @@ unpatch()."""
 
 from __future__ import annotations
 
+import enum
+import importlib
 import os
 import pathlib
 import re
@@ -11,10 +13,12 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.compiler import CompiledKernel
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction, KernelInterface
 
@@ -27,6 +31,8 @@ import kernels
 from conftest import TEST_STREAM
 from test_corpus import triton_allocator_for_scratch  # noqa: F401 - a fixture used below
 from triton_reference import TritonReference, assert_same_launch
+
+patch_module = importlib.import_module("fastkernel.patch")  # fastkernel.patch is the function
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -41,6 +47,7 @@ def _triton_attributes():
         "KernelInterface.__getitem__": KernelInterface.__dict__["__getitem__"],
         "Autotuner": dict(Autotuner.__dict__),
         "Heuristics": dict(Heuristics.__dict__),
+        "CompiledKernel": dict(CompiledKernel.__dict__),
         "ConstexprFunction.__call__": cf.__dict__["__call__"] if cf else None,
     }
 
@@ -167,19 +174,187 @@ def test_every_corpus_case_launches_the_same_bytes_under_the_patch(name, stand_i
         assert s["fallbacks"] == 0 and s["misses"] >= 1, (name, s)
 
 
-def test_triton_autotune_and_heuristics_launch_natively_underneath(stand_in, patch_on):
-    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 1024}, num_warps=4)],
-                            key=["n"])(kernels.add_kernel)
+def test_triton_heuristics_launch_natively_underneath(stand_in, patch_on):
     heuristic = triton.heuristics({"BLOCK": lambda args: 512})(kernels.add_kernel)
     x, y, out = _tensors()
     for _ in range(3):
-        tuned[(4,)](x, y, out, N)
         heuristic[(8,)](x, y, out, N)
     stats = _stats_of(kernels.add_kernel)
-    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 4, 0)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0)
     launches = stand_in.launches()
-    assert [launch.block for launch in launches] == [(128, 1, 1)] * 6
-    assert [launch.grid for launch in launches] == [(4, 1, 1), (8, 1, 1)] * 3
+    assert [(launch.block, launch.grid) for launch in launches] == [((128, 1, 1), (8, 1, 1))] * 3
+
+
+def _timer(timings):
+    """A ``do_bench`` for Triton's Autotuner: runs the benchmarked call once and reports the
+    next of ``timings`` (ms), so which config Triton picks is known in advance."""
+    it = iter(timings)
+
+    def do_bench(kernel_call, quantiles=None, **_):
+        kernel_call()
+        t = next(it)
+        return [t] * len(quantiles) if quantiles else t
+    return do_bench
+
+
+CONFIGS = [triton.Config({"BLOCK": 1024}, num_warps=4), triton.Config({"BLOCK": 256}, num_warps=2)]
+
+
+def _autotuned(timings, key=("n",), configs=CONFIGS, **kwargs):
+    """Triton's own autotuner over a fresh JITFunction of add_kernel."""
+    return triton.autotune(configs=configs, key=list(key), do_bench=_timer(timings),
+                           **kwargs)(_fresh_add_kernel())
+
+
+# Kernels made by a test live as long as the module's kernels do: a Triton CompiledKernel freed
+# after the test needs an active Triton driver to unload its module, and the stand-in's is
+# active only inside TritonReference.
+_KEPT: list = []
+
+
+def _fresh_add_kernel() -> JITFunction:
+    jit_fn = JITFunction(kernels.add_kernel.fn)
+    _KEPT.append(jit_fn)
+    return jit_fn
+
+
+def _triton_key(n, *tensors):
+    """Triton's autotune key of an add_kernel call (runtime/autotuner.py, Autotuner.run)."""
+    return (n, *(str(t.dtype) for t in tensors))
+
+
+def test_a_tuned_call_of_triton_autotune_is_one_native_hit(stand_in):
+    tuned = _autotuned([3.0, 1.0, 0.5, 2.0])  # n=N picks CONFIGS[1], n=N//2 picks CONFIGS[0]
+    x, y, out = _tensors()
+    grid = lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)  # noqa: E731
+    best = []
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        assert _C.patch_slot_is_native(Autotuner)
+        for n in (N, N, N, N // 2, N // 2, N, N // 2):
+            tuned[grid](x, y, out, n)
+            best.append(tuned.best_config)
+        dispatch = tuned.__dict__[PATCH_ATTR]
+        stats = dispatch.stats()
+        names = fastkernel.stats()
+    # Triton tuned each key once and chose what its timer said; every later call was a hit,
+    # and best_config is, after every call, the config Triton's run would have set.
+    assert tuned.cache == {_triton_key(N, x, y, out): CONFIGS[1],
+                           _triton_key(N // 2, x, y, out): CONFIGS[0]}
+    assert best == [CONFIGS[i] for i in (1, 1, 1, 0, 0, 1, 0)]
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 5, 0)
+    assert names["kernels.add_kernel [triton.autotune]"]["hits"] == 5
+    launches = stand_in.launches()
+    # One launch per call, and one per config benchmarked for each of the two keys.
+    assert len(launches) == 7 + 2 * 2
+    hit_n, hit_half = launches[4], launches[-1]
+    assert (hit_n.block, hit_n.grid) == ((64, 1, 1), (N // 256, 1, 1))
+    assert (hit_half.block, hit_half.grid) == ((128, 1, 1), (N // 2 // 1024, 1, 1))
+    stand_in.reset()
+    # Unpatched, Triton's Autotuner finds both keys in its cache and launches them itself.
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs_n = reference.launch(tuned, grid, x, y, out, N)
+        theirs_half = reference.launch(tuned, grid, x, y, out, N // 2)
+    assert_same_launch(hit_n, theirs_n)
+    assert_same_launch(hit_half, theirs_half)
+
+
+def test_triton_autotune_retunes_a_new_dtype_as_triton_does(stand_in):
+    tuned = _autotuned([1.0, 2.0, 2.0, 1.0])
+    x, y, out = _tensors()
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        tuned[(4,)](x, y, out, N)
+        tuned[(4,)](x.double(), y.double(), out.double(), N)
+        tuned[(4,)](x.double(), y.double(), out.double(), N)
+        stats = tuned.__dict__[PATCH_ATTR].stats()
+    x64 = x.double()
+    assert tuned.cache == {_triton_key(N, x, y, out): CONFIGS[0],
+                           _triton_key(N, x64, x64, x64): CONFIGS[1]}
+    assert tuned.best_config == CONFIGS[1]
+    assert (stats["misses"], stats["hits"]) == (2, 1)
+
+
+def test_a_call_triton_keys_otherwise_stays_on_triton_autotune(stand_in, caplog):
+    # A tensor in the key (Triton keys it by identity): every call goes through Triton's run,
+    # which re-tunes for each new tensor; the launches underneath are still native.
+    tuned = _autotuned([1.0, 2.0] * 3, key=("x_ptr",))
+    x, y, out = _tensors()
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM), \
+            caplog.at_level("WARNING", logger="fastkernel"):
+        tuned[(4,)](x, y, out, N)
+        tuned[(4,)](x, y, out, N)
+        tuned[(4,)](x.clone(), y, out, N)
+        stats = tuned.__dict__[PATCH_ATTR].stats()
+    assert len(tuned.cache) == 2  # x and its clone: two keys, as Triton keys them
+    assert (stats["hits"], stats["fallbacks"]) == (0, 3)
+    reason = "autotune key 'x_ptr' is a tensor, which Triton keys by identity"
+    assert stats["fallback_reasons"] == {reason: 3}
+    assert reason in caplog.text and "add_kernel" in caplog.text
+
+
+def test_a_config_pre_hook_runs_on_every_call(stand_in):
+    seen = []
+    configs = [triton.Config({"BLOCK": 1024}, num_warps=4, pre_hook=lambda nargs: seen.append(
+        nargs["BLOCK"]))]
+    tuned = _autotuned([], configs=configs)
+    x, y, out = _tensors()
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        for _ in range(3):
+            tuned[(4,)](x, y, out, N)
+        stats = tuned.__dict__[PATCH_ATTR].stats()
+    assert seen == [1024] * 3
+    assert stats["hits"] == 0 and len(stand_in.launches()) == 3
+
+
+def test_passing_a_tuned_parameter_raises_what_triton_raises(stand_in):
+    tuned = _autotuned([1.0, 2.0])
+    x, y, out = _tensors()
+    errors = []
+    for on in (False, True):
+        with fastkernel.patched() if on else _nothing(), TritonReference(stand_in, TEST_STREAM):
+            with pytest.raises(Exception) as info:
+                tuned[(4,)](x, y, out, N, BLOCK=128)
+            errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_an_autotuner_subclass_with_its_own_run_keeps_it(stand_in):
+    seen = []
+
+    class CachedAutotuner(Autotuner):
+        def run(self, *args, **kwargs):
+            seen.append(kwargs["grid"])
+            return super().run(*args, **kwargs)
+
+    jit_fn = _fresh_add_kernel()
+    tuned = CachedAutotuner(jit_fn, jit_fn.arg_names, configs=CONFIGS[:1], key=["n"],
+                            reset_to_zero=None, restore_value=None)
+    x, y, out = _tensors()
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        for _ in range(3):
+            tuned[(4,)](x, y, out, N)
+        inner = _stats_of(jit_fn)
+    assert seen == [(4,)] * 3 and tuned.__dict__.get(PATCH_ATTR) is None
+    assert (inner["misses"], inner["hits"]) == (1, 2)  # the launch underneath is native
+
+
+def test_autotune_over_heuristics_launches_natively_underneath(stand_in):
+    jit_fn = _fresh_add_kernel()
+    tuned = triton.autotune(configs=[triton.Config({}, num_warps=4)], key=["n"])(
+        triton.heuristics({"BLOCK": lambda args: 512})(jit_fn))
+    x, y, out = _tensors()
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        for _ in range(3):
+            tuned[(8,)](x, y, out, N)
+        inner = _stats_of(jit_fn)
+    assert (inner["misses"], inner["hits"], inner["fallbacks"]) == (1, 2, 0)
 
 
 def test_a_subclass_with_its_own_run_keeps_it(stand_in, patch_on):
@@ -214,6 +389,25 @@ def test_warmup_compiles_without_launching(stand_in, patch_on):
         compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
     assert compiled is not None and hasattr(compiled, "metadata")
     assert stand_in.launches() == []
+
+
+def test_a_launch_of_the_handle_warmup_returns_is_a_counted_fallback(stand_in, patch_on, caplog):
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM) as reference, \
+            caplog.at_level("INFO", logger="fastkernel"):
+        theirs = reference.launch(kernels.add_kernel, (4,), x, y, out, N, BLOCK=1024)
+        compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
+        before = _stats_of(kernels.add_kernel)
+        # As Triton's fused-softmax tutorial does: every argument, constexprs included.
+        compiled[(4, 1, 1)](x, y, out, N, 1024)
+        compiled[(4, 1, 1)](x, y, out, N, 1024)
+        after = _stats_of(kernels.add_kernel)
+    assert after["fallbacks"] - before["fallbacks"] == 2
+    assert after["fallback_reasons"][patch_module.COMPILED_LAUNCH_REASON] == 2
+    assert "CompiledKernel that warmup() returned" in caplog.text
+    launches = stand_in.launches()
+    assert len(launches) == 3
+    assert_same_launch(launches[-1], theirs)
 
 
 @pytest.mark.parametrize("variable", ["TRITON_INTERPRET", "FASTKERNEL_DISABLE"])
@@ -397,3 +591,70 @@ def test_an_unsupported_triton_is_named_at_import(version, ok):
                     rf"supports Triton 3\.5 to 3\.9, but Triton {re.escape(version)} is installed")
         with pytest.raises(ImportError, match=expected):
             fastkernel._check_triton_version(version)
+
+
+class _Size(enum.IntEnum):
+    N = N
+    COLS = 64
+
+
+class _Mode(str, enum.Enum):
+    SINGLE = "single"
+
+
+# Values Triton accepts that are not plain int / float / bool, each as (kernel, grid, args,
+# kwargs): Triton specializes an IntEnum as the int it is and a float subclass as fp32, and
+# compiles a numpy scalar or enum constexpr as the object itself.
+_VALUE_CASES = {
+    "intenum_runtime": (kernels.add_kernel, (4,), lambda: (*_tensors(), _Size.N), {"BLOCK": 1024}),
+    "numpy_float64_runtime": (
+        kernels.fused_add_rmsnorm_kernel, (2,),
+        lambda: (torch.randn(128), torch.randn(128), torch.randn(64), torch.empty(128),
+                 _Size.COLS, np.float64(1e-6)), {"BLOCK": 64}),
+    "numpy_int_constexpr": (kernels.flag_kernel, (1,), lambda: (torch.empty(16),),
+                            {"FLAG": np.int64(3), "BLOCK": 16}),
+    "numpy_float_constexpr": (kernels.flag_kernel, (1,), lambda: (torch.empty(16),),
+                              {"FLAG": np.float32(1.5), "BLOCK": 16}),
+    "float_subclass_constexpr": (kernels.constexpr_kernel, (1,), lambda: (torch.empty(16),),
+                                 {"SCALE": np.float64(1.5), "MODE": "double", "BLOCK": 16}),
+    "intenum_constexpr": (kernels.constexpr_kernel, (1,), lambda: (torch.empty(64),),
+                          {"SCALE": 2, "MODE": "single", "BLOCK": _Size.COLS}),
+}
+
+
+@pytest.mark.parametrize("case", list(_VALUE_CASES))
+def test_every_value_triton_accepts_stays_native(case, stand_in):
+    kernel, grid, make_args, kwargs = _VALUE_CASES[case]
+    args = make_args()
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(kernel, grid, *args, **kwargs)
+    stand_in.reset()
+    with fastkernel.patched():
+        kernel[grid](*args, **kwargs)
+        kernel[grid](*args, **kwargs)
+        stats = _stats_of(kernel)
+    for launch in stand_in.launches():
+        assert_same_launch(launch, theirs)
+    assert (stats["hits"], stats["fallbacks"]) == (1, 0) and stats["misses"] >= 1
+
+
+def test_typed_constexprs_key_apart_from_plain_numbers(stand_in):
+    out = torch.empty(16)
+    with fastkernel.patched():
+        for flag in (3, np.int64(3), np.int32(3), 3.0, np.float64(3.0), np.float32(3.0)):
+            kernels.flag_kernel[(1,)](out, FLAG=flag, BLOCK=16)
+            kernels.flag_kernel[(1,)](out, FLAG=flag, BLOCK=16)
+        stats = _stats_of(kernels.flag_kernel)
+        assert (stats["specializations"], stats["hits"], stats["fallbacks"]) == (6, 6, 0)
+
+
+def test_a_value_triton_rejects_gets_tritons_error_and_is_no_fallback(stand_in):
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM):
+        with pytest.raises(Exception) as theirs:
+            kernels.add_kernel[(4,)](x, y, out, np.int64(N), BLOCK=1024)
+        with fastkernel.patched():
+            with pytest.raises(type(theirs.value), match=re.escape(str(theirs.value))):
+                kernels.add_kernel[(4,)](x, y, out, np.int64(N), BLOCK=1024)
+            stats = _stats_of(kernels.add_kernel)
+    assert stats["fallbacks"] == 0 and stats["fallback_reasons"] == {}

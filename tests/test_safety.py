@@ -15,6 +15,8 @@ import torch
 from fastkernel import fastkernel
 
 import kernels
+from conftest import TEST_STREAM
+from triton_reference import TritonReference
 
 THREADS = 8
 CALLS_PER_THREAD = 100_000
@@ -119,13 +121,12 @@ def test_a_cubin_the_driver_rejects_falls_back_to_triton_with_one_warning(stand_
     monkeypatch.setattr(abi, "launch_metadata", corrupt)
     monkeypatch.setenv("FASTKERNEL_CACHE", "0")
     x = torch.randn(64)
-    for _ in range(2):
-        # Triton's own launcher then takes the call; on this machine it has no GPU driver.
-        with pytest.raises(Exception, match="active drivers|driver"):
-            k[(1,)](x, x, x, 64, BLOCK=64)
+    with TritonReference(stand_in, TEST_STREAM):
+        for _ in range(2):
+            k[(1,)](x, x, x, 64, BLOCK=64)  # Triton's own launcher takes the call
     stats = k.stats()
     assert stats["fallbacks"] == 2 and stats["specializations"] == 0
-    assert stand_in.launches() == []
+    assert len(stand_in.launches()) == 2
     assert caplog.text.count("registering the cubin failed") == 1
     assert fk.stats()[f"{k.module}.{k.fn.__qualname__}"]["fallbacks"] >= 2
 
@@ -144,8 +145,8 @@ def test_refused_specializations_are_remembered_within_the_capacity(stand_in, mo
 
     monkeypatch.setattr(abi, "launch_metadata", corrupt)
     x = torch.randn(64)
-    for block in (16, 32, 64, 128):  # four refused specializations
-        with pytest.raises(Exception, match="active drivers|driver"):
+    with TritonReference(stand_in, TEST_STREAM):
+        for block in (16, 32, 64, 128):  # four refused specializations
             k[(1,)](x, x, x, 64, BLOCK=block)
     assert len(k._refused_keys) == 2  # the two most recent
     assert k.stats()["fallbacks"] == 4

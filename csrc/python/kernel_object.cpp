@@ -286,6 +286,19 @@ void fill_tuned_args(const KernelState& st, const LaunchRecord& rec, BoundCall* 
   }
 }
 
+// Sets the owner's attribute to the record's published object, when it is not the one set last.
+bool publish(KernelObject* kernel, const LaunchRecord& rec) {
+  PyObject* value = static_cast<PyObject*>(rec.published);
+  if (value == nullptr || value == kernel->last_published) {
+    return true;
+  }
+  if (PyObject_SetAttr(kernel->publish_owner, kernel->publish_name, value) != 0) {
+    return false;
+  }
+  Py_XSETREF(kernel->last_published, Py_NewRef(value));
+  return true;
+}
+
 // Calls the enter hook runner; returns the launch metadata to hand to the exit hook.
 PyObject* run_enter_hook(KernelObject* kernel, const LaunchRecord& rec, const LaunchGrid& grid,
                          CUstream stream, const BoundCall& call) {
@@ -401,6 +414,9 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     const RecordPin pin(rec);
     if (C10_UNLIKELY(st.has_config_params)) {
       fill_tuned_args(st, *rec, &call);
+    }
+    if (C10_UNLIKELY(kernel->publish_owner != nullptr) && !publish(kernel, *rec)) {
+      return nullptr;
     }
     if (kernel->global_checks != nullptr && !globals_unchanged(kernel)) {
       if (!PyErr_Occurred()) {
@@ -554,6 +570,8 @@ int kernel_traverse(KernelObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->pre_run_hooks);
   Py_VISIT(self->global_checks);
   Py_VISIT(self->global_check_failed);
+  Py_VISIT(self->publish_owner);
+  Py_VISIT(self->last_published);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_VISIT(p.default_value);
@@ -569,6 +587,9 @@ int kernel_clear(KernelObject* self) {
   Py_CLEAR(self->pre_run_hooks);
   Py_CLEAR(self->global_checks);
   Py_CLEAR(self->global_check_failed);
+  Py_CLEAR(self->publish_owner);
+  Py_CLEAR(self->publish_name);
+  Py_CLEAR(self->last_published);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_CLEAR(p.default_value);

@@ -50,6 +50,11 @@ struct KernelObject {
   PyObject* global_check_failed;  ///< Python callable(name, old, new) raising Triton's error
   PyObject* weakrefs;
   PyObject* patched_jit;  ///< the JITFunction this Kernel serves under fastkernel.patch() (borrowed)
+  /// A hit sets `publish_owner.<publish_name>` to its record's `published` object when that
+  /// differs from the last one set (Triton's Autotuner sets best_config on every call).
+  PyObject* publish_owner;
+  PyObject* publish_name;
+  PyObject* last_published;
 };
 
 /// `kernel[grid]`: a kernel with its grid, called with the kernel's arguments.

@@ -141,6 +141,48 @@ bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
   return push_object_constexpr(v, key, depth);
 }
 
+// A number of a type other than int, float and bool: an int or float subclass (IntEnum
+// members, numpy.float64) or a numpy integer or floating scalar. Triton keys a constexpr by its
+// repr (the type shows in it) and compiles the object itself, so the key holds the type's
+// address (the registrant keeps the type alive) and the value.
+bool push_typed_number(PyObject* v, SpecializationKey* key) {
+  PyTypeObject* type = Py_TYPE(v);
+  const PyNumberMethods* number = type->tp_as_number;
+  const bool numpy = std::strncmp(type->tp_name, "numpy.", 6) == 0 && number != nullptr;
+  if (PyLong_Check(v) || (numpy && number->nb_index != nullptr && !PyFloat_Check(v))) {
+    PyObject* index = PyNumber_Index(v);
+    if (index == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
+    if (overflow != 0 || (value == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    key->push(uint64_t(ArgKind::ConstexprTyped));
+    key->push(reinterpret_cast<uint64_t>(type));
+    key->push(uint64_t(value));
+    return true;
+  }
+  if (PyFloat_Check(v) || (numpy && number->nb_float != nullptr)) {
+    const double d = PyFloat_AsDouble(v);
+    if (d == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    uint64_t bits;
+    std::memcpy(&bits, &d, 8);
+    key->push(uint64_t(ArgKind::ConstexprTyped) | (1ull << 8));
+    key->push(reinterpret_cast<uint64_t>(type));
+    key->push(bits);
+    return true;
+  }
+  return false;
+}
+
 // The object kinds, checked after the exact value kinds above since they cost type walks.
 bool push_object_constexpr(PyObject* v, SpecializationKey* key, int depth) {
   if (is_identity_keyed(v)) {
@@ -159,7 +201,7 @@ bool push_object_constexpr(PyObject* v, SpecializationKey* key, int depth) {
     Py_DECREF(inner);
     return ok;
   }
-  return false;
+  return push_typed_number(v, key);
 }
 
 // Sets a Python exception naming the kernel and parameter; returns KeyStatus::Error.
@@ -441,10 +483,12 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
     key.push(uint64_t(ArgKind::Bool));
     return KeyStatus::Ok;
   }
-  if (PyLong_CheckExact(v)) {
+  if (PyLong_Check(v)) {
+    // Subclasses too (IntEnum members): Triton specializes and packs them as the int they are.
     return push_int(kernel, param, v, value, &key);
   }
-  if (PyFloat_CheckExact(v)) {
+  if (PyFloat_Check(v)) {
+    // Subclasses too (numpy.float64): Triton specializes them as fp32 and packs their value.
     value->kind = ArgKind::Float;
     value->d = PyFloat_AS_DOUBLE(v);
     key.push(uint64_t(ArgKind::Float));

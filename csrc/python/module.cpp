@@ -107,7 +107,8 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
                      uint64_t profile_scratch_size, uint64_t profile_scratch_align,
                      py::handle compiled, py::handle tuned_args,
                      const std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>&
-                         tensor_maps) {
+                         tensor_maps,
+                     py::handle published) {
   KernelObject* kernel = as_kernel(kernel_obj);
   const std::string key_data = key_bytes;
   if (key_data.size() % sizeof(uint64_t) != 0 ||
@@ -196,6 +197,9 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
       throw py::value_error("fastkernel: tuned_args must be a tuple with one item per parameter");
     }
     rec->tuned_args = tuned_args.inc_ref().ptr();
+  }
+  if (!published.is_none()) {
+    rec->published = published.inc_ref().ptr();
   }
   rec->release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
   const std::string image = cubin;
@@ -371,11 +375,27 @@ PYBIND11_MODULE(_C, m) {
         py::arg("global_scratch_align"), py::arg("profile_scratch_size"),
         py::arg("profile_scratch_align"), py::arg("compiled"), py::arg("tuned_args") = py::none(),
         py::arg("tensor_maps") = std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>{},
+        py::arg("published") = py::none(),
         "Load a compiled specialization on `device` and register its launch record under `key`.\n"
         "`tuned_args` (a tuple, one item per parameter, or None): what a tuned config gives the\n"
         "parameters a call leaves out, for the callable grid and the launch hooks.\n"
         "`tensor_maps`: (data type, element size, swizzle, block shape, fp4 padded, tf32\n"
-        "rounding) for each \"nvTmaDesc\" plan entry, in order (Triton's tensordesc_meta).");
+        "rounding) for each \"nvTmaDesc\" plan entry, in order (Triton's tensordesc_meta).\n"
+        "`published` (or None): set as the publish owner's attribute by a hit on this record\n"
+        "(see set_publish).");
+  m.def(
+      "set_publish",
+      [](py::handle kernel_obj, py::handle owner, py::str name) {
+        KernelObject* kernel = as_kernel(kernel_obj);
+        PyObject* interned = name.inc_ref().ptr();
+        PyUnicode_InternInPlace(&interned);
+        Py_XSETREF(kernel->publish_name, interned);
+        Py_XSETREF(kernel->last_published, nullptr);
+        Py_XSETREF(kernel->publish_owner, owner.is_none() ? nullptr : owner.inc_ref().ptr());
+      },
+      py::arg("kernel"), py::arg("owner"), py::arg("name"),
+      "A hit sets `owner.<name>` to its record's `published` object when that differs from the\n"
+      "one set last (owner None: nothing is published).");
   m.def(
       "set_tensor_descriptor_type",
       [](py::object type) { set_tensor_descriptor_type(type.is_none() ? nullptr : type.ptr()); },

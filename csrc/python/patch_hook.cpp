@@ -8,6 +8,7 @@
 #include "patch_hook.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 namespace fastkernel {
 namespace {
@@ -25,6 +26,13 @@ std::unordered_map<PyObject*, KernelObject*>& dispatches() {
 PyObject* g_last_jit = nullptr;
 KernelObject* g_last_dispatch = nullptr;
 
+// Types the factory refused as a whole (it returned False: a subclass with its own run), owned:
+// their instances go to Triton's __getitem__ without calling the factory on every launch.
+std::unordered_set<PyTypeObject*>& refused_types() {
+  static auto* set = new std::unordered_set<PyTypeObject*>();
+  return *set;
+}
+
 // The dispatch of `jit`, or Py_None (borrowed), or nullptr with an exception set.
 PyObject* find_or_create(PyObject* jit) {
   if (jit == g_last_jit) {
@@ -40,9 +48,20 @@ PyObject* find_or_create(PyObject* jit) {
   if (g_factory == nullptr) {  // unpatched meanwhile (another thread): Triton's path
     return Py_None;
   }
+  auto& refused = refused_types();
+  if (!refused.empty() && refused.count(Py_TYPE(jit)) != 0) {
+    return Py_None;
+  }
   PyObject* made = PyObject_CallOneArg(g_factory, jit);
   if (made == nullptr) {
     return nullptr;
+  }
+  if (made == Py_False) {
+    Py_DECREF(made);
+    if (g_factory != nullptr && refused.insert(Py_TYPE(jit)).second) {
+      Py_INCREF(Py_TYPE(jit));
+    }
+    return Py_None;
   }
   if (made == Py_None || g_factory == nullptr) {
     // Triton's own path (not cached: the JITFunction may be freed and its address reused), or
@@ -131,6 +150,10 @@ void uninstall_patch() {
     kernel->patched_jit = nullptr;
   }
   dispatches().clear();
+  for (PyTypeObject* type : refused_types()) {
+    Py_DECREF(type);
+  }
+  refused_types().clear();
   g_last_jit = nullptr;
   g_last_dispatch = nullptr;
   // Triton's __getitem__ stays referenced: a launch that entered the slot before the type's

@@ -16,10 +16,12 @@ namespace fastkernel {
 /// nullptr with an exception set.
 PyObject* new_slot_wrapper(PyObject* type, PyTypeObject* model, const char* name, void* fn);
 
-/// Installs the native subscript as `jit_type.__getitem__`. `factory(jit)` returns the dispatch
-/// Kernel of a JITFunction (keeping it alive itself) or None when the kernel keeps Triton's own
-/// path; `triton_getitem(jit, grid)` is Triton's KernelInterface.__getitem__, used for those.
-/// False with an exception set on failure.
+/// Installs the native subscript as `jit_type.__getitem__` (called once per served type: Triton's
+/// JITFunction and Autotuner; the last factory and triton_getitem given serve all of them).
+/// `factory(obj)` returns the dispatch Kernel of a kernel object (keeping it alive itself), None
+/// when that object keeps Triton's own path, or False when every instance of its type does (a
+/// subclass with its own run; remembered until uninstall_patch). `triton_getitem(obj, grid)` is
+/// Triton's KernelInterface.__getitem__, used for those. False with an exception set on failure.
 bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getitem);
 
 /// Forgets every dispatch and the callables given to install_patch (the caller restores the

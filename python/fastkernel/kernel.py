@@ -120,14 +120,31 @@ PATCH_ATTR = "_fastkernel_dispatch"
 DEFAULT_MAX_SPECIALIZATIONS = 1024
 
 
-def _holds_identity_objects(values) -> bool:
-    """Whether any value (or tuple element, or tl.constexpr's value) is keyed by identity."""
+def _address_keyed(values) -> List[Any]:
+    """The objects whose addresses the native key of these values may hold (recursing into
+    tuples and tl.constexpr wrappers): objects keyed by identity, and the types of numbers that
+    are not plain int, float or bool (key_builder.cpp, push_typed_number). A registrant keeps
+    them alive, so no address in a registered key is reused by another object."""
+    found: List[Any] = []
     for v in values:
         if isinstance(v, triton.language.constexpr):
             v = v.value
-        if isinstance(v, _IDENTITY_TYPES) or (isinstance(v, tuple) and _holds_identity_objects(v)):
-            return True
-    return False
+        if isinstance(v, _IDENTITY_TYPES):
+            found.append(v)
+        elif isinstance(v, tuple):
+            found.extend(_address_keyed(v))
+        elif type(v) not in _PLAIN_NUMBERS and (isinstance(v, (int, float)) or
+                                                type(v).__module__ == "numpy"):
+            found.append(type(v))
+    return found
+
+
+_PLAIN_NUMBERS = (int, float, bool)
+
+
+def _holds_identity_objects(values) -> bool:
+    """Whether the native key of these values holds an object's address (a per-process key)."""
+    return bool(_address_keyed(values))
 
 
 def capacity_exceeded(items, capacity: int) -> bool:
@@ -196,7 +213,9 @@ class NativeDispatch(_C.Kernel):
         self._arg_kinds: Dict[int, set] = {}
         self._lock = threading.RLock()
         self._fallback_reasons: Dict[str, int] = {}
-        self._miss_fallbacks = 0  # fallbacks decided on the miss path (the native entry counts the rest)
+        # Fallbacks decided on the miss path (the native entry counts the rest), less the calls
+        # counted as fallbacks that Triton then rejected.
+        self._miss_fallbacks = 0
         self._refused_keys: Dict[bytes, str] = {}  # keys whose cubin the driver would not load
         self._targets: Dict[int, Any] = {}
         # Option names come from the backend's options dataclass; they are the same for every
@@ -238,10 +257,21 @@ class NativeDispatch(_C.Kernel):
         ``key``; returns None, or the result of launching through Triton when the native path
         cannot take this specialization. ``tuned_args`` is what a tuned config gives the
         parameters the call leaves out (see ``_C.register``)."""
+        reason = self._register(args, kwargs, key, device, tuned_args)
+        if reason is None:
+            return None
+        self._miss_fallbacks += 1
+        return self._fallback(grid, args, kwargs, reason)
+
+    def _register(self, args: tuple, kwargs: dict, key: bytes, device: int,
+                  tuned_args: Optional[tuple] = None, published: Any = None) -> Optional[str]:
+        """Compile (or load) the specialization of a call and register its launch record under
+        ``key``, launching nothing. Returns None once registered, or the reason the native path
+        cannot take this specialization. ``published`` is what a hit on the record sets on the
+        kernel's publish owner (``_C.set_publish``)."""
         refused = self._refused_keys.get(key)
         if refused is not None:  # registration failed before: straight to Triton
-            self._miss_fallbacks += 1
-            return self._fallback(grid, args, kwargs, refused)
+            return refused
         with self._lock:
             target = self._target(device)
             # A warm process finds the specialization of a native key it has seen in the disk
@@ -260,13 +290,11 @@ class NativeDispatch(_C.Kernel):
                 try:
                     spec = abi.specialize(self.jit_function, target, args, kwargs)
                 except abi.UnsupportedByNativePath as exc:
-                    self._miss_fallbacks += 1
-                    return self._fallback(grid, args, kwargs, str(exc))
+                    return str(exc)
                 try:
                     meta, compiled = self._launch_artifact(target, spec)
                 except abi.UnsupportedByNativePath as exc:
-                    self._miss_fallbacks += 1
-                    return self._fallback(grid, args, kwargs, str(exc))
+                    return str(exc)
                 except Exception as exc:
                     self._raise_kind_mismatch(args, kwargs, exc)
                     raise
@@ -275,14 +303,14 @@ class NativeDispatch(_C.Kernel):
             try:
                 plan, tensor_maps = abi.expand_descriptors(spec.plan, meta.tensordesc_meta)
             except abi.UnsupportedByNativePath as exc:
-                self._miss_fallbacks += 1
-                return self._fallback(grid, args, kwargs, str(exc))
+                return str(exc)
             try:
                 _C.register(self, key, device, meta.name, meta.cubin, meta.block_x,
                             meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
                             plan, abi.num_scratch_params(), meta.global_scratch_size,
                             meta.global_scratch_align, meta.profile_scratch_size,
-                            meta.profile_scratch_align, compiled, tuned_args, tensor_maps)
+                            meta.profile_scratch_align, compiled, tuned_args, tensor_maps,
+                            published)
             except (_C.CudaError, ValueError) as exc:
                 # A binary the native path cannot load (or a launch record it rejects) is
                 # Triton's to launch; a missing driver (DriverUnavailableError) still raises.
@@ -290,8 +318,7 @@ class NativeDispatch(_C.Kernel):
                 self._refused_keys[key] = reason
                 while capacity_exceeded(self._refused_keys, self._capacity):  # oldest first
                     del self._refused_keys[next(iter(self._refused_keys))]
-                self._miss_fallbacks += 1
-                return self._fallback(grid, args, kwargs, reason)
+                return reason
             self._compiled.append(compiled)
             self._registrations[key] = (target, spec, meta)
             while capacity_exceeded(self._registrations, self._capacity):
@@ -299,9 +326,8 @@ class NativeDispatch(_C.Kernel):
             # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
             _C.set_global_checks(self, abi.global_checks(self.jit_function),
                                  abi.raise_global_changed)
-            for value in (*args, *kwargs.values()):
-                if isinstance(value, _IDENTITY_TYPES):
-                    self._keepalive[id(value)] = value
+            for value in _address_keyed((*args, *kwargs.values())):
+                self._keepalive[id(value)] = value
             self._remember_kinds(args, kwargs)
             log.debug("fastkernel: registered %s on device %d (%d parameters)", meta.name, device,
                       len(spec.plan))
@@ -345,8 +371,15 @@ class NativeDispatch(_C.Kernel):
         return named
 
     def _fallback(self, grid, args, kwargs, reason: str):
+        """Launch a call through Triton's own launcher; the call was already counted as a
+        fallback (natively, or in ``_miss_fallbacks``). A call Triton rejects raises Triton's own
+        error and is not a fallback: its count is taken back."""
+        try:
+            result = triton_launch(self.jit_function, grid, args, kwargs)
+        except BaseException:
+            self._miss_fallbacks -= 1
+            raise
         self._count_fallback(reason)
-        result = triton_launch(self.jit_function, grid, args, kwargs)
         return result if result is not None else True
 
     def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,

@@ -11,12 +11,17 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
 - ``JITFunction.run`` becomes :func:`_patched_run`, so ``triton.autotune`` and
   ``triton.heuristics`` wrappers (which end in ``self.fn.run(...)``, Triton's
   ``runtime/autotuner.py``) launch natively under their own Python.
-- Each kernel gets its dispatch (a :class:`PatchedKernel`) at its first launch, kept in the
-  kernel's ``__dict__`` under ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again.
+- ``Autotuner.__getitem__`` and ``Autotuner.run`` are served the same way: a tuned call of
+  Triton's own ``@triton.autotune`` over a ``triton.jit`` function is one native hit
+  (:class:`PatchedAutotuner`). Its misses run Triton's ``Autotuner.run`` itself, so tuning,
+  pruning, hooks, ``cache_results`` and the chosen config are Triton's.
+- Each kernel gets its dispatch at its first launch, kept in the kernel's ``__dict__`` under
+  ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again.
 
-What stays on Triton's path: a ``JITFunction`` subclass that defines its own ``run`` (its own
-behaviour is kept), ``warmup=True`` (compile only), and every call the native key does not cover
-(counted in ``fastkernel.stats()`` with its reason, as for ``@fastkernel``).
+What stays on Triton's path: a ``JITFunction`` or ``Autotuner`` subclass that defines its own
+``run`` (its own behaviour is kept; the launch underneath is still native), ``warmup=True``
+(compile only), and every call the native key does not cover (counted in ``fastkernel.stats()``
+with its reason, as for ``@fastkernel``).
 """
 
 from __future__ import annotations
@@ -26,20 +31,26 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import triton
+from triton.compiler.compiler import CompiledKernel
+from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import SUPPORTED_TRITON, _C
 from . import _triton_abi as abi
+from ._autotune import _TUNE_CONFIG_PROVIDED, _TUNE_VALUE
 from .kernel import PATCH_ATTR, TRITON_RUN, NativeDispatch, _params_spec
 
 log = logging.getLogger("fastkernel")
 
 
+#: Triton's own ``Autotuner.run``, as it was when fastkernel was imported.
+AUTOTUNER_RUN = Autotuner.run
+
 _lock = threading.RLock()
-_saved: Optional[Dict[str, Any]] = None  # Triton's attributes as they were, while patched
+_saved: Optional[Dict[Tuple[type, str], Any]] = None  # Triton's attributes as they were, while patched
 # Every JITFunction given a dispatch, by id (JITFunctions need not be hashable).
 _served: Dict[int, "weakref.ref[JITFunction]"] = {}
 
@@ -59,21 +70,146 @@ class PatchedKernel(NativeDispatch):
         return f"PatchedKernel({self._stats_name()})"
 
 
-def _dispatch_for(jit_fn: JITFunction) -> Optional[PatchedKernel]:
-    """The patch factory (called natively at a kernel's first launch): its dispatch, or None
-    when the kernel keeps Triton's own path."""
-    if not getattr(type(jit_fn).run, "_fastkernel_patched", False):
-        return None  # a subclass with its own run: its behaviour is its own
+class PatchedAutotuner(NativeDispatch):
+    """The native dispatch of one Triton ``Autotuner`` over a ``triton.jit`` function.
+
+    A call whose native key is registered is one native hit: the record holds the tuned
+    config's values for the parameters the call leaves out, and a hit sets the autotuner's
+    ``best_config`` as Triton's ``Autotuner.run`` does. A miss runs Triton's ``Autotuner.run``
+    itself (which tunes if Triton's key is new, and launches natively underneath), then
+    registers the call's key with the config Triton chose.
+
+    The native key holds everything Triton's autotune key holds (the ``key`` arguments' values
+    and every tensor's dtype; ``runtime/autotuner.py``, ``Autotuner.run``) and more, so a hit
+    never serves a config Triton would not pick. Calls Triton keys in ways the native key cannot
+    follow stay on Triton's path, counted with the reason: a ``key`` argument that is a tensor
+    (Triton keys it by identity), a NaN key value, a non-tensor argument with a ``dtype``, a
+    config with a ``pre_hook`` (Python before every launch), a kernel with pre-run hooks.
+    A config picked for a key stays registered for that key: clearing ``autotuner.cache`` by
+    hand does not re-tune keys already served natively (call :func:`unpatch` first).
+    """
+
+    def __init__(self, autotuner: Autotuner, config_params: Tuple[str, ...]):
+        jit_fn = autotuner.fn
+        self.autotuner = autotuner
+        self._config_params = config_params
+        tune = {p.name: (_TUNE_CONFIG_PROVIDED if p.name in config_params else 0) |
+                        (_TUNE_VALUE if p.name in autotuner.keys else 0)
+                for p in jit_fn.params}
+        self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
+        _C.set_publish(self, autotuner, "best_config")
+
+    def __repr__(self) -> str:
+        return f"PatchedAutotuner({self._stats_name()})"
+
+    def _stats_name(self) -> str:
+        return super()._stats_name() + " [triton.autotune]"
+
+    @staticmethod
+    def config_params(autotuner: Autotuner) -> Optional[Tuple[str, ...]]:
+        """The parameters the autotuner's configs set, or None when a config sets something the
+        native record cannot carry (a runtime parameter, or a name that is neither a parameter
+        nor a compile option)."""
+        jit_fn = autotuner.fn
+        by_name = {p.name: p for p in jit_fn.params}
+        options = set(abi.option_names(abi.cuda_target(9, 0)))
+        names: list = []
+        for config in autotuner.configs:
+            for name in config.kwargs:
+                p = by_name.get(name)
+                if p is None:
+                    if name not in options:
+                        return None
+                elif not p.is_constexpr:
+                    return None
+                elif name not in names:
+                    names.append(name)
+        return tuple(names)
+
+    def _not_native(self, named: Dict[str, Any], kwargs: Dict[str, Any]) -> Optional[str]:
+        """Why Triton's autotune key of this call is not implied by the native key, or None."""
+        import torch
+        autotuner = self.autotuner
+        if type(autotuner.cache) is not dict:
+            return "the autotuner's cache is not a plain dict"
+        if self.jit_function.pre_run_hooks:
+            return "the kernel has pre-run hooks, which Triton runs with the config's values"
+        given = [name for name in self._config_params if name in kwargs]
+        if given:
+            return f"argument {given[0]!r} is set by the autotuner's configs"
+        for name in autotuner.keys:
+            value = named.get(name)
+            if isinstance(value, torch.Tensor):
+                return (f"autotune key {name!r} is a tensor, which Triton keys by identity")
+            if isinstance(value, float) and value != value:
+                return f"autotune key {name!r} is NaN, which never equals Triton's cached key"
+        for name, value in named.items():
+            if hasattr(value, "dtype") and not isinstance(value, torch.Tensor):
+                return (f"argument {name!r} of type {type(value).__name__} has a dtype, which "
+                        f"Triton's autotune key includes")
+        return None
+
+    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
+                 reason: Optional[str]):
+        autotuner = self.autotuner
+        if key is not None:
+            named = dict(zip(autotuner.arg_names, args))
+            named.update((k, v) for k, v in kwargs.items() if k in autotuner.arg_names)
+            reason = self._not_native(named, kwargs)
+        try:
+            result = AUTOTUNER_RUN(autotuner, *args, grid=grid, warmup=False, **kwargs)
+        except BaseException:
+            if key is None:  # counted as a fallback natively; Triton rejected the call
+                self._miss_fallbacks -= 1
+            raise
+        if key is not None and reason is None:
+            config = autotuner.best_config  # what Triton's run chose for this call
+            if config.pre_hook is not None:
+                reason = "the tuned config has a pre_hook, which runs in Python before every launch"
+            else:
+                merged = {**kwargs, **config.all_kwargs()}
+                values = {**{p.name: p.default for p in self.jit_function.params
+                             if p.has_default}, **merged}
+                tuned_args = tuple(values.get(p.name) if p.name in self._config_params else None
+                                   for p in self.jit_function.params)
+                reason = self._register(args, merged, key, device, tuned_args, published=config)
+        if reason is not None:
+            if key is not None:
+                self._miss_fallbacks += 1
+            self._count_fallback(reason, what="tunes and launches through Triton's Autotuner.run")
+        return result if result is not None else True
+
+
+def _new_dispatch(obj: Any) -> Optional[NativeDispatch]:
+    """A new dispatch for a kernel object, or None when that object keeps Triton's path."""
+    if isinstance(obj, JITFunction):
+        return PatchedKernel(obj)
+    fn = getattr(obj, "fn", None)
+    if not isinstance(obj, Autotuner) or not isinstance(fn, JITFunction) or \
+            not getattr(type(fn).run, "_fastkernel_patched", False):
+        return None  # over a heuristics, another autotuner or a kernel with its own run
+    params = PatchedAutotuner.config_params(obj)
+    if params is None:
+        return None
+    return PatchedAutotuner(obj, params)
+
+
+def _dispatch_for(obj: Any):
+    """The patch factory (called natively at a kernel object's first launch): its dispatch;
+    None when this object keeps Triton's own path; False when every instance of its type does
+    (a subclass with its own ``run``)."""
+    if not getattr(type(obj).run, "_fastkernel_patched", False):
+        return False  # a subclass with its own run: its behaviour is its own
     with _lock:  # not while unpatch() runs in another thread
         if _saved is None:
             return None
-        dispatch = jit_fn.__dict__.get(PATCH_ATTR)
+        dispatch = obj.__dict__.get(PATCH_ATTR)
         if dispatch is None:
-            dispatch = PatchedKernel(jit_fn)
-            jit_fn.__dict__[PATCH_ATTR] = dispatch
-            key = id(jit_fn)
-            _served[key] = weakref.ref(jit_fn, lambda _ref, key=key: _served.pop(key, None))
-        return dispatch
+            dispatch = _new_dispatch(obj)
+            obj.__dict__[PATCH_ATTR] = dispatch if dispatch is not None else False
+            key = id(obj)
+            _served[key] = weakref.ref(obj, lambda _ref, key=key: _served.pop(key, None))
+        return dispatch if dispatch is not False else None
 
 
 def _patched_run(self, *args, grid, warmup, **kwargs):
@@ -86,6 +222,45 @@ def _patched_run(self, *args, grid, warmup, **kwargs):
     return TRITON_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
 
 
+def _patched_autotuner_run(self, *args, **kwargs):
+    """``Autotuner.run`` under the patch: a launch (``grid=`` given, not ``warmup``) goes
+    through the autotuner's native dispatch; everything else to Triton's ``Autotuner.run``."""
+    if "grid" in kwargs and not kwargs.get("warmup", False):
+        dispatch = _C.patched_dispatch(self)
+        if dispatch is not None:
+            kwargs = dict(kwargs)
+            grid = kwargs.pop("grid")
+            kwargs.pop("warmup", None)
+            return dispatch[grid](*args, **kwargs)
+    return AUTOTUNER_RUN(self, *args, **kwargs)
+
+
+_patched_autotuner_run._fastkernel_patched = True  # type: ignore[attr-defined]
+
+#: Triton's own ``CompiledKernel.__getitem__``, as it was when fastkernel was imported.
+COMPILED_GETITEM = CompiledKernel.__getitem__
+
+COMPILED_LAUNCH_REASON = ("a launch of the CompiledKernel that warmup() returned: it launches "
+                          "the binary given, through Triton's own launcher; launch the kernel "
+                          "itself (kernel[grid](...)) for the native path")
+
+
+def _patched_compiled_getitem(self, grid):
+    """``CompiledKernel.__getitem__`` under the patch: Triton's runner, with each launch counted
+    as a fallback of the kernel the binary was compiled from (Triton's fused-softmax tutorial
+    launches ``kernel.warmup(...)[(n, 1, 1)](...)``), so none bypasses fastkernel silently."""
+    runner = COMPILED_GETITEM(self, grid)
+    fn = getattr(getattr(self, "src", None), "fn", None)
+    dispatch = _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
+    if dispatch is None:
+        return runner
+
+    def counted(*args, **kwargs):
+        result = runner(*args, **kwargs)
+        dispatch._miss_fallbacks += 1
+        dispatch._count_fallback(COMPILED_LAUNCH_REASON, logging.INFO)
+        return result
+    return counted
 _patched_run._fastkernel_patched = True  # type: ignore[attr-defined]
 
 
@@ -133,11 +308,14 @@ def patch() -> bool:
                 f"fastkernel.patch(): Triton {triton.__version__} is not supported (supported: "
                 f"{low[0]}.{low[1]} to {high[0]}.{high[1]}); nothing was patched")
         from . import _host_helpers
-        saved = {name: JITFunction.__dict__[name] for name in ("__getitem__", "run")
-                 if name in JITFunction.__dict__}
+        saved = {(cls, name): cls.__dict__[name] for cls in (JITFunction, Autotuner, CompiledKernel)
+                 for name in ("__getitem__", "run") if name in cls.__dict__}
         triton_getitem = KernelInterface.__dict__["__getitem__"]
         _C.install_patch(JITFunction, _dispatch_for, triton_getitem)
+        _C.install_patch(Autotuner, _dispatch_for, triton_getitem)
         JITFunction.run = _patched_run
+        Autotuner.run = _patched_autotuner_run
+        CompiledKernel.__getitem__ = _patched_compiled_getitem
         _host_helpers.install()
         _saved = saved
         log.debug("fastkernel.patch(): Triton kernels launch natively")
@@ -153,11 +331,12 @@ def unpatch() -> None:
         if _saved is None:
             return
         from . import _host_helpers
-        for name in ("__getitem__", "run"):
-            if name in _saved:
-                setattr(JITFunction, name, _saved[name])
-            else:
-                delattr(JITFunction, name)
+        for cls in (JITFunction, Autotuner, CompiledKernel):
+            for name in ("__getitem__", "run"):
+                if (cls, name) in _saved:
+                    setattr(cls, name, _saved[(cls, name)])
+                else:
+                    delattr(cls, name)
         _host_helpers.uninstall()
         _C.uninstall_patch()
         for ref in list(_served.values()):

@@ -58,7 +58,11 @@ struct LaunchRecord {
   /// Opaque to fastkernel: the values a tuned config gives the parameters a call leaves out
   /// (the Python layer keeps a tuple, one item per parameter, for the callable grid and hooks).
   void* tuned_args = nullptr;
-  void (*release_user_data)(void*) = nullptr;  ///< called with user_data and tuned_args on drop
+  /// Opaque to fastkernel: what a hit on this record publishes to the kernel's owner (the
+  /// Python layer keeps the tuned config that Triton's Autotuner sets as `best_config`).
+  void* published = nullptr;
+  /// Called with user_data, tuned_args and published on drop.
+  void (*release_user_data)(void*) = nullptr;
 
   LaunchRecord() = default;
   LaunchRecord(const LaunchRecord&) = delete;
@@ -70,6 +74,9 @@ struct LaunchRecord {
       }
       if (tuned_args != nullptr) {
         release_user_data(tuned_args);
+      }
+      if (published != nullptr) {
+        release_user_data(published);
       }
     }
   }

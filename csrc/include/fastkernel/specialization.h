@@ -40,6 +40,9 @@ enum class ArgKind : uint8_t {
   TensorDesc = 21,    ///< a host tensor descriptor: bits 8..15 its rank, 16..23 the base's dtype,
                       ///< 24..31 its device type, 32..47 its device index; one word per block
                       ///< dim follows (Triton's "tensordesc<dtype[block]>")
+  ConstexprTyped = 22,  ///< a constexpr number of another type than int / float (numpy scalars,
+                        ///< float subclasses): bit 8 set for a float; its type's address, then
+                        ///< its value (int64, or IEEE-754 bits) follow
 };
 
 /// Tuning flags of a parameter (ParamSpec::tune), set for kernels under fastkernel.autotune.
