@@ -32,6 +32,10 @@ if ! "$py" -c "import torch" 2>/dev/null; then
   "${pip[@]}" install "$TORCH_SPEC"
 fi
 "${pip[@]}" install "$TRITON_SPEC" filelock tqdm numpy hypothesis "pybind11>=2.12" "scikit-build-core>=0.10" cmake ninja "pytest>=7"
+# Test dependencies: Triton kernel libraries the patch-mode tests call through their own host
+# functions (tests/test_libraries.py). Pinned; their torch and triton requirements are already
+# met by what is installed above, so nothing else is fetched.
+"${pip[@]}" install liger-kernel==0.8.5 fla-core==0.6.0 einops
 
 # A torch extension builds against the installed torch, so no build isolation; build the wheel
 # and install it, as a user would.
