@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import bench
 
@@ -45,6 +45,9 @@ HOST_LABELS: Dict[str, str] = {
     "fastkernel_callable": "fastkernel, callable grid",
     "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
     "fastkernel_cpp": "fastkernel C++ Bundle::launch",
+    "triton_autotuned": "Triton's triton.autotune, tuned call (stand-in)",
+    "patched": "fastkernel.patch(): Triton kernel[grid]",
+    "patched_autotuned": "fastkernel.patch(): Triton's triton.autotune, tuned hit",
 }
 
 #: Warm-up hits before a collected callgrind loop.
@@ -208,10 +211,19 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
                     bench.call_loop(tuned[0], grid, tuned[1]))
             systems["fastkernel_cpp"] = bench.bundle_timed(
                 fk, args, grid, 0, HOST_STREAM, pathlib.Path(bundles) / shape.name)
+            triton_tuned = triton_autotuned_call(shape) if reference is not None else None
+            if triton_tuned is not None:
+                systems["triton_autotuned"] = bench.Timed(
+                    bench.call_loop(triton_tuned[0], grid, triton_tuned[1]))
             before = fk.stats()
             shape_results[shape.name] = bench.time_systems(systems, iterations, repeats, no_sync,
                                                            before_repeat=drv.reset)
             fast_path[shape.name] = bench._fast_path_record(before, fk.stats())
+            if reference is not None:
+                shape_results[shape.name + PATCHED_GROUP] = time_patched(
+                    shape, fk, triton_tuned, iterations, repeats, no_sync, drv.reset)
+                shape_info[shape.name + PATCHED_GROUP] = {"num_args": shape.num_args,
+                                                          "num_tensors": shape.num_tensors}
             shape_info[shape.name] = {"num_args": shape.num_args, "num_tensors": shape.num_tensors}
 
             def miss(fk=fk, grid=grid, args=args):
@@ -231,6 +243,9 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
                     bench.time_single_calls(first, cold_repeats, no_sync)),
             }
             drv.reset()
+        library = {}
+        if reference is not None:  # Triton's launcher runs the unpatched calls
+            library = time_library_calls(drv, max(iterations // 10, 1), repeats)
     finally:
         if reference is not None:
             reference.__exit__(None, None, None)
@@ -252,29 +267,48 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
         "fastkernel_path": fast_path,
         "floor_params_match": params_match,
         "warm_start": warm,
+        "library_calls_us": library,
     }
     stem = f"host-{bench.slug(env['cpu'])}-{env['date'][:10]}"
     bench.finish_report(report, bench.results_dir(opts.out, repo), stem, list(HOST_LABELS),
                         HOST_LABELS, "ns")
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
+    plain = [s for s in shape_results if not s.endswith(PATCHED_GROUP)]
     print("\nfastkernel's own cost per hit (tuple grid minus the floor), ns:")
     print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel')] - us[(s, 'floor')]):.0f}"
-                           for s in shape_results))
+                           for s in plain))
     if reference is not None:
         print("Triton kernel[grid] / fastkernel (host-side cost against the same stand-in):")
         print("  " + "  ".join(f"{s}: {us[(s, 'triton')] / us[(s, 'fastkernel')]:.1f}x"
-                               for s in shape_results))
+                               for s in plain))
     print("C++ Bundle::launch minus the floor, ns:")
     print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel_cpp')] - us[(s, 'floor')]):.0f}"
-                           for s in shape_results))
+                           for s in plain))
     print("autotuned hit minus plain hit, ns:")
     print("  " + "  ".join(
         f"{s}: {1e3 * (us[(s, 'fastkernel_autotuned')] - us[(s, 'fastkernel')]):.0f}"
-        for s in shape_results if (s, "fastkernel_autotuned") in us))
+        for s in plain if (s, "fastkernel_autotuned") in us))
+    patched_rows = [s for s in shape_results if s.endswith(PATCHED_GROUP)]
+    if patched_rows:
+        print("patched Triton kernel / @fastkernel kernel, and patched triton.autotune tuned hit "
+              "/ patched plain hit (timed in one interleaved group, patch on):")
+        print("  " + "  ".join(
+            f"{s[:-len(PATCHED_GROUP)]}: {us[(s, 'patched')] / us[(s, 'fastkernel')]:.3f}"
+            + (f", {us[(s, 'patched_autotuned')] / us[(s, 'patched')]:.3f}"
+               if (s, "patched_autotuned") in us else "")
+            for s in patched_rows))
+        print("Triton's own triton.autotune tuned call / the same call patched:")
+        print("  " + "  ".join(
+            f"{s}: {us[(s, 'triton_autotuned')] / us[(s + PATCHED_GROUP, 'patched_autotuned')]:.1f}x"
+            for s in shape_results if (s, "triton_autotuned") in us
+            and (s + PATCHED_GROUP, "patched_autotuned") in us))
+    for name, row in library.items():
+        print(f"{name}, through its own Python function: unpatched {row['unpatched']:.2f} us, "
+              f"patched {row['patched']:.2f} us per call ({row['ratio']:.2f}x)")
     print("callable grid minus tuple grid, ns:")
     print("  " + "  ".join(
         f"{s}: {1e3 * (us[(s, 'fastkernel_callable')] - us[(s, 'fastkernel')]):.0f}"
-        for s in shape_results))
+        for s in shape_results if (s, "fastkernel_callable") in us))
     bench._print_cold(cold, "us")
     _bench_warm.print_report(warm)
     bench._print_fast_path(fast_path)
@@ -284,6 +318,89 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             ok = False
             print(f"WARNING: {name}: the floor's parameter bytes differ from fastkernel's")
     return 0 if ok else 1
+
+
+#: The name suffix of a shape's group timed with fastkernel.patch() on.
+PATCHED_GROUP = " (patched)"
+
+
+def triton_autotuned_call(shape) -> Optional[Tuple[Any, tuple]]:
+    """The shape's kernel under Triton's own ``triton.autotune`` (two BLOCK configs, key
+    ``["n"]``), tuned by one first call (the first config wins: no GPU to time on), and its
+    call arguments without BLOCK; None for shapes without a BLOCK constexpr."""
+    import triton
+    from triton.runtime.jit import JITFunction
+    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+        return None
+    block = shape.make_args("cpu")[-1]
+    configs = [triton.Config({"BLOCK": block}), triton.Config({"BLOCK": 2 * block})]
+    kernel = triton.autotune(configs, key=["n"], do_bench=_first_config_wins)(
+        JITFunction(shape.kernel.fn))
+    args = shape.make_args("cpu")[:-1]
+    kernel[shape.grid](*args)
+    return kernel, args
+
+
+def time_patched(shape, fk, triton_tuned, iterations: int, repeats: int, sync, reset
+                 ) -> Dict[str, List[float]]:
+    """With fastkernel.patch() on: a Triton kernel's ``kernel[grid]`` and Triton's autotuned
+    kernel's tuned call, interleaved with the ``@fastkernel`` kernel's hit."""
+    from triton.runtime.jit import JITFunction
+
+    from .patch import patched
+    args = shape.make_args("cpu")
+    jit = JITFunction(shape.kernel.fn)  # a kernel of its own: its dispatch is made here
+    with patched():
+        systems = {"fastkernel": bench.Timed(bench.call_loop(fk, shape.grid, args)),
+                   "patched": bench.Timed(bench.call_loop(jit, shape.grid, args))}
+        if triton_tuned is not None:
+            systems["patched_autotuned"] = bench.Timed(
+                bench.call_loop(triton_tuned[0], shape.grid, triton_tuned[1]))
+        return bench.time_systems(systems, iterations, repeats, sync, before_repeat=reset)
+
+
+def _liger_rms_norm() -> Optional[Callable[[], Any]]:
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        return None
+    import torch
+    x, w = torch.randn(1, 2048), torch.randn(2048)
+    return lambda: LigerRMSNormFunction.apply(x, w, 1e-6)
+
+
+def time_library_calls(drv, calls: int, repeats: int) -> Dict[str, Dict[str, float]]:
+    """A library op called through its own Python function (Liger-Kernel's RMSNorm autograd
+    function, batch 1, hidden 2048), unpatched and patched, alternating per repeat (the patch
+    is switched outside the timing, and each side is warmed up after the switch). Microseconds
+    per call, medians; the op's own Python and torch allocations are in both."""
+    from .patch import patch, unpatch
+    ops = {"Liger-Kernel RMSNorm": _liger_rms_norm()}
+    out: Dict[str, Dict[str, float]] = {}
+    for name, op in ops.items():
+        if op is None:
+            continue
+        samples: Dict[str, List[float]] = {"unpatched": [], "patched": []}
+        for _ in range(repeats):
+            for mode in ("unpatched", "patched"):
+                if mode == "patched":
+                    patch()
+                try:
+                    for _ in range(20):
+                        op()
+                    drv.reset()
+                    start = time.perf_counter_ns()
+                    for _ in range(calls):
+                        op()
+                    samples[mode].append((time.perf_counter_ns() - start) / 1e3 / calls)
+                finally:
+                    if mode == "patched":
+                        unpatch()
+                drv.reset()
+        unpatched, patched_us = bench.median(samples["unpatched"]), bench.median(samples["patched"])
+        out[name] = {"unpatched": unpatched, "patched": patched_us,
+                     "ratio": unpatched / patched_us}
+    return out
 
 
 # ---- callgrind --------------------------------------------------------------------------------
