@@ -35,7 +35,7 @@ fi
 # Test dependencies: Triton kernel libraries the patch-mode tests call through their own host
 # functions (tests/test_libraries.py). Pinned; their torch and triton requirements are already
 # met by what is installed above, so nothing else is fetched.
-"${pip[@]}" install liger-kernel==0.8.5 fla-core==0.6.0 einops
+"${pip[@]}" install liger-kernel==0.8.5 fla-core==0.6.0 einops conch-triton-kernels==1.3
 
 # A torch extension builds against the installed torch, so no build isolation; build the wheel
 # and install it, as a user would.

@@ -176,6 +176,36 @@ def test_flash_linear_attention_ops_launch_as_triton_does_and_hit_natively(case,
     run_case(stand_in, cases[case]())
 
 
+# conch-triton-kernels: vLLM-style activation, normalization and rotary-embedding ops.
+CONCH_CASES = ["silu_and_mul", "gelu_tanh_and_mul", "rms_norm", "fused_add_rms_norm",
+               "gemma_rms_norm", "rotary_embedding"]
+
+
+def _conch_cases() -> Dict[str, Callable[[], Callable[[], object]]]:
+    from conch.ops.activation.gelu_tanh_and_mul import gelu_tanh_and_mul
+    from conch.ops.activation.silu_and_mul import silu_and_mul
+    from conch.ops.embedding.rotary_embedding import rotary_embedding
+    from conch.ops.normalization.gemma_rms_norm import gemma_rms_norm
+    from conch.ops.normalization.rms_norm import fused_add_rms_norm, rms_norm
+    return {
+        "silu_and_mul": lambda: (lambda x=_x(8, 128): silu_and_mul(x)),
+        "gelu_tanh_and_mul": lambda: (lambda x=_x(8, 128): gelu_tanh_and_mul(x)),
+        "rms_norm": lambda: (lambda x=_x(8, 128), w=_x(128): rms_norm(x, w, 1e-6)),
+        "fused_add_rms_norm": lambda: (lambda x=_x(8, 128), r=_x(8, 128), w=_x(128):
+                                       fused_add_rms_norm(x, r, w, 1e-6)),
+        "gemma_rms_norm": lambda: (lambda x=_x(8, 128), w=_x(128): gemma_rms_norm(x, w, 1e-6)),
+        "rotary_embedding": lambda: (
+            lambda pos=torch.arange(4), q=_x(4, 128), k=_x(4, 128), cache=_x(16, 64):
+            rotary_embedding(pos, q, k, 64, cache)),
+    }
+
+
+@pytest.mark.parametrize("case", CONCH_CASES)
+def test_conch_ops_launch_as_triton_does_and_hit_natively(case, stand_in):
+    pytest.importorskip("conch", reason="conch-triton-kernels is a test dependency")
+    run_case(stand_in, _conch_cases()[case]())
+
+
 @pytest.mark.parametrize("case", list(LIGER_CASES))
 def test_liger_kernel_ops_launch_as_triton_does_and_hit_natively(case, stand_in):
     run_case(stand_in, LIGER_CASES[case]())
