@@ -52,10 +52,6 @@ def assert_same_launches(ours: List[Launch], theirs: List[Launch]) -> None:
     assert len(set(renamed.values())) == len(renamed), "two of Triton's addresses became one"
 
 
-def _launched_kernels() -> Dict[str, dict]:
-    return {name: s for name, s in fastkernel.stats().items()}
-
-
 def _benchmarker(kernel_call, quantiles=None, **_):
     """Triton's benchmarker, as the stand-in can give it: the call runs once and every config
     times the same, so an autotuner picks its first config (deterministically, in both runs)."""
@@ -86,15 +82,15 @@ def run_case(stand_in, call: Callable[[], object]) -> Tuple[int, int]:
         call()
         theirs = stand_in.launches()
         stand_in.reset()
-        at_start = _launched_kernels()
+        at_start = fastkernel.stats()
         with fastkernel.patched():
             call()
             first = stand_in.launches()
             stand_in.reset()
-            before = _launched_kernels()
+            before = fastkernel.stats()
             call()
             second = stand_in.launches()
-            after = _launched_kernels()
+            after = fastkernel.stats()
     assert theirs, "the host function launched nothing"
     assert_same_launches(first, theirs)
     assert_same_launches(second, theirs)

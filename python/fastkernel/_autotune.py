@@ -238,10 +238,7 @@ class Autotuned(NativeDispatch, Autotuner):
                 return result if result is not None else True
         if key is None:
             return self._fallback(grid, args, merged, reason or "unsupported call")
-        values = {**{p.name: p.default for p in self.jit_function.params if p.has_default},
-                  **merged}
-        tuned_args = tuple(values.get(p.name) if p.name in self._config_params else None
-                           for p in self.jit_function.params)
+        tuned_args = self._tuned_args(merged, self._config_params)
         return self._register_miss(grid, args, merged, key, device, tuned_args)
 
     def _config_for(self, named, grid, args, kwargs, device: int) -> Config:
@@ -561,8 +558,8 @@ class Heuristics(NativeDispatch, TritonHeuristics):
         merged = {**kwargs, **self.values_for(named)}
         if key is None:
             return self._fallback(grid, args, merged, reason or "unsupported call")
-        tuned_args = tuple(merged.get(p.name) if p.name in self.values else None
-                           for p in self.jit_function.params)
+        # values_for sets every heuristic's parameter, so no default is ever taken here.
+        tuned_args = self._tuned_args(merged, self.values)
         return self._register_miss(grid, args, merged, key, device, tuned_args)
 
 

@@ -142,11 +142,6 @@ def _address_keyed(values) -> List[Any]:
 _PLAIN_NUMBERS = (int, float, bool)
 
 
-def _holds_identity_objects(values) -> bool:
-    """Whether the native key of these values holds an object's address (a per-process key)."""
-    return bool(_address_keyed(values))
-
-
 def capacity_exceeded(items, capacity: int) -> bool:
     """Whether a bounded collection (capacity 0 = unbounded) holds more than it may."""
     return capacity != 0 and len(items) > capacity
@@ -263,6 +258,14 @@ class NativeDispatch(_C.Kernel):
         self._miss_fallbacks += 1
         return self._fallback(grid, args, kwargs, reason)
 
+    def _tuned_args(self, merged: Dict[str, Any], provided) -> tuple:
+        """What a record gives the parameters in ``provided`` (set by a tuned config or a
+        heuristic, absent from the call): their values in ``merged`` (the call's keywords with
+        the config's), else their defaults; None for every other parameter."""
+        params = self.jit_function.params
+        values = {**{p.name: p.default for p in params if p.has_default}, **merged}
+        return tuple(values.get(p.name) if p.name in provided else None for p in params)
+
     def _register(self, args: tuple, kwargs: dict, key: bytes, device: int,
                   tuned_args: Optional[tuple] = None, published: Any = None) -> Optional[str]:
         """Compile (or load) the specialization of a call and register its launch record under
@@ -278,7 +281,8 @@ class NativeDispatch(_C.Kernel):
             # cache's warm index and skips Triton's binder; a tuned kernel's index entry also
             # names its config's values (the key leaves them out). Keys holding object
             # addresses (per process) are not indexed.
-            indexable = not _holds_identity_objects((*args, *kwargs.values()))
+            address_keyed = _address_keyed((*args, *kwargs.values()))
+            indexable = not address_keyed
             tuned = None
             if tuned_args is not None:  # the config's values and options arrive as keywords
                 import torch
@@ -326,7 +330,7 @@ class NativeDispatch(_C.Kernel):
             # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
             _C.set_global_checks(self, abi.global_checks(self.jit_function),
                                  abi.raise_global_changed)
-            for value in _address_keyed((*args, *kwargs.values())):
+            for value in address_keyed:
                 self._keepalive[id(value)] = value
             self._remember_kinds(args, kwargs)
             log.debug("fastkernel: registered %s on device %d (%d parameters)", meta.name, device,

@@ -168,10 +168,7 @@ class PatchedAutotuner(NativeDispatch):
                 reason = "the tuned config has a pre_hook, which runs in Python before every launch"
             else:
                 merged = {**kwargs, **config.all_kwargs()}
-                values = {**{p.name: p.default for p in self.jit_function.params
-                             if p.has_default}, **merged}
-                tuned_args = tuple(values.get(p.name) if p.name in self._config_params else None
-                                   for p in self.jit_function.params)
+                tuned_args = self._tuned_args(merged, self._config_params)
                 reason = self._register(args, merged, key, device, tuned_args, published=config)
         if reason is not None:
             if key is not None:
