@@ -412,11 +412,13 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     // From here Python runs (globals' __eq__, a callable grid, the scratch allocator, hooks) and
     // may launch this kernel again; the pin keeps `rec` from being evicted under us.
     const RecordPin pin(rec);
-    if (C10_UNLIKELY(st.has_config_params)) {
-      fill_tuned_args(st, *rec, &call);
-    }
-    if (C10_UNLIKELY(kernel->publish_owner != nullptr) && !publish(kernel, *rec)) {
-      return nullptr;
+    if (C10_UNLIKELY(st.hit_extras)) {
+      if (st.has_config_params) {
+        fill_tuned_args(st, *rec, &call);
+      }
+      if (kernel->publish_owner != nullptr && !publish(kernel, *rec)) {
+        return nullptr;
+      }
     }
     if (kernel->global_checks != nullptr && !globals_unchanged(kernel)) {
       if (!PyErr_Occurred()) {

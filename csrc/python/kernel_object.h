@@ -34,6 +34,9 @@ struct KernelState {
   LaunchTable table;
   PyObject* grid_meta_template = nullptr;  ///< {name: None} for every parameter, owned
   bool has_config_params = false;  ///< some parameter is kTuneConfigProvided
+  /// has_config_params, or a publish owner is set: a hit has more to do than launch (one test
+  /// on the hot path for both).
+  bool hit_extras = false;
   uint64_t hits = 0, misses = 0, fallbacks = 0;
 };
 

@@ -85,6 +85,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   for (const ParamSpec& p : st.params) {
     st.has_config_params |= (p.tune & kTuneConfigProvided) != 0;
   }
+  st.hit_extras = st.has_config_params || kernel->publish_owner != nullptr;
   for (const std::string& o : option_names) {
     st.option_names.push_back(interned(o));
   }
@@ -392,6 +393,7 @@ PYBIND11_MODULE(_C, m) {
         Py_XSETREF(kernel->publish_name, interned);
         Py_XSETREF(kernel->last_published, nullptr);
         Py_XSETREF(kernel->publish_owner, owner.is_none() ? nullptr : owner.inc_ref().ptr());
+        kernel->state->hit_extras = kernel->state->has_config_params || !owner.is_none();
       },
       py::arg("kernel"), py::arg("owner"), py::arg("name"),
       "A hit sets `owner.<name>` to its record's `published` object when that differs from the\n"

@@ -33,11 +33,9 @@ std::unordered_set<PyTypeObject*>& refused_types() {
   return *set;
 }
 
-// The dispatch of `jit`, or Py_None (borrowed), or nullptr with an exception set.
-PyObject* find_or_create(PyObject* jit) {
-  if (jit == g_last_jit) {
-    return reinterpret_cast<PyObject*>(g_last_dispatch);
-  }
+// find_or_create past the one-entry cache: the map, then the factory (out of line, so the
+// cached case stays inline in patched_subscript).
+[[gnu::noinline]] PyObject* find_or_create_slow(PyObject* jit) {
   auto& map = dispatches();
   auto it = map.find(jit);
   if (it != map.end()) {
@@ -88,6 +86,14 @@ PyObject* find_or_create(PyObject* jit) {
   g_last_dispatch = kernel;
   Py_DECREF(made);
   return reinterpret_cast<PyObject*>(kernel);
+}
+
+// The dispatch of `jit`, or Py_None (borrowed), or nullptr with an exception set.
+inline PyObject* find_or_create(PyObject* jit) {
+  if (jit == g_last_jit) {
+    return reinterpret_cast<PyObject*>(g_last_dispatch);
+  }
+  return find_or_create_slow(jit);
 }
 
 }  // namespace
