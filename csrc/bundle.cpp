@@ -3,23 +3,201 @@
 // the matching entry through the trampoline.
 #include "fastkernel/bundle.h"
 
-#include <fstream>
-#include <sstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <string_view>
 
 namespace fastkernel {
 namespace {
 
-constexpr const char* kMagic = "fastkernel-bundle";
-constexpr int kVersion = 1;
+constexpr std::string_view kMagic = "fastkernel-bundle";
+constexpr std::string_view kVersion = "1";
+// Bounds on what a manifest may ask for: a bundle is read as untrusted input.
+constexpr size_t kMaxManifestBytes = size_t(16) << 20;
+constexpr size_t kMaxCubinBytes = size_t(256) << 20;
+constexpr size_t kMaxBundleCubinBytes = size_t(1) << 30;
+constexpr uint64_t kMaxArgs = 4096;
+constexpr uint64_t kMaxScratchPerCta = uint64_t(1) << 32;
+constexpr uint64_t kMaxScratchAlign = uint64_t(1) << 20;
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw BundleError("fastkernel: cannot read '" + path + "'");
+// Closes a file descriptor on scope exit.
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+// The whole of `path`, which must be a regular file (not a symbolic link, FIFO or device) of at
+// most `limit` bytes. Plain POSIX reads: nothing here depends on the C++ stream library, whose
+// locale state is per copy of libstdc++ and breaks when a toolchain links a private copy in.
+std::string read_regular_file(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    throw BundleError("fastkernel: cannot read '" + path + "': " +
+                      (err == ELOOP ? std::string("it is a symbolic link") : std::strerror(err)));
   }
-  std::ostringstream data;
-  data << in.rdbuf();
-  return data.str();
+  FdCloser closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw BundleError("fastkernel: cannot read '" + path + "': not a regular file");
+  }
+  if (st.st_size < 0 || uint64_t(st.st_size) > limit) {
+    throw BundleError("fastkernel: '" + path + "' is " + std::to_string(st.st_size) +
+                      " bytes, over the limit of " + std::to_string(limit));
+  }
+  std::string data(size_t(st.st_size), '\0');
+  size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t n = ::read(fd, &data[got], data.size() - got);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      break;
+    }
+    got += size_t(n);
+  }
+  char extra = 0;
+  if (got != data.size() || ::read(fd, &extra, 1) != 0) {
+    throw BundleError("fastkernel: '" + path + "' changed size while it was read");
+  }
+  return data;
+}
+
+// A file name inside the bundle directory: no directory part, not "." or "..".
+bool safe_file_name(const std::string& name) {
+  return !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
+         name.find('/') == std::string::npos;
+}
+
+// The whitespace-separated fields of one manifest line, parsed without locales or streams.
+class Fields {
+ public:
+  explicit Fields(std::string_view line) : rest_(line) {}
+
+  std::string_view next() {
+    skip_space();
+    size_t n = 0;
+    while (n < rest_.size() && !is_space(rest_[n])) {
+      ++n;
+    }
+    const std::string_view field = rest_.substr(0, n);
+    rest_.remove_prefix(n);
+    return field;
+  }
+
+  bool done() {
+    skip_space();
+    return rest_.empty();
+  }
+
+  /// The rest of the line, without surrounding whitespace.
+  std::string_view rest() {
+    skip_space();
+    while (!rest_.empty() && is_space(rest_.back())) {
+      rest_.remove_suffix(1);
+    }
+    const std::string_view all = rest_;
+    rest_ = {};
+    return all;
+  }
+
+  template <typename Fail>
+  std::string name(const Fail& fail, const char* what) {
+    const std::string_view field = next();
+    if (field.empty()) {
+      fail(std::string("missing ") + what);
+    }
+    return std::string(field);
+  }
+
+  /// A decimal integer in [lo, hi]; anything else (signs, hex, overflow, junk) fails.
+  template <typename Fail>
+  uint64_t number(const Fail& fail, const char* what, uint64_t lo, uint64_t hi) {
+    const std::string_view field = next();
+    uint64_t value = 0;
+    const char* end = field.data() + field.size();
+    const auto [ptr, ec] = std::from_chars(field.data(), end, value);
+    if (field.empty() || ec != std::errc() || ptr != end) {
+      fail(std::string(what) + " '" + std::string(field) + "' is not a non-negative integer");
+    }
+    if (value < lo || value > hi) {
+      fail(std::string(what) + " " + std::to_string(value) + " is outside [" +
+           std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return value;
+  }
+
+  template <typename Fail>
+  uint64_t power_of_two(const Fail& fail, const char* what) {
+    const uint64_t value = number(fail, what, 1, kMaxScratchAlign);
+    if ((value & (value - 1)) != 0) {
+      fail(std::string(what) + " " + std::to_string(value) + " is not a power of two");
+    }
+    return value;
+  }
+
+ private:
+  static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+  void skip_space() {
+    while (!rest_.empty() && is_space(rest_.front())) {
+      rest_.remove_prefix(1);
+    }
+  }
+  std::string_view rest_;
+};
+
+bool plan_type_fits(ArgKind kind, ParamType t) {
+  switch (kind) {
+    case ArgKind::Tensor:
+      return t == ParamType::Pointer;
+    case ArgKind::Int:
+      return t == ParamType::I8 || t == ParamType::I16 || t == ParamType::I32 ||
+             t == ParamType::I64 || t == ParamType::U8 || t == ParamType::U16 ||
+             t == ParamType::U32 || t == ParamType::U64;
+    case ArgKind::Float:
+      return t == ParamType::FP16 || t == ParamType::BF16 || t == ParamType::FP32 ||
+             t == ParamType::FP64;
+    case ArgKind::Bool:
+      return t == ParamType::I1 || t == ParamType::U1;
+    default:
+      return false;
+  }
+}
+
+// The parameter plan must be exactly Triton's for the entry's argument patterns: every runtime
+// argument that is not specialized away (None, an int == 1), once, in declared order, with a
+// type of its kind. So a launch never reads an argument past the call's, and never packs fewer
+// or other parameters than the patterns describe.
+template <typename Fail>
+void check_plan(const BundleEntry& entry, const Fail& fail) {
+  const std::vector<PackSlot>& plan = entry.prototype.plan;
+  size_t slot = 0;
+  for (size_t i = 0; i < entry.patterns.size(); ++i) {
+    const ArgPattern& p = entry.patterns[i];
+    if (p.kind == ArgKind::None ||
+        (p.kind == ArgKind::Int && p.value_class == ValueClass::EqualsOne)) {
+      continue;
+    }
+    if (slot >= plan.size() || plan[slot].arg_index != i) {
+      fail("the parameter plan does not pass argument " + std::to_string(i) +
+           " where the argument patterns need it");
+    }
+    if (!plan_type_fits(p.kind, plan[slot].type)) {
+      fail("the parameter plan's type for argument " + std::to_string(i) +
+           " does not fit its pattern '" + p.type + "'");
+    }
+    ++slot;
+  }
+  if (slot != plan.size()) {
+    fail("the parameter plan has " + std::to_string(plan.size()) +
+         " parameters; the argument patterns make " + std::to_string(slot));
+  }
 }
 
 bool parse_type(const std::string& type, ParamType* out) { return parse_param_type(type, out); }
@@ -131,74 +309,122 @@ std::string BundleEntry::describe() const {
 }
 
 Bundle Bundle::load(const std::string& directory) {
-  std::istringstream manifest(read_file(directory + "/manifest.txt"));
+  const std::string manifest_path = directory + "/manifest.txt";
+  const std::string text = read_regular_file(manifest_path, kMaxManifestBytes);
   Bundle bundle;
-  std::string line, magic;
-  int version = 0;
-  if (!std::getline(manifest, line) || !(std::istringstream(line) >> magic >> version) ||
-      magic != kMagic || version != kVersion) {
-    throw BundleError("fastkernel: '" + directory + "' is not a version-1 kernel bundle");
-  }
-  BundleEntry* entry = nullptr;
-  int line_number = 1;
-  while (std::getline(manifest, line)) {
+  BundleEntry* entry = nullptr;  // the entry being read, until its "end" line
+  size_t line_number = 0;
+  size_t begin = 0;
+  size_t cubin_bytes = 0;
+  while (begin < text.size()) {
+    size_t stop = text.find('\n', begin);
+    if (stop == std::string::npos) {
+      stop = text.size();
+    }
+    const std::string_view line(text.data() + begin, stop - begin);
+    begin = stop + 1;
     ++line_number;
-    std::istringstream in(line);
-    std::string tag;
-    if (!(in >> tag)) {
+    auto fail = [&](const std::string& why) -> void {
+      throw BundleError("fastkernel: " + manifest_path + " line " + std::to_string(line_number) +
+                        ": " + why);
+    };
+    if (line.find('\0') != std::string_view::npos) {
+      fail("contains a NUL byte");
+    }
+    Fields fields(line);
+    if (line_number == 1) {
+      const std::string_view magic = fields.next();
+      const std::string_view version = fields.next();
+      if (magic != kMagic || version != kVersion || !fields.done()) {
+        throw BundleError("fastkernel: '" + directory + "' is not a version-1 kernel bundle");
+      }
       continue;
     }
-    auto fail = [&](const std::string& why) {
-      throw BundleError("fastkernel: " + directory + "/manifest.txt line " +
-                        std::to_string(line_number) + ": " + why);
-    };
+    const std::string_view tag = fields.next();
+    if (tag.empty()) {
+      continue;
+    }
     if (tag == "entry") {
+      if (entry != nullptr) {
+        fail("'entry' before the previous entry's 'end'");
+      }
       auto e = std::make_unique<BundleEntry>();
       LaunchRecord& r = e->prototype;
-      unsigned coop = 0, pdl = 0;
-      if (!(in >> e->kernel >> e->cubin_file >> r.kernel_name >> e->arch >> r.block_x >>
-            r.shared_mem >> r.num_ctas >> coop >> pdl >> r.num_scratch_params >>
-            r.global_scratch_size >> r.global_scratch_align >> r.profile_scratch_size >>
-            r.profile_scratch_align)) {
-        fail("malformed entry line");
+      e->kernel = fields.name(fail, "kernel");
+      e->cubin_file = fields.name(fail, "cubin file");
+      r.kernel_name = fields.name(fail, "kernel symbol");
+      e->arch = int(fields.number(fail, "arch", 1, 10000));
+      r.block_x = unsigned(fields.number(fail, "block_x", 1, 1024));
+      r.shared_mem = unsigned(fields.number(fail, "shared_mem", 0, UINT32_MAX));
+      r.num_ctas = unsigned(fields.number(fail, "num_ctas", 1, 16));
+      r.cooperative_grid = fields.number(fail, "cooperative_grid", 0, 1) != 0;
+      r.pdl = fields.number(fail, "pdl", 0, 1) != 0;
+      r.num_scratch_params = int(fields.number(fail, "num_scratch_params", 0, 2));
+      r.global_scratch_size = fields.number(fail, "global_scratch_size", 0, kMaxScratchPerCta);
+      r.global_scratch_align = fields.power_of_two(fail, "global_scratch_align");
+      r.profile_scratch_size = fields.number(fail, "profile_scratch_size", 0, kMaxScratchPerCta);
+      r.profile_scratch_align = fields.power_of_two(fail, "profile_scratch_align");
+      if (!fields.done()) {
+        fail("malformed entry line: extra fields");
       }
-      const auto power_of_two = [](uint64_t a) { return a != 0 && (a & (a - 1)) == 0; };
-      if (!power_of_two(r.global_scratch_align) || !power_of_two(r.profile_scratch_align)) {
-        fail("scratch alignments must be powers of two");
+      if (!safe_file_name(e->cubin_file)) {
+        fail("cubin file '" + e->cubin_file + "' is not a plain file name in the bundle directory");
       }
-      r.cooperative_grid = coop != 0;
-      r.pdl = pdl != 0;
-      e->cubin = read_file(directory + "/" + e->cubin_file);
+      e->cubin = read_regular_file(directory + "/" + e->cubin_file, kMaxCubinBytes);
+      cubin_bytes += e->cubin.size();
+      if (cubin_bytes > kMaxBundleCubinBytes) {
+        fail("the bundle's cubins exceed " + std::to_string(kMaxBundleCubinBytes) + " bytes");
+      }
+      const std::string problem = cubin_image_problem(e->cubin.data(), e->cubin.size());
+      if (!problem.empty()) {
+        fail("cubin '" + e->cubin_file + "' " + problem);
+      }
       entry = e.get();
       bundle.entries_.push_back(std::move(e));
     } else if (entry == nullptr) {
-      fail("'" + tag + "' before any entry");
+      fail("'" + std::string(tag) + "' outside an entry");
     } else if (tag == "constexprs") {
-      std::getline(in >> std::ws, entry->constexprs);
+      entry->constexprs = std::string(fields.rest());
     } else if (tag == "arg") {
-      ArgPattern p;
-      int kind = 0, width = 0, cls = 0, specialize = 1, align = 1, any_width = 0;
-      if (!(in >> kind >> width >> cls >> specialize >> align >> any_width >> p.type)) {
-        fail("malformed arg line");
+      if (entry->patterns.size() >= kMaxArgs) {
+        fail("more than " + std::to_string(kMaxArgs) + " arguments");
       }
-      p.kind = ArgKind(kind);
-      p.width = IntWidth(width);
-      p.value_class = ValueClass(cls);
-      p.specialize = specialize != 0;
-      p.align = align != 0;
-      p.any_width = any_width != 0;
-      entry->patterns.push_back(p);
+      ArgPattern p;
+      p.kind = ArgKind(fields.number(fail, "kind", uint64_t(ArgKind::Tensor), uint64_t(ArgKind::None)));
+      p.width = IntWidth(fields.number(fail, "width", 0, uint64_t(IntWidth::U64)));
+      p.value_class = ValueClass(fields.number(fail, "class", 0, uint64_t(ValueClass::EqualsOne)));
+      p.specialize = fields.number(fail, "specialize", 0, 1) != 0;
+      p.align = fields.number(fail, "align", 0, 1) != 0;
+      p.any_width = fields.number(fail, "any_width", 0, 1) != 0;
+      p.type = fields.name(fail, "type");
+      if (!fields.done()) {
+        fail("malformed arg line: extra fields");
+      }
+      entry->patterns.push_back(std::move(p));
     } else if (tag == "plan") {
-      int index = 0;
-      std::string type;
+      const uint64_t index = fields.number(fail, "plan index", 0, kMaxArgs - 1);
+      const std::string type = fields.name(fail, "plan type");
       ParamType pt;
-      if (!(in >> index >> type) || !parse_type(type, &pt) || index < 0) {
+      if (!parse_type(type, &pt) || pt == ParamType::TensorMap || !fields.done()) {
         fail("malformed plan line");
       }
       entry->prototype.plan.push_back({uint16_t(index), pt});
-    } else if (tag != "end") {
-      fail("unknown line '" + tag + "'");
+    } else if (tag == "end") {
+      if (!fields.done()) {
+        fail("malformed end line");
+      }
+      check_plan(*entry, fail);
+      entry = nullptr;
+    } else {
+      fail("unknown line '" + std::string(tag) + "'");
     }
+  }
+  if (line_number == 0) {
+    throw BundleError("fastkernel: '" + directory + "' is not a version-1 kernel bundle");
+  }
+  if (entry != nullptr) {
+    throw BundleError("fastkernel: " + manifest_path + ": the last entry has no 'end' line "
+                      "(the manifest is truncated)");
   }
   return bundle;
 }

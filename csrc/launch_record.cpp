@@ -68,10 +68,62 @@ bool parse_param_type(const std::string& t, ParamType* out) {
   return true;
 }
 
+namespace {
+
+uint64_t read_le(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) {
+    v = (v << 8) | p[i];
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string cubin_image_problem(const void* cubin, size_t size) {
+  // ELF64 layout (the System V gABI): the header is 64 bytes; e_phoff at 0x20, e_shoff at 0x28,
+  // e_phentsize/e_phnum at 0x36/0x38, e_shentsize/e_shnum at 0x3a/0x3c; a section header holds
+  // sh_type at 4, sh_offset at 0x18 and sh_size at 0x20. EM_CUDA is 190.
+  const auto* img = static_cast<const unsigned char*>(cubin);
+  if (img == nullptr || size < 64 || std::memcmp(img, "" "ELF", 4) != 0) {
+    return "is not an ELF image";
+  }
+  if (img[4] != 2 || img[5] != 1 || read_le(img + 0x12, 2) != 190) {
+    return "is not a little-endian ELF64 image for CUDA (EM_CUDA)";
+  }
+  const uint64_t phoff = read_le(img + 0x20, 8), shoff = read_le(img + 0x28, 8);
+  const uint64_t phentsize = read_le(img + 0x36, 2), phnum = read_le(img + 0x38, 2);
+  const uint64_t shentsize = read_le(img + 0x3a, 2), shnum = read_le(img + 0x3c, 2);
+  // Offsets are bounded by `size` before any sum, so no sum below can overflow.
+  const auto table_fits = [size](uint64_t offset, uint64_t count, uint64_t entry) {
+    return offset <= size && count * entry <= size - offset;
+  };
+  if (shnum == 0 || shentsize != 64 || shoff < 64 || !table_fits(shoff, shnum, shentsize)) {
+    return "has a section header table outside its " + std::to_string(size) + " bytes";
+  }
+  if (phnum != 0 && (phentsize != 56 || !table_fits(phoff, phnum, phentsize))) {
+    return "has a program header table outside its " + std::to_string(size) + " bytes";
+  }
+  constexpr uint32_t kNoBits = 8;  // SHT_NOBITS: no file contents
+  for (uint64_t i = 0; i < shnum; ++i) {
+    const unsigned char* sh = img + shoff + i * shentsize;
+    if (read_le(sh + 4, 4) == kNoBits) {
+      continue;
+    }
+    if (!table_fits(read_le(sh + 0x18, 8), 1, read_le(sh + 0x20, 8))) {
+      return "has section " + std::to_string(i) + " outside its " + std::to_string(size) +
+             " bytes (truncated)";
+    }
+  }
+  return {};
+}
+
 void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size) {
-  if (cubin == nullptr || cubin_size < 4 || std::memcmp(cubin, "\x7f" "ELF", 4) != 0) {
-    throw std::invalid_argument("fastkernel: the cubin for '" + record.kernel_name +
-                                "' is not an ELF image");
+  // cuModuleLoadData takes no size: the image's own headers must lie within the buffer.
+  const std::string problem = cubin_image_problem(cubin, cubin_size);
+  if (!problem.empty()) {
+    throw std::invalid_argument("fastkernel: the cubin for '" + record.kernel_name + "' " +
+                                problem);
   }
   const DriverApi& api = driver();
   PrimaryContextScope scope(record.device);

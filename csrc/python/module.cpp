@@ -494,4 +494,16 @@ PYBIND11_MODULE(_C, m) {
   t.def("build_key", &testing_build_key, py::arg("kernel"), py::arg("args"), py::arg("kwargs"),
         py::arg("device") = 0);
   t.def("pack_param", &testing_pack_param, py::arg("type"), py::arg("value"));
+  t.def(
+      "load_bundle",
+      [](const std::string& directory) {
+        // Bundle::load as a C++ caller runs it; a BundleError arrives as RuntimeError.
+        const Bundle bundle = Bundle::load(directory);
+        std::vector<std::string> entries;
+        for (const auto& e : bundle.entries()) {
+          entries.push_back(e->describe());
+        }
+        return entries;
+      },
+      py::arg("directory"), "Load a kernel bundle and describe its entries (tests only).");
 }

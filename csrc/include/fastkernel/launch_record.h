@@ -97,6 +97,11 @@ class RecordPin {
   const LaunchRecord* record_;
 };
 
+/// Why `cubin` (`size` bytes) is not an image the driver may be given, or "" when it is one:
+/// a little-endian ELF64 image for EM_CUDA whose header tables and sections with contents all
+/// lie within `size` bytes (cuModuleLoadData takes no size and reads what the headers say).
+std::string cubin_image_problem(const void* cubin, size_t size);
+
 /// Loads `cubin` into `device`'s primary context, resolves `record.kernel_name`, and raises the
 /// dynamic shared memory limit when `record.shared_mem` exceeds 48 KB. Fills module/function.
 /// Throws CudaError (or DriverUnavailable) on failure; leaves nothing loaded on failure.

@@ -1,0 +1,188 @@
+"""A kernel bundle is untrusted input: ``fastkernel::Bundle::load`` (the C++ loader C++ callers
+use, reached here through ``_C._testing.load_bundle``) refuses every damaged or hostile manifest
+and cubin with a clear error, before anything reaches the driver. Runs against the recording
+stand-in driver (CPU)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import struct
+
+import pytest
+import torch
+
+import fastkernel
+from fastkernel import _C
+from fastkernel import fastkernel as fk
+
+import kernels
+
+
+@pytest.fixture
+def bundle(stand_in, tmp_path) -> pathlib.Path:
+    """An exported add_kernel bundle with two entries (aligned and unaligned output)."""
+    k = fk(kernels.add_kernel)
+    x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    k[(4,)](x, y, out, 4096, BLOCK=1024)
+    k[(4,)](x, y, out[1:], 4095, BLOCK=1024)
+    path = tmp_path / "bundle"
+    fastkernel.export(k, path)
+    return path
+
+
+def manifest_lines(path: pathlib.Path) -> list:
+    return (path / "manifest.txt").read_text().splitlines()
+
+
+def rewrite(path: pathlib.Path, lines: list) -> None:
+    (path / "manifest.txt").write_text("\n".join(lines) + "\n")
+
+
+def first(lines: list, tag: str) -> int:
+    return next(i for i, line in enumerate(lines) if line.split(" ", 1)[0] == tag)
+
+
+def entry_fields(lines: list) -> list:
+    return lines[first(lines, "entry")].split(" ")
+
+
+def test_an_exported_bundle_loads_with_its_entries(bundle):
+    entries = _C._testing.load_bundle(str(bundle))
+    assert len(entries) == 2
+    assert all(e.startswith("add_kernel[*fp32") for e in entries)
+
+
+def _replace_entry_field(lines, index, value):
+    fields = entry_fields(lines)
+    fields[index] = value
+    lines[first(lines, "entry")] = " ".join(fields)
+    return lines
+
+
+# Fields of an entry line: entry kernel cubin symbol arch block_x shared_mem num_ctas coop pdl
+# num_scratch_params global_size global_align profile_size profile_align.
+@pytest.mark.parametrize("index,value,message", [
+    (5, "2048", "block_x 2048 is outside"),
+    (5, "0", "block_x 0 is outside"),
+    (5, "-32", "block_x '-32' is not a non-negative integer"),
+    (5, "128abc", "block_x '128abc' is not a non-negative integer"),
+    (5, "0x80", "block_x '0x80' is not a non-negative integer"),
+    (7, "17", "num_ctas 17 is outside"),
+    (8, "2", "cooperative_grid 2 is outside"),
+    (10, "3", "num_scratch_params 3 is outside"),
+    (12, "3", "global_scratch_align 3 is not a power of two"),
+    (11, "99999999999999999999999", "is not a non-negative integer"),
+])
+def test_out_of_range_launch_facts_are_refused(bundle, index, value, message):
+    rewrite(bundle, _replace_entry_field(manifest_lines(bundle), index, value))
+    with pytest.raises(RuntimeError, match=message):
+        _C._testing.load_bundle(str(bundle))
+
+
+@pytest.mark.parametrize("mutate,message", [
+    # A plan index past the arguments would make a launch read past the argument array.
+    (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 9 *fp32"), "parameter plan"),
+    (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 70000 *fp32"), "plan index 70000"),
+    # Fewer parameters than the patterns make: the driver would read unset parameter slots.
+    (lambda ls: ls.pop(first(ls, "plan")), "parameter plan"),
+    (lambda ls: ls.insert(first(ls, "plan"), ls[first(ls, "plan")]), "parameter plan"),
+    # A pointer argument packed as an int.
+    (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 0 i32"), "does not fit its pattern"),
+    (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 0 nvTmaDesc"), "malformed plan line"),
+    (lambda ls: ls.__setitem__(first(ls, "arg"), "arg 9 0 0 1 1 0 *fp32"), "kind 9 is outside"),
+    (lambda ls: ls.__setitem__(first(ls, "end"), "entry"), "before the previous entry's 'end'"),
+    (lambda ls: ls.insert(1, "plan 0 *fp32"), "outside an entry"),
+    (lambda ls: ls.insert(2, "launch now"), "unknown line 'launch'"),
+    (lambda ls: ls.__setitem__(0, "fastkernel-bundle 2"), "not a version-1 kernel bundle"),
+])
+def test_malformed_manifests_are_refused(bundle, mutate, message):
+    lines = manifest_lines(bundle)
+    mutate(lines)
+    rewrite(bundle, lines)
+    with pytest.raises(RuntimeError, match=message):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_a_truncated_manifest_is_refused(bundle):
+    lines = manifest_lines(bundle)
+    rewrite(bundle, lines[:first(lines, "end") - 1])
+    with pytest.raises(RuntimeError, match="truncated"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_a_cubin_outside_the_bundle_directory_is_refused(bundle, tmp_path):
+    lines = manifest_lines(bundle)
+    cubin = entry_fields(lines)[2]
+    (tmp_path / "outside.cubin").write_bytes((bundle / cubin).read_bytes())
+    rewrite(bundle, _replace_entry_field(lines, 2, "../outside.cubin"))
+    with pytest.raises(RuntimeError, match="not a plain file name in the bundle directory"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_symbolic_links_are_not_followed(bundle, tmp_path):
+    cubin = entry_fields(manifest_lines(bundle))[2]
+    target = tmp_path / "elsewhere.cubin"
+    (bundle / cubin).rename(target)
+    os.symlink(target, bundle / cubin)
+    with pytest.raises(RuntimeError, match="symbolic link"):
+        _C._testing.load_bundle(str(bundle))
+    manifest = bundle / "manifest.txt"
+    manifest.rename(tmp_path / "manifest.txt")
+    os.symlink(tmp_path / "manifest.txt", manifest)
+    with pytest.raises(RuntimeError, match="symbolic link"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_a_fifo_or_device_is_refused_without_reading_it(bundle):
+    """A FIFO would block forever and /dev/zero never ends: neither is a regular file."""
+    cubin = entry_fields(manifest_lines(bundle))[2]
+    (bundle / cubin).unlink()
+    os.mkfifo(bundle / cubin)
+    with pytest.raises(RuntimeError, match="not a regular file"):
+        _C._testing.load_bundle(str(bundle))
+    rewrite(bundle, _replace_entry_field(manifest_lines(bundle), 2, "zero"))
+    os.symlink("/dev/zero", bundle / "zero")  # refused as a link, and as a device if followed
+    with pytest.raises(RuntimeError, match="symbolic link|not a regular file"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_an_oversized_manifest_is_refused_before_it_is_read(bundle):
+    manifest = bundle / "manifest.txt"
+    with open(manifest, "r+b") as f:
+        f.truncate(64 << 20)  # sparse: 64 MiB of size, nothing written
+    with pytest.raises(RuntimeError, match="over the limit"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def _section_table(image: bytes):
+    shoff, = struct.unpack_from("<Q", image, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", image, 0x3a)
+    return shoff, shentsize, shnum
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda b: b[:len(b) // 2], "outside its"),
+    (lambda b: b[:40], "not an ELF image"),
+    (lambda b: b[:4] + b"\x01" + b[5:], "not a little-endian ELF64 image"),
+    (lambda b: b[:0x12] + b"\x3e\x00" + b[0x14:], "EM_CUDA"),  # an x86-64 ELF
+])
+def test_damaged_cubins_are_refused_before_the_driver_sees_them(bundle, damage, message):
+    cubin = bundle / entry_fields(manifest_lines(bundle))[2]
+    cubin.write_bytes(damage(cubin.read_bytes()))
+    with pytest.raises(RuntimeError, match=message):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_a_section_pointing_past_the_image_is_refused(bundle):
+    cubin = bundle / entry_fields(manifest_lines(bundle))[2]
+    image = bytearray(cubin.read_bytes())
+    shoff, shentsize, shnum = _section_table(bytes(image))
+    for i in range(1, shnum):
+        sh = shoff + i * shentsize
+        if struct.unpack_from("<I", image, sh + 4)[0] != 8:  # a section with contents
+            struct.pack_into("<Q", image, sh + 0x20, len(image))  # its size: the whole image
+            break
+    cubin.write_bytes(bytes(image))
+    with pytest.raises(RuntimeError, match=r"has section \d+ outside its"):
+        _C._testing.load_bundle(str(bundle))
