@@ -31,7 +31,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and STAND_IN:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (running against the stand-in driver)"))
-        if "stand_in" in item.fixturenames and not STAND_IN:
+        uses_stand_in = "stand_in" in item.fixturenames or item.get_closest_marker("stand_in")
+        if uses_stand_in and not STAND_IN:
             item.add_marker(pytest.mark.skip(
                 reason="stand-in driver tests: rerun with FASTKERNEL_TEST_STAND_IN=1"))
 

@@ -19,6 +19,9 @@ from fastkernel import CudaError, _C, bench
 from fastkernel._bench_host import breakdown, parse_annotate_output
 from fastkernel._bench_kernels import SHAPES
 
+# The host-side benchmark opens the recording stand-in driver in its own process.
+pytestmark = pytest.mark.stand_in
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ITERATIONS = 40
 REPEATS = 2

@@ -332,6 +332,7 @@ def test_bad_entry_is_removed_and_recompiled(stand_in, cache_root, compiles, cap
     assert temp_files(cache_root) == []
 
 
+@pytest.mark.stand_in
 def test_concurrent_processes_leave_one_good_entry(cache_root, tmp_path):
     """Processes compile (and, in alternate rounds, load) the same kernel into one directory at
     once, then keep rewriting and reading that entry until a common deadline; every read they

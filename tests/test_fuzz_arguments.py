@@ -136,6 +136,7 @@ def test_near_valid_calls_launch_correctly_or_raise_clearly(add_kernel, stand_in
     _call(add_kernel, stand_in, grid, list(args), {"BLOCK": 64})
 
 
+@pytest.mark.stand_in
 def test_report_fuzz_cases(capsys):
     # Printed for the record (pytest -s); the property tests above assert the behaviour.
     with capsys.disabled():

@@ -76,6 +76,8 @@ def test_scratch_of_a_captured_launch_lives_as_long_as_the_graph():
         _allocation._allocator.reset(token)
 
 
+# torch's profiler warns, once per process, that it keeps only the current cycle's events.
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events at the end of each cycle")
 def test_the_profiler_sees_the_kernel_and_the_fastkernel_range():
     k = fastkernel(kernels.add_kernel)
     x, y, out = _add_inputs(4096)

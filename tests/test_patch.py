@@ -499,6 +499,7 @@ def test_run_passes_argv_main_and_exit_status(tmp_path):
     assert result.stdout.startswith("__main__ [") and result.stdout.strip().endswith("'0'] True")
 
 
+@pytest.mark.stand_in
 def test_run_stats_lists_every_kernel_that_launched(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text(
