@@ -63,10 +63,11 @@ def test_the_op_launches_the_bundle_kernel_eager_and_compiled(ops, tmp_path):
     example.export_bundle(tmp_path / "add")
     ops.load_bundle(str(tmp_path / "add"))
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(100_003, device="cuda", dtype=dtype)
-        y = torch.randn(100_003, device="cuda", dtype=dtype)
-        assert torch.equal(ops.add(x, y), x + y)
-        assert torch.equal(ops.add(x[1:], y[1:]), x[1:] + y[1:])  # the unaligned-input entry
+        for n in (100_003, 100_000, 1):  # each class of n Triton specializes on
+            x = torch.randn(n + 1, device="cuda", dtype=dtype)
+            y = torch.randn(n + 1, device="cuda", dtype=dtype)
+            assert torch.equal(ops.add(x[:n], y[:n]), x[:n] + y[:n])
+            assert torch.equal(ops.add(x[1:], y[1:]), x[1:] + y[1:])  # unaligned inputs
     compiled = torch.compile(lambda a, b: ops.add(a, b) * 2, fullgraph=True)
     x, y = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
     torch.testing.assert_close(compiled(x, y), (x + y) * 2)

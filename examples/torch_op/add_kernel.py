@@ -30,14 +30,17 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 def export_bundle(directory: pathlib.Path) -> None:
-    """Launch the specializations the op uses once, then export them: float32 and bfloat16,
-    inputs 16-byte aligned or not (a view at an odd offset), the output always aligned (the op
+    """Launch every specialization the op can meet once, then export them: float32 and bfloat16;
+    inputs 16-byte aligned or not (a view at an odd offset); the element count divisible by 16,
+    not, or 1 (Triton specializes each differently); the output always aligned (the op
     allocates it)."""
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(4096, device="cuda", dtype=dtype)
-        out = torch.empty_like(x)
-        add_kernel[(triton.cdiv(4096, BLOCK),)](x, x, out, 4096, BLOCK=BLOCK)
-        add_kernel[(triton.cdiv(4095, BLOCK),)](x[1:], x[1:], out, 4095, BLOCK=BLOCK)
+        base = torch.randn(4097, device="cuda", dtype=dtype)
+        out = torch.empty(4096, device="cuda", dtype=dtype)
+        for offset in (0, 1):
+            for n in (4096, 4095, 1):
+                x = base[offset:offset + n]
+                add_kernel[(triton.cdiv(n, BLOCK),)](x, x, out, n, BLOCK=BLOCK)
     fastkernel.export(add_kernel, directory)
 
 
