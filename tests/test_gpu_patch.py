@@ -1,0 +1,105 @@
+"""fastkernel.patch() on a real GPU: plain Triton kernels, Triton's own autotune and heuristics,
+launched natively, give exactly what Triton's own launcher gives on the same inputs, and the
+repeated calls are native hits. Marked ``gpu``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import fastkernel
+from fastkernel.kernel import PATCH_ATTR
+
+import corpus
+from test_corpus import triton_allocator_for_scratch  # noqa: F401 - a fixture used below
+
+pytestmark = pytest.mark.gpu
+
+NAMES = list(corpus.CASES)
+
+
+def _dispatch_stats(kernel):
+    return kernel.__dict__[PATCH_ATTR].stats()
+
+
+def _plain(kernel):
+    return kernel if isinstance(kernel, tuple) else (kernel,)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_patched_corpus_equals_triton_bit_for_bit(name, triton_allocator_for_scratch):
+    case = corpus.CASES[name]
+    if case.hopper and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs compute capability 9.0")
+    expected = case.run(case.kernel, "cuda")  # Triton's own launcher
+    with fastkernel.patched():
+        got = case.run(case.kernel, "cuda")      # a miss: registered natively
+        again = case.run(case.kernel, "cuda")    # native hits
+        torch.cuda.synchronize()
+        stats = [_dispatch_stats(k) for k in _plain(case.kernel)]
+    for e, g, a in zip(expected, got, again):
+        assert torch.equal(e, g) and torch.equal(e, a), name
+    for s in stats:
+        assert s["fallbacks"] == 0 and s["hits"] >= 1, (name, s)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 256}, num_warps=2),
+                          triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"])
+@triton.jit
+def _tuned_axpy(x_ptr, y_ptr, out_ptr, a, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, a * x + y, mask=mask)
+
+
+def test_patched_triton_autotune_tunes_as_triton_and_then_hits_natively():
+    n = 100_003
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+
+    def grid(meta):
+        return (triton.cdiv(n, meta["BLOCK"]),)
+
+    with fastkernel.patched():
+        for _ in range(3):
+            out.fill_(float("nan"))
+            _tuned_axpy[grid](x, y, out, 0.5, n)
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, 0.5 * x + y, rtol=1e-6, atol=1e-6)
+        stats = _dispatch_stats(_tuned_axpy)
+    assert _tuned_axpy.best_config is not None
+    assert stats["hits"] >= 2 and stats["fallbacks"] == 0, stats
+    # The tuned launch equals Triton's own launch of the chosen config, bit for bit.
+    ref = torch.empty_like(x)
+    _tuned_axpy[grid](x, y, ref, 0.5, n)
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+
+
+@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
+@triton.jit
+def _heuristic_scale(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs) * 2)
+    else:
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+@pytest.mark.parametrize("n", [4096, 4097])
+def test_patched_heuristics_launch_natively_and_compute_what_triton_computes(n):
+    x = torch.randn(n, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    grid = (triton.cdiv(n, 1024),)
+    with fastkernel.patched():
+        for _ in range(2):
+            _heuristic_scale[grid](x, out, n, BLOCK=1024)
+        torch.cuda.synchronize()
+        stats = _dispatch_stats(_heuristic_scale.fn)
+    assert torch.equal(out, x * 2)
+    assert stats["hits"] >= 1 and stats["fallbacks"] == 0, stats
