@@ -25,7 +25,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 
 import fastkernel
 from fastkernel import _C, fastkernel as fk
-from fastkernel.kernel import PATCH_ATTR
+from fastkernel.kernel import COMPILED_LAUNCH_REASON, PATCH_ATTR, WarmupHandle
 
 import corpus
 import kernels
@@ -397,11 +397,38 @@ def test_a_launch_of_the_handle_warmup_returns_is_a_counted_fallback(stand_in, p
         compiled[(4, 1, 1)](x, y, out, N, 1024)
         after = _stats_of(kernels.add_kernel)
     assert after["fallbacks"] - before["fallbacks"] == 2
-    assert after["fallback_reasons"][patch_module.COMPILED_LAUNCH_REASON] == 2
+    assert after["fallback_reasons"][COMPILED_LAUNCH_REASON] == 2
     assert "CompiledKernel that warmup() returned" in caplog.text
     launches = stand_in.launches()
     assert len(launches) == 3
     assert_same_launch(launches[-1], theirs)
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "patched"])
+def test_a_fastkernel_warmup_handle_counts_each_launch_once(stand_in, patched, caplog):
+    """@fastkernel's warmup() handle, with or without the patch: Triton's own launch of the
+    binary it holds, each launch one counted fallback of the @fastkernel kernel."""
+    k = fk(kernels.add_kernel)
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM) as reference, \
+            caplog.at_level("INFO", logger="fastkernel"), \
+            (fastkernel.patched() if patched else contextlib.nullcontext()):
+        theirs = reference.launch(kernels.add_kernel, (4,), x, y, out, N, BLOCK=1024)
+        handle = k.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
+        assert isinstance(handle, WarmupHandle) and isinstance(handle.compiled, CompiledKernel)
+        assert handle.metadata is handle.compiled.metadata  # the CompiledKernel's attributes
+        handle[(4, 1, 1)](x, y, out, N, 1024)
+        handle[(4, 1, 1)](x, y, out, N, 1024)
+        plain = kernels.add_kernel.__dict__.get(PATCH_ATTR)
+    stats = k.stats()
+    assert stats["fallbacks"] == 2 and stats["fallback_reasons"] == {COMPILED_LAUNCH_REASON: 2}
+    assert stats["hits"] == stats["misses"] == 0
+    assert not plain or plain.stats()["fallbacks"] == 0  # not counted twice under the patch
+    assert caplog.text.count("CompiledKernel that warmup() returned") == 1
+    launches = stand_in.launches()
+    assert len(launches) == 3
+    for launch in launches[1:]:
+        assert_same_launch(launch, theirs)
 
 
 @pytest.mark.parametrize("variable", ["TRITON_INTERPRET", "FASTKERNEL_DISABLE"])

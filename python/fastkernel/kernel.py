@@ -18,6 +18,7 @@ import weakref
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import triton
+from triton.compiler.compiler import CompiledKernel
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
@@ -115,6 +116,14 @@ _KERNELS: "weakref.WeakSet[NativeDispatch]" = weakref.WeakSet()
 
 #: The attribute under which fastkernel.patch() keeps a JITFunction's dispatch (its __dict__).
 PATCH_ATTR = "_fastkernel_dispatch"
+
+#: Triton's own ``CompiledKernel.__getitem__``, as it was when fastkernel was imported.
+COMPILED_GETITEM = CompiledKernel.__getitem__
+
+#: The fallback reason of a launch of the ``CompiledKernel`` that ``warmup()`` returned.
+COMPILED_LAUNCH_REASON = ("a launch of the CompiledKernel that warmup() returned: it launches "
+                          "the binary given, through Triton's own launcher; launch the kernel "
+                          "itself (kernel[grid](...)) for the native path")
 
 #: Specializations each kernel keeps registered (FASTKERNEL_MAX_SPECIALIZATIONS; 0 = no limit).
 DEFAULT_MAX_SPECIALIZATIONS = 1024
@@ -348,6 +357,16 @@ class NativeDispatch(_C.Kernel):
         """
         return _cache.load_or_compile(self.jit_function, target, spec)
 
+    def _counted_handle_launch(self, runner: Callable) -> Callable:
+        """``runner`` (a launcher that Triton's ``CompiledKernel.__getitem__`` returned), with
+        each launch counted as a fallback for :data:`COMPILED_LAUNCH_REASON`."""
+        def counted(*args, **kwargs):
+            result = runner(*args, **kwargs)
+            self._miss_fallbacks += 1
+            self._count_fallback(COMPILED_LAUNCH_REASON, logging.INFO)
+            return result
+        return counted
+
     def _count_fallback(self, reason: str, level: int = logging.WARNING,
                         what: str = "goes through Triton's own launcher") -> None:
         """Count a call that took a Python path for ``reason``; log the first one."""
@@ -462,13 +481,45 @@ class FastKernel(NativeDispatch, JITFunction):
     def run(self, *args, grid, warmup: bool = False, **kwargs):
         """``JITFunction.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``
         (this is how ``triton.autotune`` and ``triton.heuristics`` call the kernel they wrap);
-        ``warmup=True`` compiles through Triton without launching."""
+        ``warmup=True`` compiles through Triton without launching and returns a
+        :class:`WarmupHandle` over Triton's ``CompiledKernel`` (``None`` when Triton returns
+        none)."""
         if warmup:
-            return TRITON_RUN(self.jit_function, *args, grid=grid, warmup=True, **kwargs)
+            compiled = TRITON_RUN(self.jit_function, *args, grid=grid, warmup=True, **kwargs)
+            return None if compiled is None else WarmupHandle(compiled, self)
         return self[grid](*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
+
+
+class WarmupHandle:
+    """What ``kernel.warmup(...)`` returns for a ``@fastkernel`` kernel: Triton's
+    ``CompiledKernel`` for that call, seen through a wrapper that counts its launches.
+
+    ``handle[grid](*args)`` (Triton's fused-softmax tutorial launches so, passing every argument,
+    constexprs included) launches the binary the handle holds through Triton's own launcher, as
+    with Triton; each launch is counted as a fallback of the kernel, with the reason
+    :data:`COMPILED_LAUNCH_REASON` logged once, so none bypasses fastkernel silently. Every
+    other attribute (``metadata``, ``asm``, ``n_regs``, ``n_spills``, ...) is the
+    ``CompiledKernel``'s; :attr:`compiled` is the ``CompiledKernel`` itself.
+    """
+
+    __slots__ = ("compiled", "_kernel")
+
+    def __init__(self, compiled: Any, kernel: "NativeDispatch"):
+        self.compiled = compiled
+        self._kernel = kernel
+
+    def __getitem__(self, grid):
+        # Triton's own __getitem__ (not patch mode's, which would count the launch again).
+        return self._kernel._counted_handle_launch(COMPILED_GETITEM(self.compiled, grid))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.compiled, name)
+
+    def __repr__(self) -> str:
+        return f"WarmupHandle({self.compiled!r})"
 
 
 class _InterpretedKernel:

@@ -41,7 +41,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 from . import SUPPORTED_TRITON, _C
 from . import _triton_abi as abi
 from ._autotune import _TUNE_CONFIG_PROVIDED, _TUNE_VALUE
-from .kernel import PATCH_ATTR, TRITON_RUN, NativeDispatch, _params_spec
+from .kernel import COMPILED_GETITEM, PATCH_ATTR, TRITON_RUN, NativeDispatch, _params_spec
 
 log = logging.getLogger("fastkernel")
 
@@ -234,12 +234,7 @@ def _patched_autotuner_run(self, *args, **kwargs):
 
 _patched_autotuner_run._fastkernel_patched = True  # type: ignore[attr-defined]
 
-#: Triton's own ``CompiledKernel.__getitem__``, as it was when fastkernel was imported.
-COMPILED_GETITEM = CompiledKernel.__getitem__
 
-COMPILED_LAUNCH_REASON = ("a launch of the CompiledKernel that warmup() returned: it launches "
-                          "the binary given, through Triton's own launcher; launch the kernel "
-                          "itself (kernel[grid](...)) for the native path")
 
 
 def _patched_compiled_getitem(self, grid):
@@ -251,13 +246,7 @@ def _patched_compiled_getitem(self, grid):
     dispatch = _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
     if dispatch is None:
         return runner
-
-    def counted(*args, **kwargs):
-        result = runner(*args, **kwargs)
-        dispatch._miss_fallbacks += 1
-        dispatch._count_fallback(COMPILED_LAUNCH_REASON, logging.INFO)
-        return result
-    return counted
+    return dispatch._counted_handle_launch(runner)
 _patched_run._fastkernel_patched = True  # type: ignore[attr-defined]
 
 
