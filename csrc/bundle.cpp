@@ -3,6 +3,8 @@
 // the matching entry through the trampoline.
 #include "fastkernel/bundle.h"
 
+#include "sha256.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,7 +18,7 @@ namespace fastkernel {
 namespace {
 
 constexpr std::string_view kMagic = "fastkernel-bundle";
-constexpr std::string_view kVersion = "1";
+constexpr std::string_view kVersion = "2";
 // Bounds on what a manifest may ask for: a bundle is read as untrusted input.
 constexpr size_t kMaxManifestBytes = size_t(16) << 20;
 constexpr size_t kMaxCubinBytes = size_t(256) << 20;
@@ -316,6 +318,8 @@ Bundle Bundle::load(const std::string& directory) {
   size_t line_number = 0;
   size_t begin = 0;
   size_t cubin_bytes = 0;
+  std::string entry_text;    // the current entry's lines up to its digest line
+  bool digest_seen = false;  // the current entry's digest line was read and verified
   while (begin < text.size()) {
     size_t stop = text.find('\n', begin);
     if (stop == std::string::npos) {
@@ -335,14 +339,26 @@ Bundle Bundle::load(const std::string& directory) {
     if (line_number == 1) {
       const std::string_view magic = fields.next();
       const std::string_view version = fields.next();
+      if (magic == kMagic && version == "1") {
+        throw BundleError("fastkernel: '" + directory + "' is a version-1 kernel bundle, whose "
+                          "entries carry no digest: export it again (fastkernel.export)");
+      }
       if (magic != kMagic || version != kVersion || !fields.done()) {
-        throw BundleError("fastkernel: '" + directory + "' is not a version-1 kernel bundle");
+        throw BundleError("fastkernel: '" + directory + "' is not a version-2 kernel bundle");
       }
       continue;
     }
+
     const std::string_view tag = fields.next();
     if (tag.empty()) {
       continue;
+    }
+    if (digest_seen && tag != "end") {
+      fail("'" + std::string(tag) + "' after the entry's digest (only 'end' may follow it)");
+    }
+    if (entry != nullptr && tag != "digest" && tag != "end") {
+      entry_text.append(line);  // what the entry's digest covers, byte for byte
+      entry_text.push_back('\n');
     }
     if (tag == "entry") {
       if (entry != nullptr) {
@@ -381,6 +397,8 @@ Bundle Bundle::load(const std::string& directory) {
       }
       entry = e.get();
       bundle.entries_.push_back(std::move(e));
+      entry_text.assign(line);
+      entry_text.push_back('\n');
     } else if (entry == nullptr) {
       fail("'" + std::string(tag) + "' outside an entry");
     } else if (tag == "constexprs") {
@@ -409,18 +427,35 @@ Bundle Bundle::load(const std::string& directory) {
         fail("malformed plan line");
       }
       entry->prototype.plan.push_back({uint16_t(index), pt});
+    } else if (tag == "digest") {
+      const std::string_view recorded = fields.next();
+      if (recorded.size() != 64 || !fields.done()) {
+        fail("malformed digest line");
+      }
+      Sha256 digest;
+      digest.update(entry_text);
+      digest.update(entry->cubin);
+      if (digest.hex_digest() != recorded) {
+        fail("entry '" + entry->kernel + "' (cubin '" + entry->cubin_file + "') does not match "
+             "its digest: the manifest lines or the cubin were changed after export");
+      }
+      digest_seen = true;
     } else if (tag == "end") {
       if (!fields.done()) {
         fail("malformed end line");
       }
+      if (!digest_seen) {
+        fail("entry '" + entry->kernel + "' has no digest line");
+      }
       check_plan(*entry, fail);
       entry = nullptr;
+      digest_seen = false;
     } else {
       fail("unknown line '" + std::string(tag) + "'");
     }
   }
   if (line_number == 0) {
-    throw BundleError("fastkernel: '" + directory + "' is not a version-1 kernel bundle");
+    throw BundleError("fastkernel: '" + directory + "' is not a version-2 kernel bundle");
   }
   if (entry != nullptr) {
     throw BundleError("fastkernel: " + manifest_path + ": the last entry has no 'end' line "

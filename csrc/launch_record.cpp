@@ -118,7 +118,8 @@ std::string cubin_image_problem(const void* cubin, size_t size) {
   return {};
 }
 
-void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size) {
+void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,
+                        bool check_param_count) {
   // cuModuleLoadData takes no size: the image's own headers must lie within the buffer.
   const std::string problem = cubin_image_problem(cubin, cubin_size);
   if (!problem.empty()) {
@@ -152,6 +153,20 @@ void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_si
       check_cuda(api.cuFuncSetAttribute(function, cu::FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                         optin - static_shared),
                  "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    }
+    // The function's own parameter count (from the cubin, through the driver) must be what a
+    // launch packs: a record that packs fewer would let the driver read unset kernelParams.
+    if (check_param_count && api.cuFuncGetParamInfo != nullptr) {
+      const size_t packs = record.plan.size() + size_t(record.num_scratch_params);
+      size_t offset = 0, size = 0;
+      const bool has_last = packs == 0 ||
+                            api.cuFuncGetParamInfo(function, packs - 1, &offset, &size) == cu::SUCCESS;
+      const bool has_more = api.cuFuncGetParamInfo(function, packs, &offset, &size) == cu::SUCCESS;
+      if (!has_last || has_more) {
+        throw std::invalid_argument("fastkernel: '" + record.kernel_name + "' declares " +
+                                    (has_last ? "more" : "fewer") + " than the " +
+                                    std::to_string(packs) + " parameters its launch record packs");
+      }
     }
     // Clusters of 16 CTAs exceed the portable limit of 8 (Triton's driver.c sets this per launch).
     if (record.num_ctas > 8) {

@@ -15,6 +15,7 @@ import torch
 import fastkernel
 from fastkernel import _C
 from fastkernel import fastkernel as fk
+from fastkernel.bundle import entry_digest
 
 import kernels
 
@@ -35,7 +36,21 @@ def manifest_lines(path: pathlib.Path) -> list:
     return (path / "manifest.txt").read_text().splitlines()
 
 
-def rewrite(path: pathlib.Path, lines: list) -> None:
+def rewrite(path: pathlib.Path, lines: list, redigest: bool = True) -> None:
+    """Write ``lines`` as the manifest. With ``redigest``, each entry's digest line is
+    recomputed, as a writer that made the change on purpose would, so that the loader's other
+    checks are the ones tested."""
+    if redigest:
+        lines = list(lines)
+        start = None
+        for i, line in enumerate(lines):
+            tag = line.split(" ", 1)[0]
+            if tag == "entry":
+                start = i
+            elif tag == "digest" and start is not None:
+                cubin = (path / lines[start].split(" ")[2]).read_bytes()
+                lines[i] = "digest " + entry_digest(lines[start:i], cubin)
+                start = None
     (path / "manifest.txt").write_text("\n".join(lines) + "\n")
 
 
@@ -91,10 +106,15 @@ def test_out_of_range_launch_facts_are_refused(bundle, index, value, message):
     (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 0 i32"), "does not fit its pattern"),
     (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 0 nvTmaDesc"), "malformed plan line"),
     (lambda ls: ls.__setitem__(first(ls, "arg"), "arg 9 0 0 1 1 0 *fp32"), "kind 9 is outside"),
-    (lambda ls: ls.__setitem__(first(ls, "end"), "entry"), "before the previous entry's 'end'"),
+    (lambda ls: ls.insert(first(ls, "plan"), ls[first(ls, "entry")]),
+     "before the previous entry's 'end'"),
     (lambda ls: ls.insert(1, "plan 0 *fp32"), "outside an entry"),
     (lambda ls: ls.insert(2, "launch now"), "unknown line 'launch'"),
-    (lambda ls: ls.__setitem__(0, "fastkernel-bundle 2"), "not a version-1 kernel bundle"),
+    (lambda ls: ls.__setitem__(0, "fastkernel-bundle 3"), "not a version-2 kernel bundle"),
+    (lambda ls: ls.__setitem__(0, "fastkernel-bundle 1"), "version-1 kernel bundle, whose entries "
+                                                          "carry no digest: export it again"),
+    (lambda ls: ls.pop(first(ls, "digest")), "has no digest line"),
+    (lambda ls: ls.insert(first(ls, "digest") + 1, "plan 0 *fp32"), "after the entry's digest"),
 ])
 def test_malformed_manifests_are_refused(bundle, mutate, message):
     lines = manifest_lines(bundle)
@@ -106,7 +126,7 @@ def test_malformed_manifests_are_refused(bundle, mutate, message):
 
 def test_a_truncated_manifest_is_refused(bundle):
     lines = manifest_lines(bundle)
-    rewrite(bundle, lines[:first(lines, "end") - 1])
+    rewrite(bundle, lines[:first(lines, "digest") - 1])
     with pytest.raises(RuntimeError, match="truncated"):
         _C._testing.load_bundle(str(bundle))
 
@@ -115,7 +135,7 @@ def test_a_cubin_outside_the_bundle_directory_is_refused(bundle, tmp_path):
     lines = manifest_lines(bundle)
     cubin = entry_fields(lines)[2]
     (tmp_path / "outside.cubin").write_bytes((bundle / cubin).read_bytes())
-    rewrite(bundle, _replace_entry_field(lines, 2, "../outside.cubin"))
+    rewrite(bundle, _replace_entry_field(lines, 2, "../outside.cubin"), redigest=False)
     with pytest.raises(RuntimeError, match="not a plain file name in the bundle directory"):
         _C._testing.load_bundle(str(bundle))
 
@@ -141,7 +161,7 @@ def test_a_fifo_or_device_is_refused_without_reading_it(bundle):
     os.mkfifo(bundle / cubin)
     with pytest.raises(RuntimeError, match="not a regular file"):
         _C._testing.load_bundle(str(bundle))
-    rewrite(bundle, _replace_entry_field(manifest_lines(bundle), 2, "zero"))
+    rewrite(bundle, _replace_entry_field(manifest_lines(bundle), 2, "zero"), redigest=False)
     os.symlink("/dev/zero", bundle / "zero")  # refused as a link, and as a device if followed
     with pytest.raises(RuntimeError, match="symbolic link|not a regular file"):
         _C._testing.load_bundle(str(bundle))
@@ -186,3 +206,79 @@ def test_a_section_pointing_past_the_image_is_refused(bundle):
     cubin.write_bytes(bytes(image))
     with pytest.raises(RuntimeError, match=r"has section \d+ outside its"):
         _C._testing.load_bundle(str(bundle))
+
+
+# -- the digest: what was exported is what loads ---------------------------------------------------
+
+def test_the_core_sha256_is_fips_180_4s(bundle):
+    import hashlib
+    for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 128, 1000, 1 << 20):
+        data = bytes((i * 131 + n) & 0xff for i in range(n))
+        assert _C._testing.sha256(data) == hashlib.sha256(data).hexdigest(), n
+
+
+@pytest.mark.parametrize("mutate", [
+    # A launch fact within its range: nothing but the digest can tell.
+    lambda ls: _replace_entry_field(ls, 5, "64"),
+    lambda ls: _replace_entry_field(ls, 6, "1024"),
+    # A plan line duplicated and another dropped: the same count of parameters.
+    lambda ls: ls.__setitem__(first(ls, "plan") + 1, ls[first(ls, "plan")]),
+    # The constexprs the entry was compiled with.
+    lambda ls: ls.__setitem__(first(ls, "constexprs"), "constexprs BLOCK=2048"),
+], ids=["block_x", "shared_mem", "plan", "constexprs"])
+def test_a_changed_entry_line_fails_its_digest(bundle, mutate):
+    lines = manifest_lines(bundle)
+    mutate(lines)
+    rewrite(bundle, lines, redigest=False)
+    with pytest.raises(RuntimeError, match="does not match its digest"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_a_malformed_digest_line_is_refused(bundle):
+    lines = manifest_lines(bundle)
+    lines[first(lines, "digest")] = "digest 00"
+    rewrite(bundle, lines, redigest=False)
+    with pytest.raises(RuntimeError, match="malformed digest line"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_a_flipped_cubin_byte_fails_the_digest(bundle):
+    cubin = bundle / entry_fields(manifest_lines(bundle))[2]
+    image = bytearray(cubin.read_bytes())
+    image[len(image) // 2] ^= 0x01
+    cubin.write_bytes(bytes(image))
+    with pytest.raises(RuntimeError, match="does not match its digest"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_swapped_cubins_fail_the_digest(bundle):
+    """The two entries' cubins are both valid add_kernel images; swapped, the aligned entry
+    would launch the unaligned binary (and the reverse) without the digest."""
+    lines = manifest_lines(bundle)
+    names = [line.split(" ")[2] for line in lines if line.startswith("entry ")]
+    assert len(names) == 2
+    a, b = (bundle / n for n in names)
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    with pytest.raises(RuntimeError, match="does not match its digest"):
+        _C._testing.load_bundle(str(bundle))
+
+
+def test_a_record_packing_fewer_parameters_than_the_cubin_declares_is_not_launched(bundle,
+                                                                                stand_in):
+    """Consistent lines, re-digested, that drop the kernel's last argument: the manifest holds
+    together, but the cubin declares one parameter more than the record would pack, so the
+    driver would read an unset parameter slot. Refused when the entry is loaded on a device."""
+    lines = manifest_lines(bundle)
+    for tag in ("arg", "plan"):
+        last = max(i for i, line in enumerate(lines[:first(lines, "end")])
+                   if line.split(" ", 1)[0] == tag)
+        lines.pop(last)
+    rewrite(bundle, lines)
+    x = torch.randn(4096)
+    stand_in.reset()
+    launcher = _C.BenchBundle(str(bundle), "add_kernel", 0, [("pointer", x.data_ptr())] * 3)
+    with pytest.raises(ValueError, match=r"declares more than the 5 parameters its launch record"):
+        launcher.run((1, 1, 1), 0x5EED5, 1)
+    assert stand_in.launches() == []

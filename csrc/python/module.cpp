@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fastkernel/fastkernel.h"
+#include "../sha256.h"
 #include "bench_floor.h"
 #include "kernel_object.h"
 #include "knob_watch.h"
@@ -506,4 +507,12 @@ PYBIND11_MODULE(_C, m) {
         return entries;
       },
       py::arg("directory"), "Load a kernel bundle and describe its entries (tests only).");
+  t.def(
+      "sha256",
+      [](const py::bytes& data) {
+        Sha256 digest;
+        digest.update(std::string_view(data));
+        return digest.hex_digest();
+      },
+      py::arg("data"), "The core's SHA-256 of `data`, as hex (tests only).");
 }

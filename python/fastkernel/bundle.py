@@ -5,12 +5,14 @@ run the kernel with the argument kinds you need, then export) as a directory of 
 ``manifest.txt`` that ``fastkernel::Bundle::load`` (csrc/include/fastkernel/bundle.h) reads with
 no Python: per entry, the launch facts, the parameter plan, and for each runtime parameter the
 specialization an argument must have (Triton's rules: pointer alignment, int == 1 / % 16 and
-width, None). C++ passes the runtime parameters in declared order, constexprs excluded; the
-entry's constexprs are fixed at compile time.
+width, None), and a SHA-256 digest binding the entry's lines to its cubin. C++ passes the
+runtime parameters in declared order, constexprs excluded; the entry's constexprs are fixed at
+compile time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 from typing import Any, List, Tuple
 
@@ -54,6 +56,18 @@ def _pattern(param, index: int, spec: "abi.Specialization", spec_flags) -> Tuple
                      f"support yet")
 
 
+#: The manifest format ``fastkernel::Bundle::load`` reads (csrc/bundle.cpp).
+BUNDLE_VERSION = 2
+
+
+def entry_digest(entry_lines: List[str], cubin: bytes) -> str:
+    """The digest an entry's ``digest`` line records: SHA-256 (hex) of its manifest lines from
+    ``entry`` up to the digest line, each ending in a newline, followed by its cubin's bytes. The
+    loader recomputes it, so a changed launch fact, plan line or cubin byte, or a cubin swapped
+    for another entry's, is refused at load."""
+    return hashlib.sha256("".join(line + "\n" for line in entry_lines).encode() + cubin).hexdigest()
+
+
 def export(kernel, path) -> List[pathlib.Path]:
     """Write ``kernel``'s registered specializations to the bundle directory ``path``.
 
@@ -88,12 +102,13 @@ def export(kernel, path) -> List[pathlib.Path]:
     flags = [(spec[2], spec[3]) for spec in _params_spec(kernel.jit_function)]
     runtime = [(i, p) for i, p in enumerate(kernel.params) if not p.is_constexpr]
     runtime_index = {i: r for r, (i, _) in enumerate(runtime)}
-    lines = ["fastkernel-bundle 1"]
+    lines = [f"fastkernel-bundle {BUNDLE_VERSION}"]
     written = []
     for number, (target, spec, meta) in enumerate(registrations):
         cubin = root / f"{meta.name}-{number}.cubin"
         atomic_write(cubin, meta.cubin)
         written.append(cubin)
+        first = len(lines)
         lines.append(" ".join(str(x) for x in (
             "entry", kernel.__name__, cubin.name, meta.name, target.arch, meta.block_x,
             meta.shared_mem, meta.num_ctas, int(meta.cooperative_grid), int(meta.pdl),
@@ -112,6 +127,7 @@ def export(kernel, path) -> List[pathlib.Path]:
                 raise ValueError(f"{kernel.__name__}: a specialization takes tuple arguments, "
                                  f"which C++ bundles do not support")
             lines.append(f"plan {runtime_index[index]} {ty}")
+        lines.append(f"digest {entry_digest(lines[first:], meta.cubin)}")
         lines.append("end")
     atomic_write(root / "manifest.txt", ("\n".join(lines) + "\n").encode())
     return written

@@ -646,6 +646,24 @@ FK_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value) {
     return CUDA_SUCCESS;
 }
 
+/* CUDA 12.4: offset and size of parameter `index`, CUDA_ERROR_INVALID_VALUE past the last. */
+FK_EXPORT CUresult cuFuncGetParamInfo(CUfunction hfunc, size_t index, size_t *offset, size_t *size) {
+    if (!offset || !size) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (!valid_func(hfunc)) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (index < (size_t)hfunc->nparams) {
+        *offset = hfunc->params[index].offset;
+        *size = hfunc->params[index].size;
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
 FK_EXPORT CUresult cuFuncGetAttribute(int *pi, int attrib, CUfunction hfunc) {
     if (!pi || attrib < 0 || attrib >= FK_MAX_FUNC_ATTR) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);

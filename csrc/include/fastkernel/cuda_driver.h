@@ -91,6 +91,9 @@ struct DriverApi {
                              unsigned shared_mem_bytes, CUstream stream, void** params, void** extra);
   CUresult (*cuLaunchKernelEx)(const CUlaunchConfig* config, CUfunction f, void** params,
                                void** extra);
+  /// Null on drivers before CUDA 12.4; where present, a loaded function's parameter count is
+  /// checked against its launch record's plan.
+  CUresult (*cuFuncGetParamInfo)(CUfunction function, size_t index, size_t* offset, size_t* size);
   /// Null on drivers before CUDA 12.0; only kernels taking host tensor descriptors use it.
   CUresult (*cuTensorMapEncodeTiled)(void* tensor_map, int data_type, unsigned rank,
                                      void* global_address, const uint64_t* global_dim,

@@ -104,8 +104,12 @@ std::string cubin_image_problem(const void* cubin, size_t size);
 
 /// Loads `cubin` into `device`'s primary context, resolves `record.kernel_name`, and raises the
 /// dynamic shared memory limit when `record.shared_mem` exceeds 48 KB. Fills module/function.
-/// Throws CudaError (or DriverUnavailable) on failure; leaves nothing loaded on failure.
-void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size);
+/// With `check_param_count`, and a driver that has cuFuncGetParamInfo (CUDA >= 12.4), the
+/// function must declare exactly the parameters the record packs (its plan, then its scratch
+/// pointers). Throws std::invalid_argument (a malformed image, a parameter count that differs),
+/// CudaError or DriverUnavailable; leaves nothing loaded on failure.
+void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,
+                        bool check_param_count = true);
 
 /// Makes `device`'s primary context current for a scope and restores the previous context after
 /// (module loading and the benchmark floor use it, leaving the caller's context as it was).
