@@ -32,6 +32,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction
 
+from . import _cache_files
 from . import _triton_abi as abi
 from . import cache as _cache
 from .kernel import FastKernel, NativeDispatch, _params_spec, env_count
@@ -258,7 +259,6 @@ class Autotuned(NativeDispatch, Autotuner):
                 from filelock import FileLock
                 # One process benchmarks a key at a time (timings taken side by side on one GPU
                 # would disturb each other); the others wait and read its record.
-                path.parent.mkdir(parents=True, exist_ok=True)
                 with FileLock(str(path) + ".lock"):
                     config = self._read_record(path)
                     if config is None:
@@ -434,7 +434,13 @@ class Autotuned(NativeDispatch, Autotuner):
         }
 
     def _record_path(self, tuning_key, target) -> Optional[pathlib.Path]:
-        if not self.cache_results or not _cache.enabled():
+        """Where the tuning record of ``tuning_key`` lives, its directory created private to
+        the user; None when results are not kept (``cache_results=False``, the cache off or not
+        trusted, or the kernel uncacheable)."""
+        if not self.cache_results:
+            return None
+        root = _cache._usable_root()
+        if root is None:
             return None
         try:
             doc = self.record_document(tuning_key, target)
@@ -444,21 +450,26 @@ class Autotuned(NativeDispatch, Autotuner):
                              self.__name__, exc)
             return None
         digest = hashlib.sha256(_cache._canonical(doc)).hexdigest()
-        return tuning_dir() / digest[:2] / f"{digest}.json"
+        try:
+            directory = _cache_files.ensure_dir(root, "autotune", digest[:2])
+        except OSError as exc:
+            _cache._warn_untrusted(root / "autotune" / digest[:2], exc)
+            return None
+        return directory / f"{digest}.json"
 
     def _read_record(self, path: pathlib.Path) -> Optional[Config]:
         if _cache.always_compile():
             return None
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(_cache_files.read_file(path, 1 << 20)[0])
             index = record["config_index"]
             config = self.configs[index]
             if record["config"] != _config_doc(config):
                 raise ValueError("the config at its index differs")
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-            log.warning("fastkernel: ignoring the tuning record %s (%s); tuning again", path, exc)
+        except (OSError, ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+            log.warning("fastkernel: ignoring the tuning record %s (%r); tuning again", path, exc)
             return None
         log.info("fastkernel: %s: tuned config read from %s: %s", self.__name__, path,
                  _describe(config))
@@ -474,7 +485,7 @@ class Autotuned(NativeDispatch, Autotuner):
             "timings_ms": [[_describe(c), _median(t)] for c, t in timings.items()],
         }
         try:
-            _cache.atomic_write(path, json.dumps(record, indent=1).encode())
+            _cache_files.write_file(path, json.dumps(record, indent=1).encode())
         except OSError as exc:
             log.warning("fastkernel: cannot write the tuning record %s: %s", path, exc)
 

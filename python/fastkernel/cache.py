@@ -26,10 +26,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+import keyword
 import logging
 import os
 import pathlib
-import secrets
 import shutil
 import struct
 import sys
@@ -40,6 +40,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import triton
 
+from . import _cache_files as _fs
 from . import _triton_abi as abi
 
 log = logging.getLogger("fastkernel.cache")
@@ -54,6 +55,12 @@ _FIXED = struct.Struct("<8sIIQ")
 _DIGEST_SIZE = 32
 _PREFIX_SIZE = _FIXED.size + _DIGEST_SIZE
 _MAX_HEADER = 1 << 20  # a header is a few KB; anything far larger is not ours
+_MAX_CUBIN = 256 << 20  # the largest cubin an entry may hold (as for bundles, csrc/bundle.cpp)
+_MAX_ENTRY_FILE = _PREFIX_SIZE + _MAX_HEADER + _MAX_CUBIN
+_MAX_INDEX_RECORD = 1 << 20
+# An import reads an export (flat) or a cache directory (entries/<xx>/): a few levels at most.
+_IMPORT_MAX_DEPTH = 4
+_IMPORT_MAX_FILES = 1_000_000
 
 #: The fields of ``abi.LaunchMetadata`` stored in an entry's header (all but the cubin), with the
 #: JSON type each must have.
@@ -70,10 +77,15 @@ _TENSORDESC_META_FIELDS: Dict[str, type] = {
 
 
 def _valid_tensordesc_meta(value: Any) -> bool:
-    return all(isinstance(m, dict)
-               and all(type(m.get(k)) is kind for k, kind in _TENSORDESC_META_FIELDS.items())
-               and all(type(b) is int and b > 0 for b in m["block_size"])
-               for m in value)
+    # At most 64 descriptors; per descriptor the CUtensorMap limits (cuTensorMapEncodeTiled):
+    # rank 1-5, box dimensions 1-256, element size 1-8 bytes, a swizzle mode 0-3.
+    return len(value) <= 64 and all(
+        isinstance(m, dict)
+        and all(type(m.get(k)) is kind for k, kind in _TENSORDESC_META_FIELDS.items())
+        and 1 <= len(m["block_size"]) <= 5
+        and all(type(b) is int and 0 < b <= 256 for b in m["block_size"])
+        and 0 <= m["swizzle"] <= 3 and 1 <= m["elem_size"] <= 8 and 0 <= m["elem_type"] <= 15
+        for m in value)
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -146,6 +158,30 @@ def _log_once(level: int, tag: Tuple[Any, ...], msg: str, *args: Any) -> None:
     if tag not in _logged:
         _logged.add(tag)
         log.log(level, msg, *args)
+
+
+def _usable_root() -> Optional[pathlib.Path]:
+    """The cache directory in effect, created private (0700) if missing; None when the cache is
+    off, or when the directory is not trusted (another user's, or writable by group or others:
+    whoever can write it could make this process launch their code), then warned once."""
+    if not enabled():
+        return None
+    root = cache_dir()
+    problem = _fs.usable_root(root)
+    if problem is not None:
+        hint = ("set FASTKERNEL_CACHE_DIR to a directory you can write"
+                if problem.startswith("it cannot") or problem.startswith("it is not a") else
+                f"make it private to you (chmod 700 {root}) or set FASTKERNEL_CACHE_DIR")
+        _log_once(logging.WARNING, ("untrusted-root", str(root), problem),
+                  "fastkernel: cannot use the kernel cache %s: %s; kernels still run, compiled "
+                  "in each process (%s)", root, problem, hint)
+        return None
+    return root
+
+
+def _warn_untrusted(path: pathlib.Path, exc: OSError) -> None:
+    _log_once(logging.WARNING, ("untrusted", str(path)),
+              "fastkernel: not using %s: %s; compiling instead", path, exc.strerror or exc)
 
 
 # -- the key --------------------------------------------------------------------------------
@@ -242,7 +278,8 @@ def _memoized_digest(kind: str, signature: str, compute, memo_dir: Optional[str]
     memo = pathlib.Path(memo_dir) / f"{kind}-{signature[:40]}.txt" if memo_dir else None
     if digest is None and memo is not None:
         try:
-            text = memo.read_text("ascii").strip()
+            _fs.check_dirs(memo.parent.parent, memo.parent.name)
+            text = _fs.read_file(memo, 128)[0].decode("ascii").strip()
             if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
                 digest = text
         except (OSError, UnicodeDecodeError):
@@ -254,7 +291,8 @@ def _memoized_digest(kind: str, signature: str, compute, memo_dir: Optional[str]
         _memos_written.add((memo_dir, kind, signature))
         try:
             if not memo.exists():
-                atomic_write(memo, digest.encode("ascii"))
+                _fs.ensure_dir(memo.parent.parent, memo.parent.name)
+                _fs.write_file(memo, digest.encode("ascii"))
         except OSError as exc:
             _log_once(logging.DEBUG, ("memo", memo_dir), "fastkernel: cannot write %s: %s", memo,
                       exc)
@@ -523,16 +561,44 @@ def _check_header(header: Any) -> None:
         raise CorruptEntry("the launch metadata has other fields than this version stores")
     for field, kind in _LAUNCH_FIELDS.items():
         value = launch[field]
-        if type(value) is not kind or (kind is int and value < 0) or (
+        if type(value) is not kind or (kind is int and not _in_launch_range(field, value)) or (
                 field == "tensordesc_meta" and not _valid_tensordesc_meta(value)):
-            raise CorruptEntry(f"launch field {field!r} is {value!r}")
+            raise CorruptEntry(f"launch field {field!r} is {_short(value)}")
+    name = launch["name"]
+    if not (0 < len(name) <= 1024 and name.isascii() and name.isprintable() and " " not in name):
+        raise CorruptEntry(f"the kernel symbol {_short(name)} is not a symbol name")
     target = header["target"]
-    if not (isinstance(target.get("backend"), str) and isinstance(target.get("arch"), int)
-            and isinstance(target.get("warp_size"), int)):
+    if not (isinstance(target.get("backend"), str) and type(target.get("arch")) is int
+            and type(target.get("warp_size")) is int and 0 < target["arch"] < 10000
+            and 0 < target["warp_size"] <= 1024):
         raise CorruptEntry("the header has no valid target")
-    # Field names of the KernelMetadata namedtuple rebuilt from it.
-    if not all(k.isidentifier() and not k.startswith("_") for k in header["triton_metadata"]):
+    # Field names of the KernelMetadata namedtuple rebuilt from it (collections.namedtuple's
+    # rules: identifiers, not keywords, not starting with an underscore).
+    if not all(k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_")
+               for k in header["triton_metadata"]):
         raise CorruptEntry("Triton's metadata has a field that is not a name")
+
+
+# The launch integers' ranges, as the native registration and the driver take them: block_x is
+# 32 * num_warps threads (at most 1024, the CUDA limit per block), num_ctas a cluster size (at
+# most 16), sizes 32-bit, alignments powers of two. Out-of-range values never reach C++.
+_LAUNCH_RANGES: Dict[str, Tuple[int, int]] = {
+    "block_x": (1, 1024), "shared_mem": (0, 2**32 - 1), "num_ctas": (1, 16),
+    "global_scratch_size": (0, 2**32), "profile_scratch_size": (0, 2**32),
+    "global_scratch_align": (1, 1 << 20), "profile_scratch_align": (1, 1 << 20),
+}
+
+
+def _in_launch_range(field: str, value: int) -> bool:
+    low, high = _LAUNCH_RANGES[field]
+    if not low <= value <= high:
+        return False
+    return not field.endswith("_align") or value & (value - 1) == 0
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def decode_entry(data: bytes, path: pathlib.Path = pathlib.Path("<bytes>")) -> Entry:
@@ -560,66 +626,54 @@ def decode_entry(data: bytes, path: pathlib.Path = pathlib.Path("<bytes>")) -> E
     hasher.update(body)
     if hasher.digest() != digest:
         raise CorruptEntry("checksum mismatch")
+    if cubin_len > _MAX_CUBIN:
+        raise CorruptEntry(f"a cubin of {cubin_len} bytes, over the limit of {_MAX_CUBIN}")
     try:
         header = json.loads(bytes(body[:header_len]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptEntry(f"unreadable header ({exc})") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CorruptEntry(f"unreadable header ({type(exc).__name__})") from exc
     _check_header(header)
     return Entry(path, types.MappingProxyType(header), bytes(body[header_len:]))
 
 
-def read_entry(path: pathlib.Path) -> Entry:
-    """Read and verify one entry file.
+def read_entry(path: pathlib.Path, trusted: bool = True) -> Entry:
+    """Read and verify one entry file, without following a symbolic link and only if it is a
+    regular file of at most the largest entry's size. ``trusted``: the file is in this user's
+    cache and must be private to the user (see :mod:`fastkernel._cache_files`); an entry being
+    imported need not be.
 
     Raises
     ------
     FileNotFoundError
         No such file.
     CorruptEntry
-        As :func:`decode_entry`, or when the file's name is not its header's key.
+        As :func:`decode_entry`; when the file's name is not its header's key; when it is a
+        link, not a regular file, too large or (``trusted``) not private.
     """
-    entry = decode_entry(pathlib.Path(path).read_bytes(), pathlib.Path(path))
+    try:
+        data = _fs.read_file(pathlib.Path(path), _MAX_ENTRY_FILE, trusted)[0]
+    except _fs.UntrustedPath as exc:
+        raise CorruptEntry(exc.strerror or str(exc)) from exc
+    entry = decode_entry(data, pathlib.Path(path))
     if pathlib.Path(path).name != entry.key + ENTRY_SUFFIX:
         raise CorruptEntry(f"file name does not match the entry's key {entry.key[:16]}")
     return entry
 
 
-def _fsync_dir(directory: pathlib.Path) -> None:
-    if os.name != "posix":
-        return
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: pathlib.Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one: a
-    temporary file in the same directory, fsync, ``os.replace`` (atomic on POSIX and Windows
-    within one file system), then fsync of the directory so the rename survives a crash.
-    The file gets mode 0666 less the umask, like any file the user creates."""
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one (see
+    :func:`fastkernel._cache_files.write_file`), creating the directory if needed. For files
+    outside the cache (bundles, exports): mode 0666 less the umask, like any file the user
+    creates. Files inside the cache are written private to the user."""
+    path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
+    _fs.write_file(path, data, 0o666)
+
+
+def _store_entry(root: pathlib.Path, key: str, data: bytes) -> None:
+    """Write entry ``key`` into cache directory ``root`` (private directories and file)."""
+    directory = _fs.ensure_dir(root, "entries", key[:2])
+    _fs.write_file(directory / f"{key}{ENTRY_SUFFIX}", data)
 
 
 def _remove_if_unchanged(path: pathlib.Path, seen: Optional[os.stat_result]) -> None:
@@ -634,12 +688,15 @@ def _remove_if_unchanged(path: pathlib.Path, seen: Optional[os.stat_result]) -> 
 
 
 def _load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) -> Optional[Entry]:
-    """The verified entry at ``path``, or None (missing; or bad, then logged and removed)."""
+    """The verified entry at ``path``, or None (missing; untrusted, then warned once; or bad,
+    then logged and removed)."""
     try:
-        with open(path, "rb") as f:
-            seen = os.fstat(f.fileno())
-            data = f.read()
+        _fs.check_dirs(path.parent.parent.parent, path.parent.parent.name, path.parent.name)
+        data, seen = _fs.read_file(path, _MAX_ENTRY_FILE)
     except (FileNotFoundError, NotADirectoryError):
+        return None
+    except _fs.UntrustedPath as exc:
+        _warn_untrusted(path, exc)
         return None
     except OSError as exc:
         _log_once(logging.WARNING, ("read", str(path.parent)),
@@ -731,9 +788,9 @@ def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
         Whatever Triton's compiler raises. Cache problems are never raised: an unreadable or bad
         entry is logged, removed and compiled again; a failed write is logged.
     """
-    if not enabled():
+    root = _usable_root()
+    if root is None:
         return _compile(jit_fn, target, spec)
-    root = cache_dir()
     memo_dir = root / "toolchain"
     try:
         doc = key_document(jit_fn, target, spec, memo_dir)
@@ -746,19 +803,62 @@ def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
     if not always_compile():
         entry = _load(path, key, target, doc["toolchain"])
         if entry is not None:
-            log.debug("fastkernel: %s loaded from %s", _kernel_name(jit_fn), path)
-            from triton.compiler import ASTSource
-            src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
-            return entry.launch_metadata(), CachedKernel.from_entry(entry, src)
+            artifact = _artifact(entry, jit_fn, spec)
+            if artifact is not None:
+                log.debug("fastkernel: %s loaded from %s", _kernel_name(jit_fn), path)
+                return artifact
+    return _compile_and_store(jit_fn, target, spec, root, key, doc)
+
+
+def _artifact(entry: Entry, jit_fn, spec: "abi.Specialization"):
+    """``(LaunchMetadata, CachedKernel)`` of a verified entry, or None when they cannot be made
+    from it (a header that passed the schema but not Python's rules for what it becomes): the
+    entry is then corrupt, removed and logged."""
+    from triton.compiler import ASTSource
+    try:
+        src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
+        return entry.launch_metadata(), CachedKernel.from_entry(entry, src)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the entry is not usable
+        log.warning("fastkernel: removed cache entry %s: %r; compiling again", entry.path, exc)
+        _remove_if_unchanged(entry.path, None)
+        return None
+
+
+def _compile_and_store(jit_fn, target, spec: "abi.Specialization", root: pathlib.Path, key: str,
+                       doc: Mapping[str, Any]):
     meta, compiled = _compile(jit_fn, target, spec)
     try:
         header = _header(key, jit_fn, target, doc, meta, compiled)
-        atomic_write(path, encode_entry(header, meta.cubin))
+        _store_entry(root, key, encode_entry(header, meta.cubin))
     except Exception as exc:  # a failed store must not fail a launch that compiled
         _log_once(logging.WARNING, ("write", str(root), type(exc).__name__),
                   "fastkernel: cannot write the kernel cache under %s (%s: %s); kernels still "
                   "run, compiled in each process", root, type(exc).__name__, exc)
     return meta, compiled
+
+
+def compile_and_store(jit_fn, target, spec: "abi.Specialization"):
+    """Compile a specialization with Triton and write its entry (replacing any), as
+    :func:`load_or_compile` does on a miss; for a caller that found the cached entry unusable.
+    Returns and raises as :func:`load_or_compile`."""
+    root = _usable_root()
+    if root is None:
+        return _compile(jit_fn, target, spec)
+    try:
+        doc = key_document(jit_fn, target, spec, root / "toolchain")
+    except Uncacheable:
+        return _compile(jit_fn, target, spec)
+    key = hashlib.sha256(_canonical(doc)).hexdigest()
+    return _compile_and_store(jit_fn, target, spec, root, key, doc)
+
+
+def discard(handle: "CachedKernel", reason: str) -> None:
+    """Remove the entry ``handle`` was read from, which verified but could not become a native
+    registration (``reason``); logged once per entry file."""
+    _log_once(logging.WARNING, ("discard", handle.path),
+              "fastkernel: removed cache entry %s (%s): %s; compiling again", handle.path,
+              handle.kernel, reason)
+    _remove_if_unchanged(pathlib.Path(handle.path), None)
 
 
 def is_cached(jit_fn, target, spec: "abi.Specialization") -> bool:
@@ -781,10 +881,12 @@ def is_cached(jit_fn, target, spec: "abi.Specialization") -> bool:
 # specialization (same key iff same specialization, given the kernel, its globals, the
 # binary-changing knobs, the target, the toolchain and the environment), so the index maps it,
 # with those, to the Specialization the binder produced, stored as JSON. A decoded
-# specialization is trusted only when its recomputed entry key is the one stored beside it and
-# that entry loads and verifies; anything else falls back to the binder.
+# specialization is trusted only when the record's checksum holds, the record names this very
+# native key, its recomputed entry key is the one stored beside it and that entry loads and
+# verifies; and the caller checks it against the call's pointer alignments and int classes.
+# Anything else falls back to the binder.
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: records carry their native key and a checksum
 
 
 class _NotEncodable(Exception):
@@ -845,6 +947,12 @@ def _decode_spec(doc: Mapping[str, Any], target) -> "abi.Specialization":
         plan=abi.launch_plan(signature))
 
 
+def _index_checksum(record: Mapping[str, Any]) -> str:
+    """sha256 of a warm index record's canonical JSON without its ``checksum`` field."""
+    return hashlib.sha256(_canonical({k: v for k, v in record.items() if k != "checksum"})
+                          ).hexdigest()
+
+
 def _index_path(jit_fn, target, native_key: bytes, root: pathlib.Path,
                 tuned: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
     from triton._C.libtriton import get_cache_invalidating_env_vars
@@ -873,12 +981,17 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Optional[Mapping[str, 
     not hold. Never raises for cache problems."""
     if not enabled() or always_compile():
         return None
-    root = cache_dir()
+    root = _usable_root()
+    if root is None:
+        return None
     try:
         path = _index_path(jit_fn, target, native_key, root, tuned)
-        record = json.loads(path.read_text())
-        if record["index"] != path.stem:  # another key's record (copied, or renamed)
-            raise ValueError("a record for another native key")
+        _fs.check_dirs(root, "index", path.parent.name)
+        record = json.loads(_fs.read_file(path, _MAX_INDEX_RECORD)[0])
+        if not isinstance(record, dict) or record.get("checksum") != _index_checksum(record):
+            raise ValueError("the record's checksum does not hold")
+        if record["index"] != path.stem or record["native_key"] != native_key[:-16].hex():
+            raise ValueError("a record for another native key")  # copied, renamed or re-keyed
         spec = _decode_spec(record["spec"], target)
         doc = key_document(jit_fn, target, spec, root / "toolchain")
         key = hashlib.sha256(_canonical(doc)).hexdigest()
@@ -886,32 +999,37 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Optional[Mapping[str, 
             raise ValueError("the specialization does not give the recorded entry")
     except FileNotFoundError:
         return None
+    except _fs.UntrustedPath as exc:
+        _warn_untrusted(path, exc)
+        return None
     except Exception as exc:  # a damaged or stale index record: the binder decides
-        log.debug("fastkernel: warm index unusable for %s: %s", _kernel_name(jit_fn), exc)
+        log.debug("fastkernel: warm index unusable for %s: %r", _kernel_name(jit_fn), exc)
         return None
     entry = _load(entry_path(root, key), key, target, doc["toolchain"])
     if entry is None:
         return None
-    from triton.compiler import ASTSource
-    src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
-    return spec, entry.launch_metadata(), CachedKernel.from_entry(entry, src)
+    artifact = _artifact(entry, jit_fn, spec)
+    return None if artifact is None else (spec, *artifact)
 
 
 def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization",
                tuned: Optional[Mapping[str, Any]] = None) -> None:
     """Record ``native_key -> spec`` in the warm index (after its entry was written). Skipped
     quietly when the cache is off or a value has no JSON encoding."""
-    if not enabled():
+    root = _usable_root()
+    if root is None:
         return
-    root = cache_dir()
     try:
         doc = key_document(jit_fn, target, spec, root / "toolchain")
         path = _index_path(jit_fn, target, native_key, root, tuned)
-        record = {"index": path.stem, "entry": hashlib.sha256(_canonical(doc)).hexdigest(),
+        record = {"index": path.stem, "native_key": native_key[:-16].hex(),
+                  "entry": hashlib.sha256(_canonical(doc)).hexdigest(),
                   "spec": _encode_spec(spec)}
+        record["checksum"] = _index_checksum(record)
         if not entry_path(root, record["entry"]).is_file():
             return
-        atomic_write(path, json.dumps(record, sort_keys=True).encode())
+        directory = _fs.ensure_dir(root, "index", path.parent.name)
+        _fs.write_file(directory / path.name, json.dumps(record, sort_keys=True).encode())
     except (_NotEncodable, Uncacheable) as exc:
         log.debug("fastkernel: no warm index record for %s: %s", _kernel_name(jit_fn), exc)
     except OSError as exc:
@@ -923,11 +1041,13 @@ def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization",
 
 
 def iter_entry_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
-    """Every ``*.fkc`` file under ``root`` (a cache directory or an export), sorted."""
+    """Every regular ``*.fkc`` file under ``root`` (a cache directory or an export), at most
+    ``_IMPORT_MAX_DEPTH`` directories down, never through a symbolic link, in sorted order.
+    Raises ``_cache_files.UntrustedPath`` past ``_IMPORT_MAX_FILES`` files."""
     root = pathlib.Path(root)
     if not root.is_dir():
         return iter(())
-    return iter(sorted(p for p in root.rglob(f"*{ENTRY_SUFFIX}") if p.is_file()))
+    return _fs.walk_files(root, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES)
 
 
 def _temp_files(root: pathlib.Path) -> List[pathlib.Path]:
@@ -1008,19 +1128,32 @@ def import_entries(src: pathlib.Path, root: Optional[pathlib.Path] = None) -> Tu
     An entry is skipped, with a log line, when it fails verification or when its toolchain
     fingerprint differs from this machine's for the entry's target (another Triton, fastkernel,
     ptxas or format): its key could never be looked up here. Entries for targets this machine
-    has no device for are installed (targets are not probed here).
+    has no device for are installed (targets are not probed here). ``src`` is read as untrusted
+    input: no symbolic link is followed, only regular files of at most an entry's largest size
+    are read, at most ``_IMPORT_MAX_DEPTH`` directories down; entries are written only under
+    ``root``, each re-encoded from what was verified.
 
     Returns
     -------
     (int, int)
         Entries imported, entries skipped.
+
+    Raises
+    ------
+    RuntimeError
+        ``root`` cannot be used (not creatable, or not private to this user).
+    fastkernel._cache_files.UntrustedPath
+        ``src`` holds more than ``_IMPORT_MAX_FILES`` entry files.
     """
     root = cache_dir() if root is None else pathlib.Path(root)
     imported = skipped = 0
     local: Dict[Tuple[str, int, int], Dict[str, Any]] = {}
+    problem = _fs.usable_root(root)
+    if problem is not None:
+        raise RuntimeError(f"the kernel cache {root} cannot be used: {problem}")
     for path in iter_entry_files(src):
         try:
-            entry = read_entry(path)
+            entry = read_entry(path, trusted=False)
         except (OSError, CorruptEntry) as exc:
             log.warning("fastkernel: skipped %s: %s", path, exc)
             skipped += 1
@@ -1040,7 +1173,7 @@ def import_entries(src: pathlib.Path, root: Optional[pathlib.Path] = None) -> Tu
                         _describe_toolchain(local[tkey]))
             skipped += 1
             continue
-        atomic_write(entry_path(root, entry.key), encode_entry(entry.header, entry.cubin))
+        _store_entry(root, entry.key, encode_entry(entry.header, entry.cubin))
         imported += 1
     return imported, skipped
 
@@ -1130,7 +1263,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         count = export_entries(args.dir, root)
         print(f"exported {_entries(count)} to {args.dir}")
         return 0
-    imported, skipped = import_entries(args.dir, root)
+    try:
+        imported, skipped = import_entries(args.dir, root)
+    except (RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     skipped_text = f", skipped {skipped}" if skipped else ""
     print(f"imported {_entries(imported)} into {root}{skipped_text}")
     return 0

@@ -112,6 +112,40 @@ def _params_spec(jit_fn: JITFunction, tune_flags: Optional[Dict[str, int]] = Non
     return spec
 
 
+def _warm_spec_problem(jit_fn: JITFunction, spec: "abi.Specialization", args: tuple,
+                       kwargs: dict) -> Optional[str]:
+    """Why ``spec``, read from the disk cache's warm index, is not the specialization Triton
+    gives this call, or None. Judged on what makes a binary unsafe for a call: each pointer's
+    16-byte alignment and each int's == 1 and divisible-by-16 classes, by Triton's rules (the
+    native key builder's, csrc/include/fastkernel/specialization.h pointer_class / int_class)."""
+    params = jit_fn.params
+    bound = dict(zip((p.name for p in params), args))
+    bound.update(kwargs)
+    for p, (name, is_constexpr, specialize, align, *_rest) in zip(params, _params_spec(jit_fn)):
+        if is_constexpr or name not in bound:
+            continue
+        value, index = bound[name], (p.num,)
+        divisible = any(a[0] == "tt.divisibility" and a[1] == 16
+                        for a in spec.attrs.get(index, ()))
+        if isinstance(value, int) and not isinstance(value, bool):
+            if specialize and value == 1:
+                if spec.constexprs.get(index) != 1:
+                    return f"'{name}' is 1 but the record's binary takes it as a parameter"
+                continue
+            if index in spec.constexprs:
+                return f"'{name}' is {value} but the record's binary has it as a constant"
+            if divisible != (specialize and align and value % 16 == 0):
+                return f"'{name}' = {value} has another divisibility than the record's binary"
+        elif hasattr(value, "data_ptr") and not isinstance(value, type):
+            try:
+                aligned = value.data_ptr() % 16 == 0
+            except Exception:  # noqa: BLE001 - not a pointer argument after all
+                continue
+            if divisible != (specialize and align and aligned):
+                return f"'{name}' has another 16-byte alignment than the record's binary"
+    return None
+
+
 _KERNELS: "weakref.WeakSet[NativeDispatch]" = weakref.WeakSet()
 
 #: The attribute under which fastkernel.patch() keeps a JITFunction's dispatch (its __dict__).
@@ -299,7 +333,14 @@ class NativeDispatch(_C.Kernel):
             warm = _cache.warm_lookup(self.jit_function, target, key, tuned) if indexable else None
             if warm is not None:
                 spec, meta, compiled = warm
-            else:
+                problem = _warm_spec_problem(self.jit_function, spec, args, kwargs)
+                if problem is not None:
+                    _cache._log_once(logging.WARNING, ("warm-misfit", self._stats_name(), problem),
+                                     "fastkernel: %s: a warm index record does not fit the call "
+                                     "(%s); specializing with Triton's binder",
+                                     self.jit_function.__name__, problem)
+                    warm = None
+            if warm is None:
                 try:
                     spec = abi.specialize(self.jit_function, target, args, kwargs)
                 except abi.UnsupportedByNativePath as exc:
@@ -313,21 +354,19 @@ class NativeDispatch(_C.Kernel):
                     raise
                 if indexable:
                     _cache.warm_store(self.jit_function, target, key, spec, tuned)
-            try:
-                plan, tensor_maps = abi.expand_descriptors(spec.plan, meta.tensordesc_meta)
-            except abi.UnsupportedByNativePath as exc:
-                return str(exc)
-            try:
-                _C.register(self, key, device, meta.name, meta.cubin, meta.block_x,
-                            meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
-                            plan, abi.num_scratch_params(), meta.global_scratch_size,
-                            meta.global_scratch_align, meta.profile_scratch_size,
-                            meta.profile_scratch_align, compiled, tuned_args, tensor_maps,
-                            published)
-            except (_C.CudaError, ValueError) as exc:
-                # A binary the native path cannot load (or a launch record it rejects) is
-                # Triton's to launch; a missing driver (DriverUnavailableError) still raises.
-                reason = f"registering the cubin failed: {exc}"
+            reason = self._register_artifact(key, device, spec, meta, compiled, tuned_args,
+                                             published)
+            if reason is not None and isinstance(compiled, _cache.CachedKernel):
+                # An entry that verifies but cannot become a registration is corrupt: removed
+                # (with its warm index record), logged once, and compiled again.
+                _cache.discard(compiled, reason)
+                try:
+                    meta, compiled = _cache.compile_and_store(self.jit_function, target, spec)
+                except abi.UnsupportedByNativePath as exc:
+                    return str(exc)
+                reason = self._register_artifact(key, device, spec, meta, compiled, tuned_args,
+                                                 published)
+            if reason is not None:
                 self._refused_keys[key] = reason
                 while capacity_exceeded(self._refused_keys, self._capacity):  # oldest first
                     del self._refused_keys[next(iter(self._refused_keys))]
@@ -345,6 +384,39 @@ class NativeDispatch(_C.Kernel):
             log.debug("fastkernel: registered %s on device %d (%d parameters)", meta.name, device,
                       len(spec.plan))
             return None
+
+    def _register_artifact(self, key: bytes, device: int, spec: "abi.Specialization", meta,
+                           compiled, tuned_args: Optional[tuple], published: Any
+                           ) -> Optional[str]:
+        """Register ``meta``'s binary under ``key`` on ``device``; None once registered, else
+        why not. A binary Triton compiled here that the native path cannot load (or a launch
+        record it rejects) is Triton's to launch; for one read from the disk cache, any error
+        but a missing driver is a reason, so the caller can treat the entry as corrupt."""
+        from_disk = isinstance(compiled, _cache.CachedKernel)
+        try:
+            plan, tensor_maps = abi.expand_descriptors(spec.plan, meta.tensordesc_meta)
+        except abi.UnsupportedByNativePath as exc:
+            return str(exc)
+        except Exception as exc:
+            if not from_disk:
+                raise
+            return f"its launch metadata does not fit the specialization: {exc!r}"
+        try:
+            _C.register(self, key, device, meta.name, meta.cubin, meta.block_x,
+                        meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
+                        plan, abi.num_scratch_params(), meta.global_scratch_size,
+                        meta.global_scratch_align, meta.profile_scratch_size,
+                        meta.profile_scratch_align, compiled, tuned_args, tensor_maps,
+                        published)
+        except _C.DriverUnavailableError:
+            raise
+        except (_C.CudaError, ValueError) as exc:
+            return f"registering the cubin failed: {exc}"
+        except Exception as exc:
+            if not from_disk:
+                raise
+            return f"registering the cubin failed: {exc!r}"
+        return None
 
     def _launch_artifact(self, target, spec: "abi.Specialization"):
         """The cubin and launch metadata for a specialization: (LaunchMetadata, handle).
