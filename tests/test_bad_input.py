@@ -138,3 +138,45 @@ def test_import_under_another_torch_raises_clearly():
 def test_decorator_rejects_non_functions():
     with pytest.raises(TypeError, match="decorates functions"):
         fastkernel(42)
+
+
+# -- error order: arity and keywords, then kinds, then values ---------------------------------------
+
+def _entry_points():
+    """Each Python entry point over add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK): @fastkernel,
+    the patch over a plain Triton kernel, fastkernel.autotune, fastkernel.heuristics, and
+    Triton's own autotune and heuristics under the patch."""
+    import triton
+    from fastkernel import autotune, heuristics
+    configs = [triton.Config({"BLOCK": 64})]
+    return {
+        "fastkernel": lambda: fastkernel(kernels.add_kernel),
+        "patched": lambda: triton.jit(kernels.add_kernel.fn),
+        "fastkernel.autotune": lambda: autotune(configs, key=["n"])(
+            fastkernel(triton.jit(kernels.add_kernel.fn))),
+        "fastkernel.heuristics": lambda: heuristics({"BLOCK": lambda args: 64})(
+            fastkernel(triton.jit(kernels.add_kernel.fn))),
+        "triton.autotune patched": lambda: triton.autotune(configs, key=["n"])(
+            triton.jit(kernels.add_kernel.fn)),
+        "triton.heuristics patched": lambda: triton.heuristics({"BLOCK": lambda args: 64})(
+            triton.jit(kernels.add_kernel.fn)),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_entry_points()))
+def test_a_missing_argument_is_reported_before_a_cpu_tensor(stand_in, entry):
+    """Python binds all arguments before it checks any value: a call missing ``n`` with CPU
+    tensors is a TypeError for ``n``, not a ValueError for the first tensor."""
+    import fastkernel as fk
+    from fastkernel import _C
+    _C._testing.set_host_testing(False)
+    with fk.patched():
+        kernel = _entry_points()[entry]()
+        block = {} if "autotune" in entry or "heuristics" in entry else {"BLOCK": 64}
+        with pytest.raises(TypeError, match="missing .*argument.*'(n|out_ptr)'"):
+            kernel[(1,)](X, X, **block)
+        with pytest.raises(TypeError, match="missing .*argument.*'n'"):
+            kernel[(1,)](X, X, X, **block)
+        with pytest.raises(ValueError, match="argument 'x_ptr' is a tensor on 'cpu'"):
+            kernel[(1,)](X, X, X, 64, **block)  # complete: now the value error
+    assert stand_in.launches() == []

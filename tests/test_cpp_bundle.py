@@ -117,6 +117,7 @@ def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(stand_i
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     assert lines["cpu:"].startswith("add_kernel: argument 0 is a tensor on 'cpu'; a GPU launch "
                                     "needs CUDA tensors")
+    assert "no entry matches add_kernel(pointer, pointer, pointer)" in lines["arity-cpu:"]
     xp, yp, op = (int(v, 16) for v in lines["pointers"].split())
     sp = int(lines["shifted"], 16)
     launches = [line for line in result.stdout.splitlines() if line.startswith("launch ")]

@@ -547,6 +547,23 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   return KeyStatus::Fallback;
 }
 
+// Python binds every argument before it checks any value: a value error found at one parameter
+// yields to a required argument missing at a later one. Returns KeyStatus::Error.
+[[gnu::noinline, gnu::cold]] KeyStatus missing_after(KernelObject* kernel, const BoundCall* call,
+                                                     int from) {
+  const KernelState& st = *kernel->state;
+  for (int j = from; j < int(st.params.size()); ++j) {
+    const ParamSpec& p = st.params[size_t(j)];
+    if (call->args[j] == nullptr && p.default_value == nullptr &&
+        !(p.tune & kTuneConfigProvided)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "%U missing required argument '%U'", kernel->name, p.name);
+      break;
+    }
+  }
+  return KeyStatus::Error;
+}
+
 }  // namespace
 
 void set_tensor_descriptor_type(PyObject* type) {
@@ -675,7 +692,7 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       status = push_runtime_arg(kernel, param, v, value, call, 0);
     }
     if (status != KeyStatus::Ok) {
-      return status;
+      return status == KeyStatus::Error ? missing_after(kernel, call, i + 1) : status;
     }
     if (C10_UNLIKELY(param.tune & kTuneValue) && value->kind != ArgKind::Tensor) {
       push_tuned_value(*value, &key);

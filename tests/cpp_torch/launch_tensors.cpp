@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
     at::Tensor x = at::arange(4096, at::kFloat), y = at::ones({4096}, at::kFloat);
     at::Tensor out = at::empty({4096}, at::kFloat);
     expect_error("cpu", [&] { fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {x, y, out, 4096}, stream); });
+    // A missing argument is reported before the CPU tensors, as Python orders its errors.
+    expect_error("arity-cpu", [&] { fastkernel::launch(bundle, "add_kernel", {4, 1, 1}, {x, y, out}, stream); });
     fastkernel::testing::host_tensors() = true;
     std::printf("pointers %llx %llx %llx\n", (unsigned long long)(uintptr_t)x.data_ptr(),
                 (unsigned long long)(uintptr_t)y.data_ptr(), (unsigned long long)(uintptr_t)out.data_ptr());

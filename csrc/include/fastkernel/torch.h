@@ -90,10 +90,14 @@ struct TensorCall {
   std::vector<ArgValue> values;
   std::vector<int> scalar_types;  ///< c10::ScalarType per argument, -1 for non-tensors
   int device = -1;                ///< the tensors' CUDA device; -1 when there is none
+  /// The first value error (a tensor not on a CUDA device, not strided, or on another device
+  /// than an earlier one), naming the argument; empty when there is none. `launch` raises it
+  /// only after the call's arity and kinds matched an entry, in Python's order.
+  std::string value_error;
 };
 
-/// Checks and converts a call's arguments. Throws std::invalid_argument naming the argument
-/// (by position) for a tensor that is not a strided CUDA tensor, or tensors on two devices.
+/// Converts a call's arguments. Throws std::invalid_argument naming the argument (by position)
+/// for an undefined tensor; records value errors in TensorCall::value_error.
 inline TensorCall tensor_call(const std::string& kernel, std::initializer_list<Arg> args) {
   TensorCall call;
   call.values.reserve(args.size());
@@ -112,20 +116,26 @@ inline TensorCall tensor_call(const std::string& kernel, std::initializer_list<A
       throw std::invalid_argument(where + " is an undefined tensor (pass std::nullopt for None)");
     }
     const bool host = testing::host_tensors() && t->device().is_cpu();
+    std::string problem;
     if (!t->device().is_cuda() && !host) {
-      throw std::invalid_argument(where + " is a tensor on '" + t->device().str() +
-                                  "'; a GPU launch needs CUDA tensors");
+      problem = where + " is a tensor on '" + t->device().str() + "'; a GPU launch needs CUDA tensors";
+    } else if (t->layout() != c10::kStrided) {
+      problem = where + " is not a strided tensor";
+    } else {
+      const int device = host ? 0 : t->device().index();
+      if (call.device >= 0 && call.device != device) {
+        problem = where + " is on cuda:" + std::to_string(device) +
+                  " but an earlier tensor is on cuda:" + std::to_string(call.device);
+      }
+      call.device = device;
     }
-    if (t->layout() != c10::kStrided) {
-      throw std::invalid_argument(where + " is not a strided tensor");
+    if (!problem.empty() && call.value_error.empty()) {
+      call.value_error = problem;
     }
-    const int device = host ? 0 : t->device().index();
-    if (call.device >= 0 && call.device != device) {
-      throw std::invalid_argument(where + " is on cuda:" + std::to_string(device) +
-                                  " but an earlier tensor is on cuda:" + std::to_string(call.device));
-    }
-    call.device = device;
-    call.values.push_back(pointer_arg(reinterpret_cast<uint64_t>(t->data_ptr())));
+    // A non-strided tensor has no data pointer to read; it never launches (value_error is set).
+    call.values.push_back(pointer_arg(
+        problem.empty() || t->layout() == c10::kStrided ? reinterpret_cast<uint64_t>(t->data_ptr())
+                                                        : 0));
     call.scalar_types.push_back(int(t->scalar_type()));
     ++index;
   }
@@ -152,12 +162,19 @@ inline at::Tensor allocate_scratch(const LaunchGrid& grid, unsigned num_ctas, ui
 /// `stream`, by default torch's current stream there. The entry is chosen by Triton's
 /// specialization rules and the tensors' dtypes; scratch buffers it needs are allocated here.
 ///
-/// Throws std::invalid_argument (bad tensor argument), fastkernel::BundleError (no entry
-/// matches; the message lists the bundle's entries), fastkernel::CudaError (the driver failed),
-/// std::runtime_error (no stream given and torch has no CUDA support).
+/// Throws, in this order: fastkernel::BundleError (no entry matches the arguments' count and
+/// kinds; the message lists the bundle's entries), std::invalid_argument (a bad tensor argument,
+/// named by position), std::runtime_error (no stream given and torch has no CUDA support),
+/// fastkernel::CudaError (the driver failed).
 inline void launch(Bundle& bundle, const std::string& kernel, const LaunchGrid& grid,
                    std::initializer_list<Arg> args, std::optional<CUstream> stream = std::nullopt) {
   TensorCall call = tensor_call(kernel, args);
+  // Arity and kinds (an entry matching them) before values, as a Python call checks them.
+  BundleEntry& entry = bundle.select(kernel, call.values.data(), call.values.size(),
+                                     call.scalar_types.data());
+  if (!call.value_error.empty()) {
+    throw std::invalid_argument(call.value_error);
+  }
   int device = call.device;
   if (device < 0) {
     if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
@@ -167,8 +184,6 @@ inline void launch(Bundle& bundle, const std::string& kernel, const LaunchGrid& 
     device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index();
   }
   const CUstream s = stream ? *stream : current_stream(device);
-  BundleEntry& entry = bundle.select(kernel, call.values.data(), call.values.size(),
-                                     call.scalar_types.data());
   const LaunchRecord& p = entry.prototype;
   CUdeviceptr global_scratch = 0, profile_scratch = 0;
   at::Tensor global_buffer, profile_buffer;  // alive until the launch is issued
