@@ -692,3 +692,16 @@ def test_an_index_record_in_another_keys_place_is_refused(stand_in, cache_root, 
     fresh[(1,)](x, x, x[1:], 64, BLOCK=64)
     assert stand_in.launches()[-1].raw == stand_in.launches()[1].raw
     assert len(binder_calls) == 3  # the swapped record was refused: the binder decided
+
+
+@pytest.mark.stand_in
+def test_processes_cold_starting_together_compile_each_specialization_once(tmp_path):
+    """Four processes start at once on one empty cache and launch the same three
+    specializations: with the per-entry lock, three Triton compiles in all (one process compiles
+    each, the others wait and read its entry); every launch native."""
+    spec = importlib.util.spec_from_file_location(
+        "cache_contention", pathlib.Path(TESTS).parent / "benchmarks" / "cache_contention.py")
+    contention = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(contention)
+    result = contention.one_round(4, lock=True, driver=os.environ["FASTKERNEL_CUDA_DRIVER"])
+    assert result["compiles"] == contention.SPECIALIZATIONS and result["all_native"]

@@ -15,6 +15,9 @@ Controls (read at each call, never at import):
     No disk cache: every miss compiles and nothing is read or written.
 ``FASTKERNEL_ALWAYS_COMPILE=1``
     Compile on every miss even when an entry exists, and still write the entry (for debugging).
+``FASTKERNEL_CACHE_LOCK=0``
+    No cross-process lock per entry (for file systems where ``flock`` does not work): processes
+    missing the same specialization at once may each compile it.
 
 The file format, the key's ingredients and the integrity rules are described in docs/cache.md.
 """
@@ -22,6 +25,7 @@ The file format, the key's ingredients and the integrity rules are described in 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -799,15 +803,64 @@ def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
                   "fastkernel: %s is not cached on disk: %s", _kernel_name(jit_fn), exc)
         return _compile(jit_fn, target, spec)
     key = hashlib.sha256(_canonical(doc)).hexdigest()
+    if always_compile():
+        return _compile_and_store(jit_fn, target, spec, root, key, doc)
+    artifact = _read_artifact(root, key, target, doc, jit_fn, spec)
+    if artifact is not None:
+        return artifact
+    # One process compiles a specialization at a time; the others wait, then read its entry.
+    with _entry_lock(root, key, jit_fn):
+        artifact = _read_artifact(root, key, target, doc, jit_fn, spec)
+        if artifact is not None:
+            return artifact
+        return _compile_and_store(jit_fn, target, spec, root, key, doc)
+
+
+def _read_artifact(root: pathlib.Path, key: str, target, doc: Mapping[str, Any], jit_fn,
+                   spec: "abi.Specialization"):
     path = entry_path(root, key)
-    if not always_compile():
-        entry = _load(path, key, target, doc["toolchain"])
-        if entry is not None:
-            artifact = _artifact(entry, jit_fn, spec)
-            if artifact is not None:
-                log.debug("fastkernel: %s loaded from %s", _kernel_name(jit_fn), path)
-                return artifact
-    return _compile_and_store(jit_fn, target, spec, root, key, doc)
+    entry = _load(path, key, target, doc["toolchain"])
+    if entry is None:
+        return None
+    artifact = _artifact(entry, jit_fn, spec)
+    if artifact is not None:
+        log.debug("fastkernel: %s loaded from %s", _kernel_name(jit_fn), path)
+    return artifact
+
+
+#: How long a process waits for another one compiling the same specialization (seconds) before
+#: it compiles the specialization itself. A holder that dies releases its lock at once.
+_LOCK_TIMEOUT = 600.0
+
+
+@contextlib.contextmanager
+def _entry_lock(root: pathlib.Path, key: str, jit_fn) -> Iterator[None]:
+    """Hold the cross-process lock of entry ``key`` (a ``filelock`` lock file beside it) for the
+    block; a no-op when ``FASTKERNEL_CACHE_LOCK=0`` (file systems without working locks) or when
+    the lock cannot be taken (then logged once), so that a launch never fails for it."""
+    if not _flag("FASTKERNEL_CACHE_LOCK", True):
+        yield
+        return
+    from filelock import FileLock, Timeout
+    try:
+        lock = FileLock(str(_fs.ensure_dir(root, "entries", key[:2]) / f".{key}.lock"),
+                        timeout=_LOCK_TIMEOUT)
+        lock.acquire()
+    except Timeout:
+        _log_once(logging.WARNING, ("lock-timeout", key),
+                  "fastkernel: waited %.0f s for another process compiling %s; compiling here",
+                  _LOCK_TIMEOUT, _kernel_name(jit_fn))
+        yield
+        return
+    except OSError as exc:
+        _log_once(logging.WARNING, ("lock", str(root)), "fastkernel: cannot lock entries under "
+                  "%s (%s); processes may compile the same kernel at once", root, exc)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _artifact(entry: Entry, jit_fn, spec: "abi.Specialization"):
