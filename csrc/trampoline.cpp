@@ -3,6 +3,7 @@
 #include "fastkernel/trampoline.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -179,9 +180,18 @@ void pack_param(ParamType type, const ArgValue& v, void* slot) {
     case ParamType::U64:
       pack_unsigned<uint64_t>(v, slot, "u64");
       return;
-    case ParamType::FP16:
-      store<uint16_t>(slot, to_fp16(float_value(v, "fp16")));
+    case ParamType::FP16: {
+      // Triton's launcher packs fp16 with CPython's PyFloat_Pack2 (struct's 'e' format), which
+      // refuses a finite value that rounds past the largest half, 65504 (OverflowError).
+      const double d = float_value(v, "fp16");
+      if (std::isfinite(d) && std::fabs(d) >= 65520.0) {
+        char text[32];
+        std::snprintf(text, sizeof(text), "%.17g", d);
+        throw ParamError(-1, true, std::string("value ") + text + " is out of range for fp16");
+      }
+      store<uint16_t>(slot, to_fp16(d));
       return;
+    }
     case ParamType::BF16: {
       // The top 16 bits of the fp32 value (truncation), exactly as driver.c's extractBF16.
       const float f = static_cast<float>(float_value(v, "bf16"));
@@ -204,9 +214,6 @@ void pack_param(ParamType type, const ArgValue& v, void* slot) {
 
 void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
             const ArgValue* args, CUdeviceptr global_scratch, CUdeviceptr profile_scratch) {
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
-    return;  // Triton launches nothing for an empty grid
-  }
   const size_t n = record.plan.size();
   if (n + 2 > size_t(kMaxParams)) {
     throw ParamError(-1, false, "too many kernel parameters");
@@ -246,6 +253,11 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
     } catch (ParamError& e) {
       throw ParamError(slot.arg_index, e.overflow, e.what());
     }
+  }
+  // Triton's launcher converts every argument, then launches nothing for an empty grid: a bad
+  // argument raises either way.
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    return;
   }
   // Scratch pointers: as many as the installed Triton's calling convention appends.
   size_t count = n;

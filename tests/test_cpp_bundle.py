@@ -191,3 +191,25 @@ def test_the_benchmark_cpp_row_launches_the_bytes_python_launches(stand_in, tmp_
         assert len(launches) == 3
         assert all(l.raw == python_launch.raw and l.grid == python_launch.grid and
                    l.block == python_launch.block for l in launches), shape.name
+
+
+def test_the_cpp_program_leaks_nothing_under_valgrind(stand_in, cpp_program, tmp_path):
+    """The native core as a C++ caller uses it (bundle load, entry selection, a launch, a
+    mismatch error), run under valgrind's memcheck: no invalid access and no definite or
+    indirect leak. (Python processes are not leak-checked: CPython and torch keep memory until
+    exit by design.)"""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        pytest.skip("valgrind is not installed")
+    k = fk(kernels.add_kernel)
+    x = torch.randn(4096)
+    k[(4,)](x, x, x, 4096, BLOCK=1024)
+    bundle = tmp_path / "bundle"
+    fastkernel.export(k, bundle)
+    p = hex(x.data_ptr())
+    result = subprocess.run([valgrind, "--quiet", "--error-exitcode=97", "--leak-check=full",
+                             "--errors-for-leak-kinds=definite,indirect",
+                             "--show-leak-kinds=definite,indirect", str(cpp_program), str(bundle),
+                             p, p, p, "4096", "4"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == "entry add_kernel-0.cubin"

@@ -124,6 +124,7 @@ class RecordingDriver:
             "fkstub_launch_count": (c_int, []),
             "fkstub_recorded_count": (c_int, []),
             "fkstub_module_load_count": (c_int, []),
+            "fkstub_retained_bytes": (ctypes.c_ulonglong, []),
             "fkstub_set_launch_result": (None, [c_int]),
             "fkstub_func_attribute": (c_int, [c_char_p, c_int]),
             "fkstub_launch_name": (c_int, [c_int, c_char_p, c_int]),
@@ -160,6 +161,10 @@ class RecordingDriver:
         """Successful cuModuleLoadData calls since the last reset."""
         return self.lib.fkstub_module_load_count()
 
+    def retained_bytes(self) -> int:
+        """Bytes the stand-in keeps for unloaded modules (never freed, by design)."""
+        return self.lib.fkstub_retained_bytes()
+
     def launch_count(self) -> int:
         """Successful launches since the last reset, including any past the 4096 recorded."""
         return self.lib.fkstub_launch_count()
@@ -171,6 +176,13 @@ class RecordingDriver:
     def func_attribute(self, name: str, attr: int) -> int:
         """Last value set with cuFuncSetAttribute(attr) on any function called `name`, or -1."""
         return self.lib.fkstub_func_attribute(name.encode(), attr)
+
+    def last_launch(self) -> Launch:
+        """The most recent recorded launch (without decoding the others)."""
+        count = self.launch_count()
+        if count == 0:
+            raise IndexError("no launch was recorded")
+        return self._launch(count - 1)
 
     def launches(self) -> list[Launch]:
         """The recorded launches, oldest first."""

@@ -158,6 +158,7 @@ struct fk_mod {
     struct fk_func *funcs;
 };
 static struct fk_mod *g_modules;
+static unsigned long long g_retained_bytes;
 
 struct fk_launch {
     char *name;
@@ -541,6 +542,9 @@ FK_EXPORT CUresult cuModuleUnload(CUmodule mod) {
     mod->unloaded = 1;
     free(mod->image);
     mod->image = NULL;
+    g_retained_bytes += sizeof *mod;
+    for (const struct fk_func *f = mod->funcs; f; f = f->next)
+        g_retained_bytes += sizeof *f + strlen(f->name) + 1 + (size_t)f->nparams * sizeof *f->params;
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
@@ -1063,6 +1067,16 @@ FK_EXPORT int fkstub_launch_count(void) {
 FK_EXPORT int fkstub_recorded_count(void) {
     pthread_mutex_lock(&g_lock);
     int n = g_num_recorded;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Bytes the stand-in keeps for unloaded modules (their handles stay valid so that a stale one
+ * is detected rather than reused): the module and function records, names and parameter
+ * tables, counted without malloc's own overhead. A memory test subtracts them. */
+FK_EXPORT unsigned long long fkstub_retained_bytes(void) {
+    pthread_mutex_lock(&g_lock);
+    unsigned long long n = g_retained_bytes;
     pthread_mutex_unlock(&g_lock);
     return n;
 }

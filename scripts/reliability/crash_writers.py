@@ -1,0 +1,250 @@
+"""Crash consistency: writers of the kernel cache and of exported bundles, killed with SIGKILL at
+random points, never leave a file that loads as something it is not.
+
+The parent makes real artifacts on CPU (Triton compiles, launches go to the recording stand-in
+driver): two versions of a cache entry for one key (the same cubin, different creation times),
+two versions of a warm index record and of a tuning record, and two bundle exports of one kernel
+with different specializations. A writer process then rewrites them in a loop, each time with a
+version picked at random, through the same write primitive fastkernel uses for each of them
+(``fastkernel._cache_files.write_file``: a private temporary file, fsync, rename; a bundle's
+cubins first, its manifest last, as ``fastkernel.export`` writes them). The parent kills it with
+SIGKILL after a random delay and, after every kill, reads everything back:
+
+- the cache entry must load and verify (``fastkernel.cache.read_entry``) and hold the key's
+  cubin: a torn or foreign entry would be a failure;
+- the index and tuning records must be whole JSON of one of their versions (the index record's
+  checksum must hold);
+- the bundle must either load (``Bundle::load``) as exactly one of its versions, or be refused:
+  a cubin of one version under the manifest of another fails its entry digest. Both outcomes are
+  counted; a bundle that loads as a mix would be a failure.
+
+    python scripts/reliability/crash_writers.py [--kills 1000] [--seed 0] [--max-delay-ms 40]
+
+Exit status 0 when nothing failed. Needs no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Dict, List
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+
+# The writer imports nothing but the standard library and fastkernel's file module (loaded by
+# path, without the package and torch), so that it starts in tens of milliseconds.
+WRITER = textwrap.dedent("""
+    import importlib.util, json, pathlib, random, sys
+    spec = importlib.util.spec_from_file_location("cache_files", sys.argv[1])
+    files = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(files)
+    plan = json.loads(pathlib.Path(sys.argv[2]).read_text())
+    rng = random.Random(int(sys.argv[3]))
+    print("ready", flush=True)
+    while True:
+        for group in plan:
+            version = rng.choice(group["versions"])
+            for target, source in version:
+                files.write_file(pathlib.Path(target), pathlib.Path(source).read_bytes(),
+                                 group["mode"])
+""")
+
+
+def make_artifacts(work: pathlib.Path) -> Dict:
+    """The files the writer rewrites, two versions each, and what a reader may find."""
+    sys.path.insert(0, str(TESTS))
+    from stand_in_driver.recording import build_recording_driver
+    os.environ["FASTKERNEL_CUDA_DRIVER"] = str(build_recording_driver())
+    os.environ["FASTKERNEL_CACHE_DIR"] = str(work / "source-cache")
+    import torch
+    import triton
+
+    import fastkernel
+    from fastkernel import _C, cache
+    from fastkernel import fastkernel as fk
+    import kernels
+    _C._testing.set_host_testing(True, 0, 0x5EED5)
+    versions = work / "versions"
+    versions.mkdir()
+
+    # Two versions of one entry (same key and cubin, different creation time).
+    x = torch.randn(80)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    (entry_file,) = sorted((work / "source-cache" / "entries").rglob("*.fkc"))
+    entry = cache.read_entry(entry_file)
+    entry_versions = []
+    for i, created in enumerate((1.0, 2.0)):
+        header = dict(json.loads(json.dumps(dict(entry.header))), created=created)
+        path = versions / f"entry-{i}"
+        path.write_bytes(cache.encode_entry(header, entry.cubin))
+        entry_versions.append(path)
+    (index_file,) = sorted((work / "source-cache" / "index").rglob("*.json"))
+    index_record = json.loads(index_file.read_text())
+    index_versions = []
+    for i in range(2):
+        record = dict(index_record, spec=dict(index_record["spec"], note=i))
+        record["checksum"] = cache._index_checksum(record)
+        path = versions / f"index-{i}"
+        path.write_text(json.dumps(record, sort_keys=True))
+        index_versions.append(path)
+    tuning_versions = []
+    for i in range(2):
+        path = versions / f"tuning-{i}"
+        path.write_text(json.dumps({"kernel": "add_kernel", "key": "(64,)", "config_index": i,
+                                    "config": {"kwargs": {"BLOCK": 64 * (i + 1)}},
+                                    "timings_ms": [["BLOCK: 64", 1.0 + i]]}, indent=1))
+        tuning_versions.append(path)
+
+    # Two bundle exports of add_kernel, each written as export writes it: cubins, then manifest.
+    bundle_versions: List[List[pathlib.Path]] = []
+    bundle_cubins: List[Dict[str, bytes]] = []
+    for i, block in enumerate((64, 128)):
+        k = fk(triton.jit(kernels.add_kernel.fn))
+        k[(1,)](x, x, x, 64, BLOCK=block)
+        k[(1,)](x, x, x[1:], 64, BLOCK=block)
+        out = versions / f"bundle-{i}"
+        fastkernel.export(k, out)
+        names = sorted(p.name for p in out.glob("*.cubin"))
+        bundle_versions.append([out / n for n in names] + [out / "manifest.txt"])
+        bundle_cubins.append({n: (out / n).read_bytes() for n in names})
+    assert set(bundle_cubins[0]) == set(bundle_cubins[1]), "both exports use the same file names"
+    assert bundle_cubins[0] != bundle_cubins[1]
+
+    target = work / "target"
+    cache_root = target / "cache"
+    entry_target = cache_root / "entries" / entry.key[:2] / entry_file.name
+    index_target = cache_root / "index" / index_file.parent.name / index_file.name
+    tuning_target = cache_root / "autotune" / "ab" / ("ab" + "0" * 62 + ".json")
+    bundle_target = target / "bundle"
+    for d in (entry_target.parent, index_target.parent, tuning_target.parent):
+        d.mkdir(parents=True, mode=0o700, exist_ok=True)
+    bundle_target.mkdir(parents=True)
+    for path in bundle_versions[0]:  # a whole first version in place before the first kill
+        shutil.copyfile(path, bundle_target / path.name)
+    for version, target_path in ((entry_versions[0], entry_target),
+                                 (index_versions[0], index_target),
+                                 (tuning_versions[0], tuning_target)):
+        shutil.copyfile(version, target_path)
+    plan = [
+        {"mode": 0o600, "versions": [[[str(entry_target), str(v)]] for v in entry_versions]},
+        {"mode": 0o600, "versions": [[[str(index_target), str(v)]] for v in index_versions]},
+        {"mode": 0o600, "versions": [[[str(tuning_target), str(v)]] for v in tuning_versions]},
+        {"mode": 0o666, "versions": [[[str(bundle_target / p.name), str(p)] for p in version]
+                                     for version in bundle_versions]},
+    ]
+    (work / "plan.json").write_text(json.dumps(plan))
+    return {
+        "entry": entry_target, "entry_key": entry.key, "cubin": entry.cubin,
+        "index": index_target, "index_texts": {p.read_text() for p in index_versions},
+        "tuning": tuning_target, "tuning_texts": {p.read_text() for p in tuning_versions},
+        "bundle": bundle_target, "bundle_cubins": bundle_cubins,
+    }
+
+
+def check(artifacts: Dict, outcomes: Dict[str, int]) -> List[str]:
+    """Read everything back after a kill; returns the failures (empty when all is well)."""
+    from fastkernel import _C, cache
+    failures = []
+    try:
+        entry = cache.read_entry(artifacts["entry"])
+        if entry.key != artifacts["entry_key"] or entry.cubin != artifacts["cubin"]:
+            failures.append("the entry holds another key's binary")
+    except Exception as exc:  # noqa: BLE001 - any failure to load counts
+        failures.append(f"the entry does not load: {exc!r}")
+    for name in ("index", "tuning"):
+        text = artifacts[name].read_text()
+        if text not in artifacts[f"{name}_texts"]:
+            failures.append(f"the {name} record is neither version")
+    try:
+        record = json.loads(artifacts["index"].read_text())
+        if record.get("checksum") != cache._index_checksum(record):
+            failures.append("the index record's checksum does not hold")
+    except ValueError as exc:
+        failures.append(f"the index record is not JSON: {exc}")
+    try:
+        _C._testing.load_bundle(str(artifacts["bundle"]))
+    except RuntimeError as exc:
+        if "does not match its digest" not in str(exc):
+            failures.append(f"the bundle was refused for another reason: {exc}")
+        outcomes["bundle refused (mixed versions detected)"] += 1
+    else:
+        on_disk = {n: (artifacts["bundle"] / n).read_bytes()
+                   for n in artifacts["bundle_cubins"][0]}
+        if on_disk not in artifacts["bundle_cubins"]:
+            failures.append("the bundle loaded with cubins of two versions")
+        outcomes["bundle loaded whole"] += 1
+    outcomes["entry loaded intact"] += not any("entry" in f for f in failures)
+    return failures
+
+
+def _state(artifacts: Dict) -> tuple:
+    """What the files hold now (raw bytes), to tell that the writers wrote."""
+    return tuple(p.read_bytes() for p in (artifacts["entry"], artifacts["index"],
+                                          artifacts["tuning"], artifacts["bundle"] / "manifest.txt"))
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-delay-ms", type=float, default=40.0)
+    opts = parser.parse_args(argv)
+    rng = random.Random(opts.seed)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="fastkernel-crash-"))
+    try:
+        artifacts = make_artifacts(work)
+        from fastkernel import _cache_files
+        outcomes = {"entry loaded intact": 0, "bundle loaded whole": 0,
+                    "bundle refused (mixed versions detected)": 0}
+        failures: List[str] = []
+        changed, last = 0, _state(artifacts)
+        start = time.perf_counter()
+        for kill in range(opts.kills):
+            writer = subprocess.Popen([sys.executable, "-c", WRITER, _cache_files.__file__,
+                                       str(work / "plan.json"), str(opts.seed * 100003 + kill)],
+                                      stdout=subprocess.PIPE, text=True)
+            if writer.stdout.readline().strip() != "ready":  # the loop is about to start
+                writer.wait()
+                print("error: a writer failed to start", file=sys.stderr)
+                return 2
+            time.sleep(rng.uniform(0, opts.max_delay_ms) / 1e3)
+            writer.send_signal(signal.SIGKILL)
+            writer.wait()
+            writer.stdout.close()
+            found = check(artifacts, outcomes)
+            failures += [f"after kill {kill}: {f}" for f in found]
+            state = _state(artifacts)
+            changed += state != last
+            last = state
+        temps = sorted(p.name for p in (work / "target").rglob(".*.tmp"))
+        elapsed = time.perf_counter() - start
+        print(f"{opts.kills} writers killed with SIGKILL at random points "
+              f"(0-{opts.max_delay_ms:.0f} ms into their write loop), {elapsed:.0f} s:")
+        for name, count in outcomes.items():
+            print(f"  {name:42} {count}")
+        print(f"  {'temporary files left by killed writers':42} {len(temps)} "
+              "(never read: not entry names)")
+        print(f"  {'kills after which the files had changed':42} {changed}")
+        if changed == 0:
+            failures.append("the writers never changed the files: nothing was tested")
+        print(f"  {'failures':42} {len(failures)}")
+        for failure in failures[:20]:
+            print(f"    {failure}")
+        return 1 if failures else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
