@@ -180,3 +180,32 @@ def test_a_missing_argument_is_reported_before_a_cpu_tensor(stand_in, entry):
         with pytest.raises(ValueError, match="argument 'x_ptr' is a tensor on 'cpu'"):
             kernel[(1,)](X, X, X, 64, **block)  # complete: now the value error
     assert stand_in.launches() == []
+
+
+def test_an_fp16_scalar_past_the_largest_half_raises_as_tritons_launcher_does(stand_in):
+    """Triton packs an fp16 scalar with CPython's PyFloat_Pack2, which refuses a finite value
+    that rounds past 65504 (OverflowError); infinities and NaN pass. Found by
+    scripts/reliability/fuzz_calls.py: fastkernel sent inf."""
+    k = fastkernel(kernels.scalars_kernel)
+    out = torch.empty(16)
+    args = [out, 5, 2**40, 2**63 + 5, 1.25, None, -2.7, 3.14159, True, None, 1]
+    for h, ok in [(65504.0, True), (65519.0, True), (float("inf"), True), (65520.0, False),
+                  (1e40, False), (-1e40, False)]:
+        args[5] = h
+        if ok:
+            k[(1,)](*args, BLOCK=16)
+        else:
+            with pytest.raises(OverflowError, match="argument 'h'.*out of range for fp16"):
+                k[(1,)](*args, BLOCK=16)
+    assert len(stand_in.launches()) == 3
+
+
+def test_an_empty_grid_still_checks_the_arguments(stand_in):
+    """Triton's launcher converts every argument before it skips an empty grid, so a float for
+    an int64 parameter raises even then. Found by scripts/reliability/fuzz_calls.py."""
+    k = fastkernel(kernels.typed_kernel)
+    out = torch.empty(16)
+    k[(0,)](out, 3, 4, 5, BLOCK=16)  # launches nothing
+    with pytest.raises(TypeError, match="argument 'big': expected i64, got a float"):
+        k[(0,)](out, 3, 1.5, 5, BLOCK=16)
+    assert stand_in.launches() == []
