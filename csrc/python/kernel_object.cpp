@@ -364,6 +364,7 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     return nullptr;
   }
   if (status == KeyStatus::Error) {
+    prefer_missing_argument_error(kernel, &call);
     return nullptr;
   }
   const KnobState* knobs = current_knobs();

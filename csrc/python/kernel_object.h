@@ -108,6 +108,11 @@ PyObject* kernel_subscript(KernelObject* kernel, PyObject* grid);
 KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                              PyObject* kwnames, BoundCall* call);
 
+/// After bind_and_build_key returned KeyStatus::Error for a value (ValueError, OverflowError):
+/// replaces that exception with the TypeError for a required argument the call left out, if
+/// any, since Python binds every argument before it checks a value. Off the hit path.
+void prefer_missing_argument_error(KernelObject* kernel, const BoundCall* call);
+
 /// Sets Triton's constexpr wrapper class and the tuple of types keyed by identity (tl.dtype,
 /// jit functions). Called once by the Python layer at import.
 void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types);

@@ -547,24 +547,25 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   return KeyStatus::Fallback;
 }
 
-// Python binds every argument before it checks any value: a value error found at one parameter
-// yields to a required argument missing at a later one. Returns KeyStatus::Error.
-[[gnu::noinline, gnu::cold]] KeyStatus missing_after(KernelObject* kernel, const BoundCall* call,
-                                                     int from) {
+}  // namespace
+
+void prefer_missing_argument_error(KernelObject* kernel, const BoundCall* call) {
+  if (!PyErr_ExceptionMatches(PyExc_ValueError) && !PyErr_ExceptionMatches(PyExc_OverflowError)) {
+    return;  // a binding error (TypeError): Python reports it first as well
+  }
+  // The key builder stopped at a value; the parameters after it are still unbound (nullptr)
+  // unless the call passed them. The ones before it hold their argument or default.
   const KernelState& st = *kernel->state;
-  for (int j = from; j < int(st.params.size()); ++j) {
-    const ParamSpec& p = st.params[size_t(j)];
+  for (size_t j = 0; j < st.params.size(); ++j) {
+    const ParamSpec& p = st.params[j];
     if (call->args[j] == nullptr && p.default_value == nullptr &&
         !(p.tune & kTuneConfigProvided)) {
       PyErr_Clear();
       PyErr_Format(PyExc_TypeError, "%U missing required argument '%U'", kernel->name, p.name);
-      break;
+      return;
     }
   }
-  return KeyStatus::Error;
 }
-
-}  // namespace
 
 void set_tensor_descriptor_type(PyObject* type) {
   if (type != nullptr && !PyType_Check(type)) {
@@ -692,7 +693,7 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       status = push_runtime_arg(kernel, param, v, value, call, 0);
     }
     if (status != KeyStatus::Ok) {
-      return status == KeyStatus::Error ? missing_after(kernel, call, i + 1) : status;
+      return status;
     }
     if (C10_UNLIKELY(param.tune & kTuneValue) && value->kind != ArgKind::Tensor) {
       push_tuned_value(*value, &key);
