@@ -312,7 +312,18 @@ std::string BundleEntry::describe() const {
 
 Bundle Bundle::load(const std::string& directory) {
   const std::string manifest_path = directory + "/manifest.txt";
-  const std::string text = read_regular_file(manifest_path, kMaxManifestBytes);
+  return parse(read_regular_file(manifest_path, kMaxManifestBytes), manifest_path,
+               [&directory](const std::string& file_name) {
+                 return read_regular_file(directory + "/" + file_name, kMaxCubinBytes);
+               });
+}
+
+Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
+                     const CubinReader& read_cubin) {
+  if (text.size() > kMaxManifestBytes) {
+    throw BundleError("fastkernel: " + manifest_path + " is " + std::to_string(text.size()) +
+                      " bytes, over the limit of " + std::to_string(kMaxManifestBytes));
+  }
   Bundle bundle;
   BundleEntry* entry = nullptr;  // the entry being read, until its "end" line
   size_t line_number = 0;
@@ -340,11 +351,11 @@ Bundle Bundle::load(const std::string& directory) {
       const std::string_view magic = fields.next();
       const std::string_view version = fields.next();
       if (magic == kMagic && version == "1") {
-        throw BundleError("fastkernel: '" + directory + "' is a version-1 kernel bundle, whose "
+        throw BundleError("fastkernel: '" + manifest_path + "' is a version-1 kernel bundle, whose "
                           "entries carry no digest: export it again (fastkernel.export)");
       }
       if (magic != kMagic || version != kVersion || !fields.done()) {
-        throw BundleError("fastkernel: '" + directory + "' is not a version-2 kernel bundle");
+        throw BundleError("fastkernel: '" + manifest_path + "' is not a version-2 kernel bundle");
       }
       continue;
     }
@@ -386,7 +397,11 @@ Bundle Bundle::load(const std::string& directory) {
       if (!safe_file_name(e->cubin_file)) {
         fail("cubin file '" + e->cubin_file + "' is not a plain file name in the bundle directory");
       }
-      e->cubin = read_regular_file(directory + "/" + e->cubin_file, kMaxCubinBytes);
+      e->cubin = read_cubin(e->cubin_file);
+      if (e->cubin.size() > kMaxCubinBytes) {
+        fail("cubin '" + e->cubin_file + "' is over the limit of " +
+             std::to_string(kMaxCubinBytes) + " bytes");
+      }
       cubin_bytes += e->cubin.size();
       if (cubin_bytes > kMaxBundleCubinBytes) {
         fail("the bundle's cubins exceed " + std::to_string(kMaxBundleCubinBytes) + " bytes");
@@ -455,7 +470,7 @@ Bundle Bundle::load(const std::string& directory) {
     }
   }
   if (line_number == 0) {
-    throw BundleError("fastkernel: '" + directory + "' is not a version-2 kernel bundle");
+    throw BundleError("fastkernel: '" + manifest_path + "' is not a version-2 kernel bundle");
   }
   if (entry != nullptr) {
     throw BundleError("fastkernel: " + manifest_path + ": the last entry has no 'end' line "

@@ -83,14 +83,12 @@ void encode_tensor_map(const TensorMapSpec& spec, const ArgValue* leaves, void* 
               std::to_string(strides[rank - 1].i));
   }
   for (int i = 0; i < rank; ++i) {
-    int64_t dim = int_leaf(shape[i], "a shape entry");
+    const int64_t dim = int_leaf(shape[i], "a shape entry");
     if (dim <= 0) {
       bad_field("shape entries must be positive, got " + std::to_string(dim));
     }
-    if (i == rank - 1 && spec.fp4_padded) {
-      dim *= 2;
-    }
-    req.global_dim[rank - 1 - i] = uint64_t(dim);
+    // In uint64 (a positive int64 doubled fits): the driver refuses what exceeds its limits.
+    req.global_dim[rank - 1 - i] = uint64_t(dim) * (i == rank - 1 && spec.fp4_padded ? 2 : 1);
     req.box_dim[rank - 1 - i] = spec.block[i];
   }
   for (int i = 0; i + 1 < rank; ++i) {

@@ -7,7 +7,10 @@
 #                         AddressSanitizer and UndefinedBehaviorSanitizer
 #   scripts/dev.sh cuda-build  configure and compile the native module against a CUDA build of
 #                         torch without a CUDA toolkit (build only; downloads about 1.2 GB once)
-#   scripts/dev.sh ci     test, cuda-build, then sanitize (what .ci/run runs)
+#   scripts/dev.sh fuzz [RUNS]  the fuzzers of every parser of untrusted input (scripts/fuzz.sh;
+#                         installs clang with apt-get when it is missing and may)
+#   scripts/dev.sh ci     test, cuda-build, sanitize, then a short fuzzing campaign (what .ci/run
+#                         runs)
 # Extra arguments go to the command (pytest, the demo or the benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +39,10 @@ fi
 # functions (tests/test_libraries.py). Pinned; their torch and triton requirements are already
 # met by what is installed above, so nothing else is fetched.
 "${pip[@]}" install liger-kernel==0.8.5 fla-core==0.6.0 einops conch-triton-kernels==1.3
+# The Python fuzzers' engine (scripts/fuzz.sh); a Python it has no wheel for skips it here and
+# fuzz.sh then says so.
+"${pip[@]}" install atheris==3.0.0 ||
+  echo "dev.sh: atheris is not installable for this Python; scripts/fuzz.sh needs it" >&2
 
 # A torch extension builds against the installed torch, so no build isolation; build the wheel
 # and install it, as a user would.
@@ -111,11 +118,15 @@ case "$command" in
   test) exec "$py" -m pytest tests "$@" ;;
   sanitize) sanitize "$@" ;;
   cuda-build) cuda_torch_build ;;
+  fuzz) PYTHON="$py" exec bash scripts/fuzz.sh "$@" ;;
   ci)
     "$py" -m pytest tests "$@"
     cuda_torch_build
     echo "--- the same suite against the AddressSanitizer/UBSan build of the native module ---"
     sanitize "$@"
+    echo "--- a short run of every fuzzer (scripts/fuzz.sh 50000) ---"
+    PYTHON="$py" bash scripts/fuzz.sh 50000
     ;;
-  *) echo "usage: scripts/dev.sh demo|test|bench|sanitize|cuda-build|ci [args...]" >&2; exit 2 ;;
+  *) echo "usage: scripts/dev.sh demo|test|bench|sanitize|cuda-build|fuzz|ci [args...]" >&2
+     exit 2 ;;
 esac

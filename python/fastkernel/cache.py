@@ -990,6 +990,13 @@ def _encode_spec(spec: "abi.Specialization") -> Dict[str, Any]:
 
 
 def _decode_spec(doc: Mapping[str, Any], target) -> "abi.Specialization":
+    if not isinstance(doc, dict) or not all(
+            isinstance(doc.get(field), list) and all(isinstance(p, list) and len(p) == 2
+                                                     for p in doc[field])
+            for field in ("signature", "constexprs", "attrs", "options")):
+        raise ValueError("the specialization is not four lists of pairs")
+    if not all(isinstance(k, str) for k, _ in doc["signature"] + doc["options"]):
+        raise ValueError("a signature or option name is not a string")
     defaults = abi.backend_for(target).parse_options({})
     options = dataclasses.replace(defaults, **{k: _dec(v) for k, v in doc["options"]})
     signature = {k: _dec(v) for k, v in doc["signature"]}
@@ -998,6 +1005,38 @@ def _decode_spec(doc: Mapping[str, Any], target) -> "abi.Specialization":
         signature=signature, constexprs={_dec(k): _dec(v) for k, v in doc["constexprs"]},
         attrs={_dec(k): _dec(v) for k, v in doc["attrs"]}, options=options,
         plan=abi.launch_plan(signature))
+
+
+def decode_index_record(data: bytes, index: str, native_key: str, target
+                        ) -> Tuple[Dict[str, Any], "abi.Specialization"]:
+    """``(record, spec)`` from the bytes of a warm index record, read as untrusted input: it
+    must be a JSON object whose checksum holds, that names ``index`` (its file's stem) and
+    ``native_key`` (hex, without the per-process words), names an entry key, and whose
+    specialization decodes for ``target``.
+
+    Raises
+    ------
+    ValueError
+        For anything else: not JSON, nested past the recursion limit, a missing or mistyped
+        field, a checksum that does not hold, another key's record, an unknown option or tag.
+    """
+    try:
+        record = json.loads(data)
+        if not isinstance(record, dict) or record.get("checksum") != _index_checksum(record):
+            raise ValueError("the record's checksum does not hold")
+        if record.get("index") != index or record.get("native_key") != native_key:
+            raise ValueError("a record for another native key")  # copied, renamed or re-keyed
+        entry = record.get("entry")
+        if not (isinstance(entry, str) and len(entry) == 64
+                and all(c in "0123456789abcdef" for c in entry)):
+            raise ValueError("the record names no entry key")
+        spec = _decode_spec(record.get("spec"), target)
+    except ValueError:
+        raise
+    except (TypeError, KeyError, AttributeError, IndexError, AssertionError, OverflowError,
+            RecursionError, UnicodeDecodeError, abi.UnsupportedByNativePath) as exc:
+        raise ValueError(f"a malformed record ({type(exc).__name__}: {exc})") from None
+    return record, spec
 
 
 def _index_checksum(record: Mapping[str, Any]) -> str:
@@ -1040,12 +1079,8 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Optional[Mapping[str, 
     try:
         path = _index_path(jit_fn, target, native_key, root, tuned)
         _fs.check_dirs(root, "index", path.parent.name)
-        record = json.loads(_fs.read_file(path, _MAX_INDEX_RECORD)[0])
-        if not isinstance(record, dict) or record.get("checksum") != _index_checksum(record):
-            raise ValueError("the record's checksum does not hold")
-        if record["index"] != path.stem or record["native_key"] != native_key[:-16].hex():
-            raise ValueError("a record for another native key")  # copied, renamed or re-keyed
-        spec = _decode_spec(record["spec"], target)
+        record, spec = decode_index_record(_fs.read_file(path, _MAX_INDEX_RECORD)[0], path.stem,
+                                           native_key[:-16].hex(), target)
         doc = key_document(jit_fn, target, spec, root / "toolchain")
         key = hashlib.sha256(_canonical(doc)).hexdigest()
         if key != record["entry"]:

@@ -14,11 +14,13 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fastkernel/launch_record.h"
@@ -82,8 +84,21 @@ struct BundleEntry {
 /// The kernels of a bundle directory and their entries.
 class Bundle {
  public:
-  /// Reads `directory`/manifest.txt and the cubins it names. Throws BundleError.
+  /// Reads `directory`/manifest.txt and the cubins it names (regular files only, no symbolic
+  /// links, size-capped) and checks them as `parse` does. Throws BundleError.
   static Bundle load(const std::string& directory);
+
+  /// Returns the bytes of the cubin a manifest names (a plain file name, never a path).
+  using CubinReader = std::function<std::string(const std::string& file_name)>;
+
+  /// Parses manifest text (at most 16 MiB) with the cubins `read_cubin` gives, for a bundle
+  /// held in memory (embedded in a binary, say). `manifest_path` names the bundle in messages.
+  /// Every count, index and number is range-checked, each entry's parameter plan must be
+  /// Triton's for its argument patterns, each cubin's ELF headers must lie within it, and each
+  /// entry's SHA-256 digest must match its lines and cubin. Throws BundleError; whatever
+  /// `read_cubin` throws propagates.
+  static Bundle parse(std::string_view manifest, const std::string& manifest_path,
+                      const CubinReader& read_cubin);
 
   /// Launches `kernel` with `args` (its runtime parameters in declared order, constexprs
   /// excluded) on `device` (default 0) and `stream`. Picks the entry matching the arguments;
