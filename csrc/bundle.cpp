@@ -575,13 +575,20 @@ const LaunchRecord* load_entry(BundleEntry& entry, int device, std::mutex& mutex
 void Bundle::launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
                     const ArgValue* args, size_t num_args, int device, const int* scalar_types,
                     CUdeviceptr global_scratch, CUdeviceptr profile_scratch) {
-  launch_entry(select(kernel, args, num_args, scalar_types), grid, stream, args, device,
-               global_scratch, profile_scratch);
+  launch_entry(select(kernel, args, num_args, scalar_types), grid, stream, args, num_args,
+               device, global_scratch, profile_scratch);
 }
 
 void Bundle::launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream stream,
-                          const ArgValue* args, int device, CUdeviceptr global_scratch,
-                          CUdeviceptr profile_scratch) {
+                          const ArgValue* args, size_t num_args, int device,
+                          CUdeviceptr global_scratch, CUdeviceptr profile_scratch) {
+  // The plan reads args[i] for i < patterns.size() (checked at load): the call must hold them.
+  // (Kinds need no check here: packing refuses a value of the wrong kind.)
+  if (num_args != entry.patterns.size()) {
+    throw BundleError("fastkernel: " + entry.describe() + " takes " +
+                      std::to_string(entry.patterns.size()) + " arguments, got " +
+                      std::to_string(num_args));
+  }
   const LaunchRecord& p = entry.prototype;
   if (p.needs_scratch() && grid.x != 0 && grid.y != 0 && grid.z != 0) {
     const auto missing = [&](const char* which, uint64_t size, uint64_t align) {

@@ -74,6 +74,9 @@ def test_cpp_program_launches_an_exported_bundle_like_python(stand_in, cpp_progr
         assert lines[1] == (f"grid 4 1 1 block 128 stream {0x5EED5} params " + launch.raw.hex())
         assert lines[2].startswith("mismatch: fastkernel: no entry matches add_kernel(int, pointer,")
         assert "the bundle has:" in lines[2]
+        (count,) = [line for line in lines if line.startswith("count: ")]
+        assert count.startswith("count: fastkernel: add_kernel[")
+        assert count.endswith("takes 4 arguments, got 3")
     manifest = (bundle / "manifest.txt").read_text().splitlines()
     entries = [i for i, line in enumerate(manifest) if line.startswith("entry ")]
     out_patterns = [manifest[i + 4] for i in entries]  # entry, constexprs, x, y, out

@@ -37,6 +37,15 @@ int main(int argc, char** argv) {
     } catch (const fastkernel::BundleError& e) {
       std::printf("mismatch: %s\n", e.what());
     }
+    // The chosen entry with fewer arguments than it takes: refused before any is read.
+    try {
+      fastkernel::BundleEntry& entry = bundle.select("add_kernel", args, 4);
+      bundle.launch_entry(entry, {grid, 1, 1}, nullptr, args, 3);
+      std::printf("error: a launch with too few arguments launched\n");
+      return 1;
+    } catch (const fastkernel::BundleError& e) {
+      std::printf("count: %s\n", e.what());
+    }
   } catch (const std::exception& e) {
     std::printf("error: %s\n", e.what());
     return 1;

@@ -114,10 +114,12 @@ class Bundle {
               const int* scalar_types = nullptr, CUdeviceptr global_scratch = 0,
               CUdeviceptr profile_scratch = 0);
 
-  /// Launches an entry chosen by select() (as launch() does after choosing it).
+  /// Launches an entry chosen by select() with the same `num_args` arguments (as launch()
+  /// does after choosing it). Throws BundleError for another count of arguments than the
+  /// entry's, ParamError (from packing) for a value of the wrong kind.
   void launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream stream,
-                    const ArgValue* args, int device = 0, CUdeviceptr global_scratch = 0,
-                    CUdeviceptr profile_scratch = 0);
+                    const ArgValue* args, size_t num_args, int device = 0,
+                    CUdeviceptr global_scratch = 0, CUdeviceptr profile_scratch = 0);
 
   /// The one entry of `kernel` matching `args`; throws BundleError listing the entries when
   /// none or several match.

@@ -197,7 +197,8 @@ inline void launch(Bundle& bundle, const std::string& kernel, const LaunchGrid& 
                                         p.profile_scratch_align, device, &profile_scratch);
     }
   }
-  bundle.launch_entry(entry, grid, s, call.values.data(), device, global_scratch, profile_scratch);
+  bundle.launch_entry(entry, grid, s, call.values.data(), call.values.size(), device,
+                      global_scratch, profile_scratch);
 }
 
 }  // namespace fastkernel
