@@ -11,6 +11,7 @@
 #include <string>
 
 #include "fastkernel/trampoline.h"
+#include "grid_meta.h"
 #include "knob_watch.h"
 #include "launch_context.h"
 #include "patch_hook.h"
@@ -111,34 +112,6 @@ inline bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
   }
   return read_grid_dims(kernel, PySequence_Fast_ITEMS(seq.get()),
                         PySequence_Fast_GET_SIZE(seq.get()), out);
-}
-
-// The dict a callable grid receives: every declared parameter by name (Triton's bound_args).
-// Copied from a template holding every key, so filling it replaces values and never resizes.
-PyObject* grid_meta(KernelObject* kernel, const BoundCall& call) {
-  KernelState& st = *kernel->state;
-  if (st.grid_meta_template == nullptr) {
-    Ref tmpl(PyDict_New());
-    if (!tmpl) {
-      return nullptr;
-    }
-    for (const ParamSpec& p : st.params) {
-      if (PyDict_SetItem(tmpl.get(), p.name, Py_None) < 0) {
-        return nullptr;
-      }
-    }
-    st.grid_meta_template = tmpl.release();
-  }
-  Ref meta(PyDict_Copy(st.grid_meta_template));
-  if (!meta) {
-    return nullptr;
-  }
-  for (size_t i = 0; i < st.params.size(); ++i) {
-    if (PyDict_SetItem(meta.get(), st.params[i].name, call.args[i]) < 0) {
-      return nullptr;
-    }
-  }
-  return meta.release();
 }
 
 // The call's positional arguments as a tuple and keywords as a dict (new references), for the
@@ -430,11 +403,7 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     }
     LaunchGrid grid;
     if (!PyTuple_CheckExact(self->grid) && PyCallable_Check(self->grid)) {
-      Ref meta(grid_meta(kernel, call));
-      if (!meta) {
-        return nullptr;
-      }
-      Ref result(PyObject_CallOneArg(self->grid, meta.get()));
+      Ref result(call_grid(kernel, self->grid, call));
       if (!result || !parse_grid(kernel, result.get(), &grid)) {
         return nullptr;
       }
@@ -560,7 +529,7 @@ void kernel_release_state(KernelObject* self) {
     for (PyObject* o : self->state->option_names) {
       Py_XDECREF(o);
     }
-    Py_XDECREF(self->state->grid_meta_template);
+    clear_grid_meta(self->state);
     delete self->state;
     self->state = nullptr;
   }

@@ -32,7 +32,8 @@ struct KernelState {
   std::vector<PyObject*> param_names;   ///< params[i].name, contiguous for the keyword scan
   std::vector<PyObject*> option_names;  ///< interned, owned; the index is the option's key tag
   LaunchTable table;
-  PyObject* grid_meta_template = nullptr;  ///< {name: None} for every parameter, owned
+  PyObject* grid_meta = nullptr;         ///< the callable grid's mapping, reused (grid_meta.h)
+  PyObject* param_name_tuple = nullptr;  ///< the parameter names as a tuple, owned
   bool has_config_params = false;  ///< some parameter is kTuneConfigProvided
   /// has_config_params, or a publish owner is set: a hit has more to do than launch (one test
   /// on the hot path for both).

@@ -11,6 +11,7 @@
 #include "fastkernel/fastkernel.h"
 #include "../sha256.h"
 #include "bench_floor.h"
+#include "grid_meta.h"
 #include "kernel_object.h"
 #include "knob_watch.h"
 #include "launch_context.h"
@@ -57,7 +58,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   }
   st.params.clear();
   st.param_names.clear();
-  Py_CLEAR(st.grid_meta_template);
+  clear_grid_meta(&st);
   for (PyObject* o : st.option_names) {
     Py_XDECREF(o);
   }
@@ -328,9 +329,12 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "fastkernel's native core: specialization keys, launch table, cuLaunchKernel trampoline.";
   m.attr("TORCH_VERSION") = FASTKERNEL_TORCH_VERSION;
 
-  if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&BoundLaunchType) < 0) {
+  if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&BoundLaunchType) < 0 ||
+      PyType_Ready(&GridMetaType) < 0) {
     throw py::error_already_set();
   }
+  m.add_object("GridMeta",
+               py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&GridMetaType)));
   m.add_object("Kernel", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&KernelType)));
   m.add_object("BoundLaunch",
                py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&BoundLaunchType)));

@@ -10,6 +10,7 @@ launches the new record. Calls the native key does not cover go to Triton itself
 from __future__ import annotations
 
 import collections
+import collections.abc
 import inspect
 import logging
 import os
@@ -147,6 +148,10 @@ def _warm_spec_problem(jit_fn: JITFunction, spec: "abi.Specialization", args: tu
 
 
 _KERNELS: "weakref.WeakSet[NativeDispatch]" = weakref.WeakSet()
+
+# What a callable grid receives is a read-only mapping (Triton passes a dict of the same
+# contents); it is a collections.abc.Mapping to isinstance checks.
+collections.abc.Mapping.register(_C.GridMeta)
 
 #: The attribute under which fastkernel.patch() keeps a JITFunction's dispatch (its __dict__).
 PATCH_ATTR = "_fastkernel_dispatch"
