@@ -43,11 +43,15 @@ HOST_LABELS: Dict[str, str] = {
     "triton": "Triton kernel[grid] (stand-in)",
     "fastkernel": "fastkernel, tuple grid",
     "fastkernel_callable": "fastkernel, callable grid",
+    "fastkernel_tutorial": "fastkernel, tutorial grid (triton.cdiv), Triton's cdiv",
+    "fastkernel_tutorial_helpers": "fastkernel, tutorial grid, host helpers on",
     "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
     "fastkernel_cpp": "fastkernel C++ Bundle::launch",
     "triton_autotuned": "Triton's triton.autotune, tuned call (stand-in)",
     "patched": "fastkernel.patch(): Triton kernel[grid]",
     "patched_autotuned": "fastkernel.patch(): Triton's triton.autotune, tuned hit",
+    "enter_hook": "fastkernel, a no-op launch_enter_hook set",
+    "enter_exit_hooks": "fastkernel, no-op launch_enter_hook and launch_exit_hook set",
 }
 
 #: Warm-up hits before a collected callgrind loop.
@@ -203,6 +207,7 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             systems.update({
                 "fastkernel": bench.Timed(bench.call_loop(fk, grid, args)),
                 "fastkernel_callable": bench.Timed(bench.call_loop(fk, callable_grid, args)),
+                **bench.tutorial_grid_systems(fk, shape, args),
             })
             # No GPU to time configs on: the first config is taken (the hit path is the same).
             tuned = autotuned_call(shape, "cpu", do_bench=_first_config_wins)
@@ -219,6 +224,11 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             shape_results[shape.name] = bench.time_systems(systems, iterations, repeats, no_sync,
                                                            before_repeat=drv.reset)
             fast_path[shape.name] = bench._fast_path_record(before, fk.stats())
+            if shape.name == "add-2":
+                shape_results[shape.name + HOOKS_GROUP] = time_hooks(
+                    fk, shape, args, iterations, repeats, no_sync, drv.reset)
+                shape_info[shape.name + HOOKS_GROUP] = {"num_args": shape.num_args,
+                                                        "num_tensors": shape.num_tensors}
             if reference is not None:
                 shape_results[shape.name + PATCHED_GROUP] = time_patched(
                     shape, fk, triton_tuned, iterations, repeats, no_sync, drv.reset)
@@ -246,6 +256,7 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
         library = {}
         if reference is not None:  # Triton's launcher runs the unpatched calls
             library = time_library_calls(drv, max(iterations // 10, 1), repeats)
+        helpers = time_host_helpers(repeats)
     finally:
         if reference is not None:
             reference.__exit__(None, None, None)
@@ -268,12 +279,13 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
         "floor_params_match": params_match,
         "warm_start": warm,
         "library_calls_us": library,
+        "host_helpers_ns": helpers,
     }
     stem = f"host-{bench.slug(env['cpu'])}-{env['date'][:10]}"
     bench.finish_report(report, bench.results_dir(opts.out, repo), stem, list(HOST_LABELS),
                         HOST_LABELS, "ns")
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
-    plain = [s for s in shape_results if not s.endswith(PATCHED_GROUP)]
+    plain = [s for s in shape_results if not s.endswith((PATCHED_GROUP, HOOKS_GROUP))]
     print("\nfastkernel's own cost per hit (tuple grid minus the floor), ns:")
     print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel')] - us[(s, 'floor')]):.0f}"
                            for s in plain))
@@ -304,7 +316,23 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             and (s + PATCHED_GROUP, "patched_autotuned") in us))
     for name, row in library.items():
         print(f"{name}, through its own Python function: unpatched {row['unpatched']:.2f} us, "
-              f"patched {row['patched']:.2f} us per call ({row['ratio']:.2f}x)")
+              f"patched {row['patched']:.2f} us per call ({row['ratio']:.2f}x); patched without "
+              f"the host helpers {row['patched_without_helpers']:.2f} us")
+    print("host calls, ns (median; Triton's ConstexprFunction.__call__ / fastkernel's host "
+          "helpers):")
+    for name, row in helpers.items():
+        print(f"  {name}: " + " / ".join(f"{v:.0f}" for v in row.values()))
+    for group in (s for s in shape_results if s.endswith(HOOKS_GROUP)):
+        print(f"launch hooks at {group[:-len(HOOKS_GROUP)]}, ns more than no hook: enter "
+              f"{1e3 * (us[(group, 'enter_hook')] - us[(group, 'fastkernel')]):.0f}, enter and "
+              f"exit {1e3 * (us[(group, 'enter_exit_hooks')] - us[(group, 'fastkernel')]):.0f}")
+    tutorial = [s for s in plain if (s, "fastkernel_tutorial_helpers") in us]
+    if tutorial:
+        print("tutorial grid minus tuple grid, ns (Triton's cdiv / host helpers):")
+        print("  " + "  ".join(
+            f"{s}: {1e3 * (us[(s, 'fastkernel_tutorial')] - us[(s, 'fastkernel')]):.0f} / "
+            f"{1e3 * (us[(s, 'fastkernel_tutorial_helpers')] - us[(s, 'fastkernel')]):.0f}"
+            for s in tutorial))
     print("callable grid minus tuple grid, ns:")
     print("  " + "  ".join(
         f"{s}: {1e3 * (us[(s, 'fastkernel_callable')] - us[(s, 'fastkernel')]):.0f}"
@@ -322,6 +350,37 @@ def run_host(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
 
 #: The name suffix of a shape's group timed with fastkernel.patch() on.
 PATCHED_GROUP = " (patched)"
+#: The name suffix of the group timed with Triton's launch hooks set.
+HOOKS_GROUP = " (hooks)"
+
+
+def time_hooks(fk, shape, args, iterations: int, repeats: int, sync, reset
+               ) -> Dict[str, List[float]]:
+    """A tuple-grid hit with no launch hook, with a no-op ``knobs.runtime.launch_enter_hook``,
+    and with no-op enter and exit hooks (each set before its own loop, outside the timing, and
+    removed at the end): what a hook costs per launch beyond the hook's own body (Triton's
+    launch metadata is built for it)."""
+    from triton import knobs
+
+    def noop(*_args):
+        return None
+
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+
+    def hooks(on_enter: bool, on_exit: bool):
+        def switch() -> None:
+            (enter.add if on_enter else enter.remove)(noop)
+            (exit_.add if on_exit else exit_.remove)(noop)
+        return switch
+
+    loop = bench.call_loop(fk, shape.grid, args)
+    systems = {"fastkernel": bench.Timed(loop, prepare=hooks(False, False)),
+               "enter_hook": bench.Timed(loop, prepare=hooks(True, False)),
+               "enter_exit_hooks": bench.Timed(loop, prepare=hooks(True, True))}
+    try:
+        return bench.time_systems(systems, iterations, repeats, sync, before_repeat=reset)
+    finally:
+        hooks(False, False)()
 
 
 def triton_autotuned_call(shape) -> Optional[Tuple[Any, tuple]]:
@@ -369,22 +428,57 @@ def _liger_rms_norm() -> Optional[Callable[[], Any]]:
     return lambda: LigerRMSNormFunction.apply(x, w, 1e-6)
 
 
+def time_host_helpers(repeats: int) -> Dict[str, Dict[str, float]]:
+    """Nanoseconds per host call (``timeit``, median of ``repeats``) of ``triton.cdiv`` and
+    ``triton.next_power_of_2`` with Triton's own ``ConstexprFunction.__call__`` and with
+    fastkernel's host helpers, beside the same arithmetic written inline."""
+    import timeit
+
+    import triton
+
+    from . import _host_helpers
+    cases = {
+        "triton.cdiv(4096, 1024)": lambda: triton.cdiv(4096, 1024),
+        "triton.next_power_of_2(4000)": lambda: triton.next_power_of_2(4000),
+    }
+    out: Dict[str, Dict[str, float]] = {}
+    try:
+        for name, fn in cases.items():
+            out[name] = {}
+            for mode, switch in (("triton", _host_helpers.uninstall),
+                                 ("host helpers", _host_helpers.install)):
+                switch()
+                out[name][mode] = bench.median(
+                    [timeit.timeit(fn, number=20000) / 20000 * 1e9 for _ in range(repeats)])
+    finally:
+        _host_helpers.uninstall()
+    inline = bench.median([timeit.timeit(lambda: (4096 + 1023) // 1024, number=20000) / 20000
+                           * 1e9 for _ in range(repeats)])
+    out["inline (4096 + 1023) // 1024"] = {"python": inline}
+    return out
+
+
 def time_library_calls(drv, calls: int, repeats: int) -> Dict[str, Dict[str, float]]:
     """A library op called through its own Python function (Liger-Kernel's RMSNorm autograd
-    function, batch 1, hidden 2048), unpatched and patched, alternating per repeat (the patch
-    is switched outside the timing, and each side is warmed up after the switch). Microseconds
-    per call, medians; the op's own Python and torch allocations are in both."""
+    function, batch 1, hidden 2048; its wrapper calls triton.next_power_of_2 on every call):
+    unpatched, patched, and patched with the host helpers switched off, alternating per repeat
+    (switched outside the timing, each mode warmed up after the switch). Microseconds per call,
+    medians; the op's own Python and torch allocations are in every mode."""
+    from . import _host_helpers
     from .patch import patch, unpatch
     ops = {"Liger-Kernel RMSNorm": _liger_rms_norm()}
     out: Dict[str, Dict[str, float]] = {}
     for name, op in ops.items():
         if op is None:
             continue
-        samples: Dict[str, List[float]] = {"unpatched": [], "patched": []}
+        samples: Dict[str, List[float]] = {"unpatched": [], "patched": [],
+                                           "patched_without_helpers": []}
         for _ in range(repeats):
-            for mode in ("unpatched", "patched"):
-                if mode == "patched":
+            for mode in samples:
+                if mode != "unpatched":
                     patch()
+                if mode == "patched_without_helpers":
+                    _host_helpers.uninstall()
                 try:
                     for _ in range(20):
                         op()
@@ -394,11 +488,12 @@ def time_library_calls(drv, calls: int, repeats: int) -> Dict[str, Dict[str, flo
                         op()
                     samples[mode].append((time.perf_counter_ns() - start) / 1e3 / calls)
                 finally:
-                    if mode == "patched":
+                    if mode != "unpatched":
                         unpatch()
                 drv.reset()
         unpatched, patched_us = bench.median(samples["unpatched"]), bench.median(samples["patched"])
         out[name] = {"unpatched": unpatched, "patched": patched_us,
+                     "patched_without_helpers": bench.median(samples["patched_without_helpers"]),
                      "ratio": unpatched / patched_us}
     return out
 
@@ -565,8 +660,8 @@ def callgrind_child(argv: List[str]) -> int:
     parser.add_argument("--repo", required=True)
     opts = parser.parse_args(argv)
 
-    from . import _C
-    from ._bench_kernels import SHAPES, autotuned_call
+    from . import _C, _host_helpers
+    from ._bench_kernels import SHAPES, autotuned_call, tutorial_grid
     from .kernel import PATCH_ATTR, FastKernel
     from .patch import patched
 
@@ -580,7 +675,14 @@ def callgrind_child(argv: List[str]) -> int:
         def callable_grid(meta, _grid=shape.grid):
             return _grid
 
-        for grid_kind, grid in (("tuple", shape.grid), ("callable", callable_grid)):
+        grids = [("tuple", shape.grid, None), ("callable", callable_grid, None)]
+        tutorial = tutorial_grid(shape)
+        if tutorial is not None:  # Triton's own triton.cdiv, then fastkernel's host helpers
+            grids += [("tutorial", tutorial, _host_helpers.uninstall),
+                      ("tutorial+helpers", tutorial, _host_helpers.install)]
+        for grid_kind, grid, switch in grids:
+            if switch is not None:
+                switch()
             for _ in range(_CALLGRIND_WARMUP):
                 fk[grid](*args)
             drv.reset()
@@ -590,6 +692,7 @@ def callgrind_child(argv: List[str]) -> int:
             loops.append({"shape": shape.name, "grid": grid_kind, "num_args": shape.num_args,
                           "num_tensors": shape.num_tensors, "hits": hits,
                           "launches": drv.launch_count()})
+        _host_helpers.uninstall()
         # The same kernel as a plain Triton JITFunction under fastkernel.patch(), tuple grid.
         with patched():
             shape.kernel[shape.grid](*args)  # its dispatch's miss (warm index and disk cache)
@@ -703,20 +806,23 @@ def _print_callgrind(loops: List[Dict[str, Any]]) -> None:
                "driver call"]
     print("\ninstructions per hit (callgrind; driver call = the stand-in's cuLaunchKernel; "
           "fastkernel = total less the driver call; entry = Python to native, grid and glue):")
-    head = f"  {'shape':<12}{'grid':<10}" + "".join(f"{c:>14}" for c in columns)
+    head = f"  {'shape':<12}{'grid':<18}" + "".join(f"{c:>14}" for c in columns)
     print(head)
     print("  " + "-" * (len(head) - 2))
     for loop in loops:
         per = loop["instructions_per_hit"]
         cells = "".join(f"{'n/a' if per[c] is None else format(per[c], '.0f'):>14}"
                         for c in columns)
-        print(f"  {loop['shape']:<12}{loop['grid']:<10}{cells}")
-    totals = {(l["shape"], l["grid"]): l["instructions_per_hit"]["total"] for l in loops}
-    extra = [f"{shape}: {totals[(shape, 'callable')] - totals[(shape, 'tuple')]:.0f}"
-             for shape, grid in totals if grid == "tuple" and (shape, "callable") in totals]
-    if extra:
-        print("a callable grid adds (instructions per hit): " + "  ".join(extra))
+        print(f"  {loop['shape']:<12}{loop['grid']:<18}{cells}")
     own = {(l["shape"], l["grid"]): l["instructions_per_hit"]["fastkernel"] for l in loops}
+    for kind, label in (("callable", "a callable grid"),
+                        ("tutorial", "a tutorial grid with Triton's triton.cdiv"),
+                        ("tutorial+helpers", "a tutorial grid with the host helpers")):
+        extra = [f"{shape}: {own[(shape, kind)] - own[(shape, 'tuple')]:.0f}"
+                 for shape, grid in own if grid == "tuple" and (shape, kind) in own]
+        if extra:
+            print(f"{label} adds (fastkernel's instructions per hit, over the tuple grid): "
+                  + "  ".join(extra))
     ratios = [f"{shape}: {own[(shape, 'patched')] / own[(shape, 'tuple')]:.3f}"
               for shape, grid in own if grid == "tuple" and (shape, "patched") in own
               and own[(shape, "tuple")]]

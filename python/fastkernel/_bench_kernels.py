@@ -147,6 +147,15 @@ SHAPES: List[Shape] = [
 ]
 
 
+def tutorial_grid(shape: Shape) -> Optional[Callable[[dict], Tuple[int, ...]]]:
+    """The grid function Triton's tutorials (and flash-linear-attention, FlagGems) write, for a
+    shape whose kernel takes ``n`` and ``BLOCK``: ``(triton.cdiv(meta["n"], meta["BLOCK"]),)``,
+    the same grid as the shape's tuple. None for other shapes."""
+    if not {"n", "BLOCK"} <= set(shape.kernel.arg_names):
+        return None
+    return lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)
+
+
 def autotuned_call(shape: Shape, device: str, do_bench: Optional[Callable] = None
                    ) -> Optional[Tuple[Any, tuple]]:
     """The shape's kernel under ``fastkernel.autotune`` (two BLOCK configs, key ``["n"]``) and

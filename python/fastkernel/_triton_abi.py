@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from triton.compiler.compiler import make_backend
+from triton import knobs as _knobs
+from triton.compiler.compiler import LazyDict, make_backend
 from triton.runtime import jit as triton_jit
 
 TRITON_VERSION: Tuple[int, int] = tuple(int(p) for p in triton.__version__.split(".")[:2])  # type: ignore
@@ -389,7 +390,6 @@ def knob_state() -> Tuple[int, bool, Optional[list], bool, Optional[list], bool]
 def launch_hook_metadata(jit_fn, compiled, grid, stream: int, function: int, args: tuple):
     """The metadata Triton hands to launch hooks (CompiledKernel.launch_metadata): a LazyDict
     of name, function and stream, extended by the kernel's own ``launch_metadata`` callback."""
-    from triton.compiler.compiler import LazyDict
     name = compiled.name if compiled is not None else jit_fn.__name__
     metadata = LazyDict({"name": name, "function": function, "stream": stream})
     if jit_fn.launch_metadata is not None and compiled is not None:
@@ -399,10 +399,10 @@ def launch_hook_metadata(jit_fn, compiled, grid, stream: int, function: int, arg
 
 
 def run_enter_hooks(kernel, grid, stream, function, compiled, args):
-    """Build the launch metadata and call ``knobs.runtime.launch_enter_hook`` with it."""
-    from triton import knobs
+    """Build the launch metadata and call ``knobs.runtime.launch_enter_hook`` with it. (Called
+    per launch while a hook is set: the imports it needs are the module's, not the call's.)"""
     metadata = launch_hook_metadata(kernel.jit_function, compiled, grid, stream, function, args)
-    hook = knobs.runtime.launch_enter_hook
+    hook = _knobs.runtime.launch_enter_hook
     if hook is not None:
         hook(metadata)
     return metadata
@@ -410,8 +410,7 @@ def run_enter_hooks(kernel, grid, stream, function, compiled, args):
 
 def run_exit_hooks(metadata) -> None:
     """Call ``knobs.runtime.launch_exit_hook`` with the metadata the enter hooks saw."""
-    from triton import knobs
-    hook = knobs.runtime.launch_exit_hook
+    hook = _knobs.runtime.launch_exit_hook
     if hook is not None:
         hook(metadata)
 

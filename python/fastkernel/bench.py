@@ -58,6 +58,8 @@ SYSTEM_LABELS: Dict[str, str] = {
     "triton": "Triton kernel[grid]",
     "fastkernel": "fastkernel, tuple grid",
     "fastkernel_callable": "fastkernel, callable grid",
+    "fastkernel_tutorial": "fastkernel, tutorial grid (triton.cdiv), Triton's cdiv",
+    "fastkernel_tutorial_helpers": "fastkernel, tutorial grid, host helpers on",
     "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
     "fastkernel_cpp": "fastkernel C++ Bundle::launch",
     "inductor_static": "Inductor static CUDA launcher",
@@ -91,11 +93,17 @@ class Timed:
         launches.
     launches_per_iteration : int
         Launches per iteration (> 1 only for a CUDA graph replay).
+    prepare : callable, optional
+        Run before each loop of this system, outside the timing.
     """
 
-    def __init__(self, loop: Callable[[int], Any], launches_per_iteration: int = 1):
+    def __init__(self, loop: Callable[[int], Any], launches_per_iteration: int = 1,
+                 prepare: Optional[Callable[[], None]] = None):
         self.loop = loop
         self.launches_per_iteration = launches_per_iteration
+        #: Runs before each of this system's loops, outside the timing (for instance, switching
+        #: fastkernel's host helpers on or off).
+        self.prepare = prepare
 
     def iterations_for(self, launches: int) -> int:
         """Iterations giving about ``launches`` launches (at least one)."""
@@ -137,12 +145,16 @@ def time_systems(systems: Dict[str, Timed], launches: int, repeats: int,
         for timed in systems.values():
             if before_repeat is not None:
                 before_repeat()
+            if timed.prepare is not None:
+                timed.prepare()
             timed.loop(timed.iterations_for(warmup))
             sync()
         for _ in range(repeats):
             for name, timed in systems.items():
                 if before_repeat is not None:
                     before_repeat()
+                if timed.prepare is not None:
+                    timed.prepare()
                 n = timed.iterations_for(launches)
                 sync()
                 start = time.perf_counter_ns()
@@ -276,6 +288,23 @@ def bundle_timed(fk, args: Sequence[Any], grid: Tuple[int, ...], device: int, st
         launcher.run(grid3, stream, n)
 
     return Timed(loop)
+
+
+def tutorial_grid_systems(fk, shape, args: tuple) -> Dict[str, "Timed"]:
+    """The shape's kernel with the grid Triton's tutorials write,
+    ``lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)``, with Triton's own
+    ``triton.cdiv`` and with fastkernel's host helpers installed (switched before each loop,
+    outside the timing; left off). Empty for shapes without ``n`` and ``BLOCK``."""
+    from . import _host_helpers
+    from ._bench_kernels import tutorial_grid
+    grid = tutorial_grid(shape)
+    if grid is None:
+        return {}
+    return {
+        "fastkernel_tutorial": Timed(call_loop(fk, grid, args), prepare=_host_helpers.uninstall),
+        "fastkernel_tutorial_helpers": Timed(call_loop(fk, grid, args),
+                                             prepare=_host_helpers.install),
+    }
 
 
 def call_loop(launcher, grid, args: tuple) -> Callable[[int], None]:
@@ -650,6 +679,7 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
                 **triton_systems(jit, compiled, grid, args, stream),
                 "fastkernel": Timed(call_loop(fk, grid, args)),
                 "fastkernel_callable": Timed(call_loop(fk, callable_grid, args)),
+                **tutorial_grid_systems(fk, shape, args),
             }
             tuned = autotuned_call(shape, "cuda")
             if tuned is not None:
