@@ -7,6 +7,7 @@
 #   scripts/gpu_session.sh bench     build, then the dispatch benchmark (--quick)
 #   scripts/gpu_session.sh sanitize  build, then the GPU tests under compute-sanitizer memcheck
 #   scripts/gpu_session.sh example   build, then the C++ torch op example (examples/torch_op)
+#   scripts/gpu_session.sh wheels    (here, not there) download the test libraries' wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step=${1:-test}
@@ -15,6 +16,22 @@ OUT=${OUT:-build/gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+
+# The kernel libraries the tests call (Liger-Kernel, fla-core, conch-triton-kernels) are not on
+# the GPU machines and nothing can be fetched there: download their wheels here first with
+#   scripts/gpu_session.sh wheels      (into .whl/, which .gitignore keeps out of commits)
+# and name .whl in the device call's carry; they are installed beside the image's packages.
+if [ "$step" = wheels ]; then
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 -d .whl \
+    liger-kernel==0.8.5 fla-core==0.6.0 conch-triton-kernels==1.3
+  ls .whl
+  exit 0
+fi
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/fastkernel-site .whl/*.whl
+  export PYTHONPATH=/tmp/fastkernel-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
   "$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
@@ -44,5 +61,5 @@ case "$step" in
     cmake --build "$build" >> "$OUT/example-cmake.log" 2>&1
     "$py" examples/torch_op/add_kernel.py "$build" 2>&1 | tee "$OUT/example.log"
     ;;
-  *) echo "usage: scripts/gpu_session.sh test|bench|sanitize|example [pytest/bench args]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu_session.sh test|bench|sanitize|example|wheels [args]" >&2; exit 2 ;;
 esac

@@ -106,8 +106,12 @@ def run_case(stand_in, call: Callable[[], object]) -> Tuple[int, int]:
     return len(served), len(theirs)
 
 
+#: Where the cases make their tensors: "cpu" on the stand-in, "cuda" in tests/test_gpu_libraries.py.
+DEVICE = "cpu"
+
+
 def _x(*shape, dtype=torch.float32):
-    return torch.randn(*shape, dtype=dtype)
+    return torch.randn(*shape, dtype=dtype, device=DEVICE)
 
 
 # Liger-Kernel: the autograd functions its nn.Modules and model patches call (forward).
@@ -133,7 +137,7 @@ LIGER_CASES: Dict[str, Callable[[], Callable[[], object]]] = {
     "kl_div": lambda: (lambda p=_x(4, 1000).log_softmax(-1), t=_x(4, 1000).softmax(-1):
                        liger_ops.LigerKLDivLossFunction.apply(p, t, "batchmean", False, 1e-10)),
     "cross_entropy": lambda: (
-        lambda x=_x(4, 1000), t=torch.randint(0, 1000, (4,)):
+        lambda x=_x(4, 1000), t=torch.randint(0, 1000, (4,), device=DEVICE):
         liger_ops.LigerCrossEntropyFunction.apply(x, t, None)),
 }
 
@@ -191,7 +195,8 @@ def _conch_cases() -> Dict[str, Callable[[], Callable[[], object]]]:
                                        fused_add_rms_norm(x, r, w, 1e-6)),
         "gemma_rms_norm": lambda: (lambda x=_x(8, 128), w=_x(128): gemma_rms_norm(x, w, 1e-6)),
         "rotary_embedding": lambda: (
-            lambda pos=torch.arange(4), q=_x(4, 128), k=_x(4, 128), cache=_x(16, 64):
+            lambda pos=torch.arange(4, device=DEVICE), q=_x(4, 128), k=_x(4, 128),
+            cache=_x(16, 64):
             rotary_embedding(pos, q, k, 64, cache)),
     }
 
