@@ -1,4 +1,4 @@
-"""The differential corpus (issue 4): kernels of the kinds real code uses, each with a function
+"""The differential corpus: kernels of the kinds real code uses, each with a function
 that builds fresh inputs and runs one launch. The GPU test runs each case through Triton's own
 ``kernel[grid]`` and through fastkernel on identical inputs and compares the outputs exactly;
 the CPU test launches each through fastkernel against the recording stand-in (so every kernel

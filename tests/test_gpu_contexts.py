@@ -1,4 +1,4 @@
-"""The contexts of issue 5 on a real GPU: CUDA graphs (capture on a side stream, replay with new
+"""The launch contexts beyond a plain call, on a real GPU: CUDA graphs (capture on a side stream, replay with new
 inputs, scratch kept alive), torch.profiler, several GPUs and many threads. The CPU halves of
 these tests run against the stand-in (test_launch_bytes, test_hooks_and_knobs, test_safety);
 these need a CUDA device and are skipped without one."""

@@ -1,4 +1,4 @@
-"""Warm start (issue 6): from process start to the first launch of a kernel, in fresh processes.
+"""Warm start: from process start to the first launch of a kernel, in fresh processes.
 
 (a) ``fastkernel_cold``: fastkernel with empty fastkernel and Triton caches (Triton compiles);
 (b) ``fastkernel_warm``: fastkernel again, its disk cache now holding the binary;

@@ -511,7 +511,7 @@ def write_plot(path: pathlib.Path, rows: List[Dict[str, Any]], systems: List[str
 
 
 def check_targets(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The dispatch targets (issues 3, 7 and 8), each with the measured value and whether met.
+    """The dispatch targets, each with the measured value and whether met.
 
     Ratios: fastkernel tuple grid <= 1.20 x floor at 0-2 tensors and <= 1.35 x at 16 tensors and
     the 19-argument shape; Triton ``kernel[grid]`` / fastkernel >= 4 at 2 tensors; fastkernel
