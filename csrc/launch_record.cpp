@@ -1,7 +1,10 @@
 // Loads a compiled specialization into a device's primary context and resolves its function,
 // once, at registration: the per-call path only reads the resulting launch record.
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
@@ -116,6 +119,89 @@ std::string cubin_image_problem(const void* cubin, size_t size) {
     }
   }
   return {};
+}
+
+std::unique_ptr<LaunchRecord> make_launch_record(const LaunchFacts& facts, int max_args) {
+  const auto fail = [](const std::string& what) {
+    throw std::invalid_argument("fastkernel: " + what);
+  };
+  const std::string& name = facts.kernel_name;
+  if (name.empty() || name.find('\0') != std::string::npos) {
+    fail("a kernel name must be non-empty and hold no NUL byte");
+  }
+  if (facts.device < 0) {
+    fail("device must be >= 0");
+  }
+  if (facts.num_scratch_params < 0 || facts.num_scratch_params > 2) {
+    fail("num_scratch_params must be 0, 1 or 2");
+  }
+  if (facts.block_x == 0 || facts.block_x > 1024 || facts.num_ctas == 0) {
+    fail("block size must be in [1, 1024] and num_ctas >= 1");
+  }
+  auto rec = std::make_unique<LaunchRecord>();
+  rec->kernel_name = name;
+  rec->profile_name = "fastkernel::" + name;
+  rec->device = facts.device;
+  rec->block_x = facts.block_x;
+  rec->shared_mem = facts.shared_mem;
+  rec->num_ctas = facts.num_ctas;
+  rec->cooperative_grid = facts.cooperative_grid;
+  rec->pdl = facts.pdl;
+  rec->num_scratch_params = facts.num_scratch_params;
+  rec->global_scratch_size = facts.global_scratch_size;
+  rec->global_scratch_align = facts.global_scratch_align;
+  rec->profile_scratch_size = facts.profile_scratch_size;
+  rec->profile_scratch_align = facts.profile_scratch_align;
+  rec->plan.reserve(facts.plan.size());
+  for (const auto& [arg_index, type] : facts.plan) {
+    ParamType pt;
+    if (!parse_param_type(type, &pt)) {
+      fail("unsupported parameter type '" + type + "' in " + name);
+    }
+    // Parameters index the bound arguments; tuple leaves the slots after them (BoundCall).
+    if (arg_index < 0 || arg_index >= max_args || arg_index > UINT16_MAX) {
+      fail("parameter plan index out of range");
+    }
+    rec->plan.push_back({uint16_t(arg_index), pt});
+  }
+  // Each "nvTmaDesc" parameter reads its descriptor's leaves from its plan index on.
+  size_t map_slots = 0;
+  for (const PackSlot& slot : rec->plan) {
+    if (slot.type != ParamType::TensorMap) {
+      continue;
+    }
+    if (map_slots >= facts.tensor_maps.size() || map_slots >= size_t(kMaxTensorMaps)) {
+      fail(name + " has more tensor-map parameters than tensor map descriptions (or more than " +
+           std::to_string(kMaxTensorMaps) + ")");
+    }
+    const TensorMapFacts& map = facts.tensor_maps[map_slots++];
+    TensorMapSpec spec;
+    spec.rank = int32_t(map.block.size() > size_t(kMaxTensorMapRank) ? 0 : map.block.size());
+    if (spec.rank < 1) {
+      fail("a tensor map must have 1 to 5 block dimensions");
+    }
+    if (slot.arg_index + descriptor_leaves(spec.rank) > max_args) {
+      fail("a tensor map's descriptor leaves run past the " + std::to_string(max_args) +
+           " bound arguments");
+    }
+    if (map.data_type < 0 || map.data_type > 15 || map.elem_size <= 0 || map.elem_size > 8 ||
+        map.swizzle < 0 || map.swizzle > 3) {
+      fail("malformed tensor map description for " + name);
+    }
+    spec.data_type = map.data_type;
+    spec.elem_size = map.elem_size;
+    spec.swizzle = map.swizzle;
+    for (int d = 0; d < spec.rank; ++d) {
+      spec.block[d] = map.block[size_t(d)];
+    }
+    spec.fp4_padded = map.fp4_padded;
+    spec.tf32_rounding = map.tf32_rounding;
+    rec->tensor_maps.push_back(spec);
+  }
+  if (map_slots != facts.tensor_maps.size()) {
+    fail("tensor map descriptions do not match the plan of " + name);
+  }
+  return rec;
 }
 
 void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,

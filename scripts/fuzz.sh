@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fuzzers of every parser of untrusted input, with AddressSanitizer and UBSan:
 #   native (libFuzzer, clang): the bundle manifest and entry loader, the cubin ELF check, the
-#     tensor-map encoder's argument checks (tests/fuzz/*.cpp, built with -DFASTKERNEL_FUZZ=ON);
+#     tensor-map encoder's argument checks, the registration checks of launch facts
+#     (tests/fuzz/*.cpp, built with -DFASTKERNEL_FUZZ=ON);
 #   Python (atheris): the disk cache's entry decoder and the warm index record decoder.
 # Seeds come from real artifacts (tests/fuzz/make_seeds.py). Each target runs RUNS executions;
 # a finding (crash, sanitizer report, unexpected exception) stops that target, leaves its input
@@ -75,6 +76,7 @@ echo "fuzz: $runs executions per target (clang: $cxx)"
 FASTKERNEL_FUZZ_CUBINS="$out/seeds/cubins" run manifest "$out/seeds/manifest" "$bin/fuzz_manifest"
 run cubin "$out/seeds/cubin" "$bin/fuzz_cubin"
 run tensor_map "" "$bin/fuzz_tensor_map"
+run registration "" "$bin/fuzz_registration"
 run cache_entry "$out/seeds/cache_entry" "$py" tests/fuzz/fuzz_cache_entry.py
 run index_record "$out/seeds/index_record" "$py" tests/fuzz/fuzz_index_record.py
 exit $status

@@ -14,7 +14,7 @@ import stat
 import pytest
 import torch
 
-from fastkernel import _cache_files, cache, fastkernel as fk
+from fastkernel import _C, _cache_files, cache, fastkernel as fk
 
 import kernels
 from test_cache import (binder_calls, cache_root, compiles, entry_files,  # noqa: F401 - fixtures
@@ -175,6 +175,61 @@ def test_an_entry_that_verifies_but_cannot_be_registered_is_discarded(stand_in, 
         "fallback_reasons": None}
     assert "no_such_kernel" not in path.read_bytes().decode("latin-1")
     assert caplog.text.count("registering the cubin failed") == 1
+
+
+_GOOD_FACTS = {"device": 0, "block_x": 128, "num_ctas": 1, "num_scratch_params": 2,
+               "plan": [(0, "*fp32"), (1, "*fp32"), (2, "*fp32"), (3, "i32")], "tensor_maps": []}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"name": ""}, "kernel name must be non-empty and hold no NUL byte"),
+    ({"name": "add_kernel\x00tail"}, "kernel name must be non-empty and hold no NUL byte"),
+    ({"device": -1}, "device must be >= 0"),
+    ({"block_x": 0}, "block size must be in"),
+    ({"block_x": 1025}, "block size must be in"),
+    ({"num_ctas": 0}, "num_ctas >= 1"),
+    ({"num_scratch_params": 3}, "num_scratch_params must be 0, 1 or 2"),
+    ({"plan": [(0, "*fp32"), (1, "fp128")]}, "unsupported parameter type 'fp128'"),
+    ({"plan": [(0, "*fp32"), (128, "i32")]}, "parameter plan index out of range"),
+    ({"plan": [(-1, "i32")]}, "parameter plan index out of range"),
+    ({"plan": [(0, "nvTmaDesc")]}, "more tensor-map parameters than tensor map descriptions"),
+    ({"plan": [(0, "*fp32")], "tensor_maps": [(7, 4, 0, [64], False, False)]},
+     "tensor map descriptions do not match"),
+    ({"plan": [(122, "nvTmaDesc")], "tensor_maps": [(7, 4, 0, [64, 64], False, False)]},
+     "descriptor leaves run past the 128 bound arguments"),
+    ({"plan": [(0, "nvTmaDesc")], "tensor_maps": [(7, 4, 0, [8] * 6, False, False)]},
+     "a tensor map must have 1 to 5 block dimensions"),
+    ({"plan": [(0, "nvTmaDesc")], "tensor_maps": [(16, 4, 0, [64], False, False)]},
+     "malformed tensor map description"),
+    ({"plan": [(0, "nvTmaDesc")], "tensor_maps": [(7, 9, 0, [64], False, False)]},
+     "malformed tensor map description"),
+])
+def test_the_native_registration_checks_refuse_launch_facts_a_launch_could_not_trust(
+        stand_in, cache_root, change, message):
+    """Behind the cache header's schema, the native registration (``make_launch_record``) checks
+    every launch fact a record's launches read: indices against the bound-argument array (a
+    descriptor's leaves included), block and cluster sizes, parameter types, tensor-map
+    descriptions. Each refusal is a ValueError naming the fact; nothing is registered. The same
+    facts with the change left out register."""
+    x = torch.randn(64)
+    k = fk(kernels.add_kernel)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    (path,) = entry_files(cache_root)
+    entry = cache.read_entry(path)
+    key = b"\x07" * 8  # a key no call builds: registering it changes no call
+
+    def register(facts):
+        _C.register(k, key, facts["device"], facts.get("name", entry.header["launch"]["name"]),
+                    entry.cubin, facts["block_x"], 0, facts["num_ctas"], False, False,
+                    facts["plan"], facts["num_scratch_params"], 0, 1, 0, 1, None, None,
+                    facts["tensor_maps"], None)
+
+    before = k.stats()["specializations"]
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        register(_GOOD_FACTS | change)
+    assert k.stats()["specializations"] == before
+    register(_GOOD_FACTS)
+    assert k.stats()["specializations"] == before + 1
 
 
 # -- the warm index --------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -118,82 +120,38 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
       key_data.size() / sizeof(uint64_t) > size_t(kMaxKeyWords)) {
     throw py::value_error("fastkernel: malformed specialization key");
   }
-  if (num_scratch_params < 0 || num_scratch_params > 2) {
-    throw py::value_error("fastkernel: num_scratch_params must be 0, 1 or 2");
-  }
-  if (block_x == 0 || block_x > 1024 || num_ctas == 0) {
-    throw py::value_error("fastkernel: block size must be in [1, 1024] and num_ctas >= 1");
-  }
   SpecializationKey key;
   key.size = int(key_data.size() / sizeof(uint64_t));
   std::memcpy(key.words, key_data.data(), key_data.size());
-  auto rec = std::make_unique<LaunchRecord>();
-  rec->kernel_name = kernel_name;
-  rec->profile_name = "fastkernel::" + kernel_name;
-  rec->device = device;
-  rec->block_x = block_x;
-  rec->shared_mem = shared_mem;
-  rec->num_ctas = num_ctas;
-  rec->cooperative_grid = cooperative_grid;
-  rec->pdl = pdl;
-  rec->num_scratch_params = num_scratch_params;
-  rec->global_scratch_size = global_scratch_size;
-  rec->global_scratch_align = global_scratch_align;
-  rec->profile_scratch_size = profile_scratch_size;
-  rec->profile_scratch_align = profile_scratch_align;
+  LaunchFacts facts;
+  facts.kernel_name = kernel_name;
+  facts.device = device;
+  facts.block_x = block_x;
+  facts.shared_mem = shared_mem;
+  facts.num_ctas = num_ctas;
+  facts.cooperative_grid = cooperative_grid;
+  facts.pdl = pdl;
+  facts.plan = plan;
+  facts.num_scratch_params = num_scratch_params;
+  facts.global_scratch_size = global_scratch_size;
+  facts.global_scratch_align = global_scratch_align;
+  facts.profile_scratch_size = profile_scratch_size;
+  facts.profile_scratch_align = profile_scratch_align;
+  // Tensor maps: (data type, element size, swizzle, block shape, fp4 padded, tf32 rounding).
+  for (const auto& [data_type, elem_size, swizzle, block, fp4_padded, tf32_rounding] :
+       tensor_maps) {
+    facts.tensor_maps.push_back({data_type, elem_size, swizzle, block, fp4_padded, tf32_rounding});
+  }
   const size_t num_args = kernel->state->params.size();
-  for (const auto& [arg_index, type] : plan) {
-    ParamType pt;
-    if (!parse_param_type(type, &pt)) {
-      throw py::value_error("fastkernel: unsupported parameter type '" + type + "' in " +
-                            kernel_name);
-    }
-    // Parameters index the bound arguments; tuple leaves the slots after them (BoundCall).
-    if (arg_index < 0 || arg_index >= kMaxArgs) {
-      throw py::value_error("fastkernel: parameter plan index out of range");
-    }
-    rec->plan.push_back({uint16_t(arg_index), pt});
-  }
-  // Tensor maps: (data type, element size, swizzle, block shape, fp4 padded, tf32 rounding),
-  // one per "nvTmaDesc" parameter, in order; each reads its descriptor's leaves.
-  size_t map_slots = 0;
-  for (const PackSlot& slot : rec->plan) {
-    if (slot.type != ParamType::TensorMap) {
-      continue;
-    }
-    if (map_slots >= tensor_maps.size() || map_slots >= size_t(kMaxTensorMaps)) {
-      throw py::value_error("fastkernel: " + kernel_name + " has more tensor-map parameters than "
-                            "tensor map descriptions (or more than " +
-                            std::to_string(kMaxTensorMaps) + ")");
-    }
-    const auto& [data_type, elem_size, swizzle, block, fp4_padded, tf32_rounding] =
-        tensor_maps[map_slots++];
-    TensorMapSpec spec;
-    spec.rank = int32_t(block.size());
-    if (spec.rank < 1 || spec.rank > kMaxTensorMapRank ||
-        slot.arg_index + descriptor_leaves(spec.rank) > kMaxArgs) {
-      throw py::value_error("fastkernel: a tensor map must have 1 to 5 block dimensions");
-    }
-    if (data_type < 0 || data_type > 15 || elem_size <= 0 || elem_size > 8 || swizzle < 0 ||
-        swizzle > 3) {
-      throw py::value_error("fastkernel: malformed tensor map description for " + kernel_name);
-    }
-    spec.data_type = data_type;
-    spec.elem_size = elem_size;
-    spec.swizzle = swizzle;
-    for (int d = 0; d < spec.rank; ++d) {
-      spec.block[d] = block[size_t(d)];
-    }
-    spec.fp4_padded = fp4_padded;
-    spec.tf32_rounding = tf32_rounding;
-    rec->tensor_maps.push_back(spec);
-  }
-  if (map_slots != tensor_maps.size()) {
-    throw py::value_error("fastkernel: tensor map descriptions do not match the plan of " +
-                          kernel_name);
+  std::unique_ptr<LaunchRecord> rec;
+  try {
+    rec = make_launch_record(facts, kMaxArgs);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
   }
   // The record owns a reference to what a launch returns; dropped with the record (eviction,
-  // clear, kernel deallocation), always under the GIL.
+  // clear, kernel deallocation, or a check below failing), always under the GIL.
+  rec->release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
   rec->user_data = compiled.inc_ref().ptr();
   if (!tuned_args.is_none()) {
     if (!PyTuple_Check(tuned_args.ptr()) || size_t(PyTuple_GET_SIZE(tuned_args.ptr())) != num_args) {
@@ -204,7 +162,6 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
   if (!published.is_none()) {
     rec->published = published.inc_ref().ptr();
   }
-  rec->release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
   const std::string image = cubin;
   with_python_errors([&] {
     load_launch_record(*rec, image.data(), image.size());

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fastkernel/cuda_driver.h"
@@ -96,6 +97,49 @@ class RecordPin {
  private:
   const LaunchRecord* record_;
 };
+
+/// One tensor-map parameter as a registration describes it (Triton's `tensordesc_meta` entry,
+/// triton/backends/nvidia/driver.py `make_tensordesc_arg`): the host CUtensorMapDataType, the
+/// element size in bytes, the CUtensorMapSwizzle, the block shape (outermost first), and the
+/// padded-fp4 and tf32-rounding flags.
+struct TensorMapFacts {
+  int data_type = 0;
+  int elem_size = 0;
+  int swizzle = 0;
+  std::vector<uint32_t> block;
+  bool fp4_padded = false;
+  bool tf32_rounding = false;
+};
+
+/// The launch facts of one compiled specialization, as a caller registers it (the Python layer
+/// reads them from Triton's CompiledKernel metadata or from a disk-cache entry).
+struct LaunchFacts {
+  std::string kernel_name;  ///< the cubin's entry point
+  int device = 0;
+  unsigned block_x = 0;     ///< threads per CTA (32 * num_warps), 1..1024
+  unsigned shared_mem = 0;  ///< dynamic shared memory, bytes
+  unsigned num_ctas = 1;    ///< >= 1
+  bool cooperative_grid = false;
+  bool pdl = false;
+  /// (bound-argument index, Triton signature type) per non-constexpr parameter, in order.
+  std::vector<std::pair<int, std::string>> plan;
+  int num_scratch_params = 2;  ///< 0, 1 or 2
+  uint64_t global_scratch_size = 0;
+  uint64_t global_scratch_align = 1;
+  uint64_t profile_scratch_size = 0;
+  uint64_t profile_scratch_align = 1;
+  std::vector<TensorMapFacts> tensor_maps;  ///< one per "nvTmaDesc" plan entry, in order
+};
+
+/// Checks `facts` and builds the record they describe (not yet loaded: see load_launch_record).
+/// Every index the record's launches read is checked here against `max_args`, the size of the
+/// caller's bound-argument array: plan indices, and for each tensor map the descriptor's leaves
+/// (descriptor_leaves(rank) slots from its plan index). Throws std::invalid_argument naming the
+/// field: an empty or NUL-containing kernel name, a negative device, block_x outside 1..1024,
+/// num_ctas 0, num_scratch_params outside 0..2, an unknown parameter type, an index outside
+/// [0, max_args), a tensor map count that differs from the plan's, a rank outside 1..5, a data
+/// type outside 0..15, an element size outside 1..8 or a swizzle outside 0..3.
+std::unique_ptr<LaunchRecord> make_launch_record(const LaunchFacts& facts, int max_args);
 
 /// Why `cubin` (`size` bytes) is not an image the driver may be given, or "" when it is one:
 /// a little-endian ELF64 image for EM_CUDA whose header tables and sections with contents all
