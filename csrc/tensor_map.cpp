@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fastkernel/cuda_driver.h"
-#include "fastkernel/trampoline.h"
+#include "fastkernel/param_error.h"
 
 namespace fastkernel {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "fastkernel/cuda_driver.h"
 #include "fastkernel/tensor_map.h"
-#include "fastkernel/trampoline.h"
+#include "fastkernel/param_error.h"
 
 namespace {
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "fastkernel/param_error.h"
 #include "fastkernel/specialization.h"
 
 namespace fastkernel {

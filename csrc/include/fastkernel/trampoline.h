@@ -3,10 +3,9 @@
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
 #include "fastkernel/launch_record.h"
+#include "fastkernel/param_error.h"
 #include "fastkernel/specialization.h"
 
 namespace fastkernel {
@@ -14,16 +13,6 @@ namespace fastkernel {
 /// A grid in CTAs (before the num_ctas scaling of x).
 struct LaunchGrid {
   uint32_t x = 1, y = 1, z = 1;
-};
-
-/// Thrown when an argument's value cannot be written as its parameter type.
-/// `overflow` distinguishes a value out of range (OverflowError) from a wrong kind (TypeError).
-class ParamError : public std::runtime_error {
- public:
-  ParamError(int arg_index, bool overflow, const std::string& what)
-      : std::runtime_error(what), arg_index(arg_index), overflow(overflow) {}
-  int arg_index;
-  bool overflow;
 };
 
 /// Writes one parameter of type `type` from `value` into `slot` (8 bytes, zeroed first).
