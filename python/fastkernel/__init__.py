@@ -59,6 +59,7 @@ from .kernel import FastKernel, fastkernel, stats  # noqa: E402
 from ._autotune import AutotuneError, Autotuned, Heuristics, autotune, heuristics  # noqa: E402
 from .patch import is_patched, patch, patched, unpatch  # noqa: E402
 from . import _host_helpers  # noqa: E402
+from . import _env  # noqa: E402
 
 
 def patch_host_helpers() -> bool:
@@ -112,5 +113,5 @@ def get_include() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(here)), "csrc", "include")
 
 
-if os.environ.get("FASTKERNEL_PATCH", "0") not in ("", "0"):
+if _env.flag("FASTKERNEL_PATCH"):
     patch()

@@ -32,10 +32,10 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction
 
-from . import _cache_files
+from . import _cache_files, _env
 from . import _triton_abi as abi
 from . import cache as _cache
-from .kernel import FastKernel, NativeDispatch, _params_spec, env_count
+from .kernel import FastKernel, NativeDispatch, _params_spec
 
 log = logging.getLogger("fastkernel")
 
@@ -64,7 +64,7 @@ def _is_tensor(value: Any) -> bool:
 def _compile_workers(jobs: int) -> int:
     """Worker processes for compiling ``jobs`` configs (FASTKERNEL_COMPILE_WORKERS; 0 or 1 =
     compile in this process; default: one per CPU, at most one per job)."""
-    return min(env_count("FASTKERNEL_COMPILE_WORKERS", os.cpu_count() or 1), jobs)
+    return min(_env.count("FASTKERNEL_COMPILE_WORKERS", os.cpu_count() or 1), jobs)
 
 
 def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
@@ -601,8 +601,8 @@ def heuristics(values: Dict[str, Callable], key: Optional[Sequence[str]] = None)
     def decorator(kernel):
         if key is None or not isinstance(kernel, FastKernel):
             if isinstance(kernel, JITFunction) and not isinstance(kernel, FastKernel) and \
-                    os.environ.get("FASTKERNEL_DISABLE", "0") in ("", "0") and \
-                    os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+                    not _env.flag("FASTKERNEL_DISABLE") and \
+                    not _env.triton_interpret():
                 raise TypeError("fastkernel.heuristics goes above @fastkernel")
             return triton.heuristics(values)(kernel)
         return Heuristics(kernel, values, key)
@@ -621,7 +621,7 @@ def _median(timing: Any) -> float:
 def _interpreter_timer() -> Optional[Callable]:
     """Under TRITON_INTERPRET=1, a do_bench of wall-clock milliseconds per call (Triton's needs a
     GPU driver); otherwise None (Triton's own)."""
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if not _env.triton_interpret():
         return None
 
     def wall_clock(kernel_call, quantiles=None, **_):
@@ -711,8 +711,7 @@ def autotune(configs: Sequence[Config], key: Sequence[str],
                         "key=[...])")
 
     def decorator(kernel):
-        passthrough = os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0") or \
-            os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        passthrough = _env.flag("FASTKERNEL_DISABLE") or _env.triton_interpret()
         if passthrough and not isinstance(kernel, (FastKernel, Heuristics)):
             # @fastkernel returned Triton's own object: tune with Triton's autotuner (in the
             # interpreter, timed by the wall clock: there is no GPU to time on).

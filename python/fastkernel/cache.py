@@ -44,6 +44,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import triton
 
+from . import _env
 from . import _cache_files as _fs
 from . import _triton_abi as abi
 
@@ -127,22 +128,15 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(configured).expanduser() if configured else default_cache_dir()
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    return value not in ("0", "false", "off", "no")
-
-
 def enabled() -> bool:
     """False when ``FASTKERNEL_CACHE=0`` (or ``false``, ``off``, ``no``) turns the disk cache
     off."""
-    return _flag("FASTKERNEL_CACHE", True)
+    return _env.flag("FASTKERNEL_CACHE", True)
 
 
 def always_compile() -> bool:
     """True when ``FASTKERNEL_ALWAYS_COMPILE=1``: compile on every miss, still write the entry."""
-    return _flag("FASTKERNEL_ALWAYS_COMPILE", False)
+    return _env.flag("FASTKERNEL_ALWAYS_COMPILE")
 
 
 def _entries_dir(root: pathlib.Path) -> pathlib.Path:
@@ -838,7 +832,7 @@ def _entry_lock(root: pathlib.Path, key: str, jit_fn) -> Iterator[None]:
     """Hold the cross-process lock of entry ``key`` (a ``filelock`` lock file beside it) for the
     block; a no-op when ``FASTKERNEL_CACHE_LOCK=0`` (file systems without working locks) or when
     the lock cannot be taken (then logged once), so that a launch never fails for it."""
-    if not _flag("FASTKERNEL_CACHE_LOCK", True):
+    if not _env.flag("FASTKERNEL_CACHE_LOCK", True):
         yield
         return
     from filelock import FileLock, Timeout

@@ -13,7 +13,6 @@ import collections
 import collections.abc
 import inspect
 import logging
-import os
 import threading
 import weakref
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -23,7 +22,7 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import _C
+from . import _C, _env
 from . import _triton_abi as abi
 from . import cache as _cache
 
@@ -195,23 +194,8 @@ def capacity_exceeded(items, capacity: int) -> bool:
     return capacity != 0 and len(items) > capacity
 
 
-def env_count(name: str, default: int) -> int:
-    """An int >= 0 from environment variable ``name`` (``default`` when unset or empty).
-    Raises ValueError naming the variable for anything else."""
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an int >= 0, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {raw!r}")
-    return value
-
-
 def _max_specializations() -> int:
-    return env_count("FASTKERNEL_MAX_SPECIALIZATIONS", DEFAULT_MAX_SPECIALIZATIONS)
+    return _env.count("FASTKERNEL_MAX_SPECIALIZATIONS", DEFAULT_MAX_SPECIALIZATIONS)
 
 
 def stats() -> Dict[str, Dict[str, Any]]:
@@ -662,7 +646,7 @@ def fastkernel(fn: Optional[Callable] = None, **jit_kwargs):
             fn = triton.jit(fn, **jit_kwargs)
     elif jit_kwargs:
         raise TypeError("jit options can only be given with a plain function")
-    if os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0"):
+    if _env.flag("FASTKERNEL_DISABLE"):
         return fn
     if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1 made it an InterpretedFunction
         return _InterpretedKernel(fn)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -38,7 +37,7 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import SUPPORTED_TRITON, _C
+from . import SUPPORTED_TRITON, _C, _env
 from . import _triton_abi as abi
 from ._autotune import _TUNE_CONFIG_PROVIDED, _TUNE_VALUE
 from .kernel import COMPILED_GETITEM, PATCH_ATTR, TRITON_RUN, NativeDispatch, _params_spec
@@ -251,9 +250,9 @@ _patched_run._fastkernel_patched = True  # type: ignore[attr-defined]
 
 
 def _disabled_reason() -> Optional[str]:
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if _env.triton_interpret():
         return "TRITON_INTERPRET=1 (Triton's interpreter runs kernels on CPU tensors)"
-    if os.environ.get("FASTKERNEL_DISABLE", "0") not in ("", "0"):
+    if _env.flag("FASTKERNEL_DISABLE"):
         return "FASTKERNEL_DISABLE=1"
     return None
 
