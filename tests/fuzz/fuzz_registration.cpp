@@ -7,10 +7,8 @@
 // recording stand-in driver's cuTensorMapEncodeTiled behind it); AddressSanitizer reports any
 // read past the array. Rejections must be std::invalid_argument; packing may raise only
 // ParamError / CudaError (an argument value the parameter cannot take).
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -20,33 +18,13 @@
 #include "fastkernel/launch_record.h"
 #include "fastkernel/tensor_map.h"
 #include "fastkernel/trampoline.h"
+#include "fuzz_input.h"
 
 namespace {
 
 constexpr int kArgs = 128;  // kMaxArgs of csrc/python/kernel_object.h
 
-// Reads fixed-size values from the input, zeros once it runs out.
-struct Input {
-  const uint8_t* data;
-  size_t size;
-  template <typename T>
-  T take() {
-    T value{};
-    const size_t n = size < sizeof(T) ? size : sizeof(T);
-    std::memcpy(&value, data, n);
-    data += n;
-    size -= n;
-    return value;
-  }
-  // A short string of raw bytes (a type or a name the checks must refuse or accept as given).
-  std::string bytes() {
-    const size_t n = std::min<size_t>(take<uint8_t>() % 12, size);
-    std::string s(reinterpret_cast<const char*>(data), n);
-    data += n;
-    size -= n;
-    return s;
-  }
-};
+using fastkernel_fuzz::Input;
 
 const char* const kTypes[] = {"*fp32", "*i8", "i1",  "i8",   "i16",  "i32",  "i64",
                               "u1",    "u8",  "u16", "u32",  "u64",  "fp16", "bf16",

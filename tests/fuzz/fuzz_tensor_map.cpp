@@ -4,28 +4,15 @@
 // must either encode or raise ParamError / CudaError.
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include "fastkernel/cuda_driver.h"
-#include "fastkernel/tensor_map.h"
 #include "fastkernel/param_error.h"
+#include "fastkernel/tensor_map.h"
+#include "fuzz_input.h"
 
 namespace {
 
-// Reads fixed-size values from the input, zeros once it runs out.
-struct Input {
-  const uint8_t* data;
-  size_t size;
-  template <typename T>
-  T take() {
-    T value{};
-    const size_t n = size < sizeof(T) ? size : sizeof(T);
-    std::memcpy(&value, data, n);
-    data += n;
-    size -= n;
-    return value;
-  }
-};
+using fastkernel_fuzz::Input;
 
 fastkernel::ArgValue leaf(Input& in) {
   fastkernel::ArgValue v{};
