@@ -125,7 +125,14 @@ case "$command" in
     echo "--- the same suite against the AddressSanitizer/UBSan build of the native module ---"
     sanitize "$@"
     echo "--- a short run of every fuzzer (scripts/fuzz.sh 50000) ---"
-    PYTHON="$py" bash scripts/fuzz.sh 50000
+    # A finding fails CI; a fuzzing toolchain this machine cannot install is reported, not failed.
+    fuzz_status=0
+    PYTHON="$py" bash scripts/fuzz.sh 50000 || fuzz_status=$?
+    if [ "$fuzz_status" = 2 ]; then
+      echo "*** FUZZERS NOT RUN (or not all): their toolchain is missing; see above ***"
+    elif [ "$fuzz_status" != 0 ]; then
+      exit "$fuzz_status"
+    fi
     ;;
   *) echo "usage: scripts/dev.sh demo|test|bench|sanitize|cuda-build|fuzz|ci [args...]" >&2
      exit 2 ;;

@@ -6,7 +6,8 @@
 #   Python (atheris): the disk cache's entry decoder and the warm index record decoder.
 # Seeds come from real artifacts (tests/fuzz/make_seeds.py). Each target runs RUNS executions;
 # a finding (crash, sanitizer report, unexpected exception) stops that target, leaves its input
-# in build/fuzz/findings and makes the script exit 1.
+# in build/fuzz/findings and makes the script exit 1. Exit 2: a toolchain is missing (no clang
+# with libFuzzer, or no atheris for the Python targets) and what needs it did not run.
 #
 #   scripts/fuzz.sh [RUNS]      default 10000000 per target; CI runs a short campaign
 #
@@ -77,6 +78,11 @@ FASTKERNEL_FUZZ_CUBINS="$out/seeds/cubins" run manifest "$out/seeds/manifest" "$
 run cubin "$out/seeds/cubin" "$bin/fuzz_cubin"
 run tensor_map "" "$bin/fuzz_tensor_map"
 run registration "" "$bin/fuzz_registration"
-run cache_entry "$out/seeds/cache_entry" "$py" tests/fuzz/fuzz_cache_entry.py
-run index_record "$out/seeds/index_record" "$py" tests/fuzz/fuzz_index_record.py
+if "$py" -c "import atheris" 2>/dev/null; then
+  run cache_entry "$out/seeds/cache_entry" "$py" tests/fuzz/fuzz_cache_entry.py
+  run index_record "$out/seeds/index_record" "$py" tests/fuzz/fuzz_index_record.py
+else
+  echo "  cache_entry, index_record: NOT RUN: atheris does not import in $py" >&2
+  if [ "$status" = 0 ]; then status=2; fi
+fi
 exit $status
