@@ -108,35 +108,19 @@ PyObject* meta_get(GridMetaObject* self, PyObject* const* args, Py_ssize_t nargs
 
 // keys(), values(), items() and copy() answer from a dict of the mapping: views of the same
 // contents as the dict Triton passes.
-PyObject* meta_keys(GridMetaObject* self, PyObject*) {
+PyObject* dict_method(GridMetaObject* self, const char* method) {
   PyObject* d = as_dict(self);
   if (d == nullptr) {
     return nullptr;
   }
-  PyObject* r = PyObject_CallMethod(d, "keys", nullptr);
+  PyObject* r = PyObject_CallMethod(d, method, nullptr);
   Py_DECREF(d);
   return r;
 }
 
-PyObject* meta_values(GridMetaObject* self, PyObject*) {
-  PyObject* d = as_dict(self);
-  if (d == nullptr) {
-    return nullptr;
-  }
-  PyObject* r = PyObject_CallMethod(d, "values", nullptr);
-  Py_DECREF(d);
-  return r;
-}
-
-PyObject* meta_items(GridMetaObject* self, PyObject*) {
-  PyObject* d = as_dict(self);
-  if (d == nullptr) {
-    return nullptr;
-  }
-  PyObject* r = PyObject_CallMethod(d, "items", nullptr);
-  Py_DECREF(d);
-  return r;
-}
+PyObject* meta_keys(GridMetaObject* self, PyObject*) { return dict_method(self, "keys"); }
+PyObject* meta_values(GridMetaObject* self, PyObject*) { return dict_method(self, "values"); }
+PyObject* meta_items(GridMetaObject* self, PyObject*) { return dict_method(self, "items"); }
 
 PyObject* meta_copy(GridMetaObject* self, PyObject*) { return as_dict(self); }
 

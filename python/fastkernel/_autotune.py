@@ -601,8 +601,7 @@ def heuristics(values: Dict[str, Callable], key: Optional[Sequence[str]] = None)
     def decorator(kernel):
         if key is None or not isinstance(kernel, FastKernel):
             if isinstance(kernel, JITFunction) and not isinstance(kernel, FastKernel) and \
-                    not _env.flag("FASTKERNEL_DISABLE") and \
-                    not _env.triton_interpret():
+                    not _env.native_path_off():
                 raise TypeError("fastkernel.heuristics goes above @fastkernel")
             return triton.heuristics(values)(kernel)
         return Heuristics(kernel, values, key)
@@ -711,8 +710,7 @@ def autotune(configs: Sequence[Config], key: Sequence[str],
                         "key=[...])")
 
     def decorator(kernel):
-        passthrough = _env.flag("FASTKERNEL_DISABLE") or _env.triton_interpret()
-        if passthrough and not isinstance(kernel, (FastKernel, Heuristics)):
+        if _env.native_path_off() and not isinstance(kernel, (FastKernel, Heuristics)):
             # @fastkernel returned Triton's own object: tune with Triton's autotuner (in the
             # interpreter, timed by the wall clock: there is no GPU to time on).
             from .kernel import _InterpretedKernel

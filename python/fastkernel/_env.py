@@ -48,3 +48,9 @@ def triton_interpret() -> bool:
     from triton import knobs
 
     return bool(knobs.runtime.interpret)
+
+
+def native_path_off() -> bool:
+    """Whether fastkernel's decorators hand kernels to Triton unchanged: ``FASTKERNEL_DISABLE``
+    is on, or Triton runs kernels in its interpreter."""
+    return flag("FASTKERNEL_DISABLE") or triton_interpret()
