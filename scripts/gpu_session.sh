@@ -4,8 +4,12 @@
 # no package registry). Each step fits one 10-minute device call; logs and results go to $OUT
 # (default build/gpu-out), benchmark results also to benchmarks/results/.
 #   scripts/gpu_session.sh test      build, then the GPU tests and the whole suite on the GPU
+#   scripts/gpu_session.sh gpu       build, then the GPU tests alone (the libraries' too, if carried)
 #   scripts/gpu_session.sh bench     build, then the dispatch benchmark (--quick)
-#   scripts/gpu_session.sh sanitize  build, then the GPU tests under compute-sanitizer memcheck
+#   scripts/gpu_session.sh sanitize [TOOL] [pytest args]
+#                                    build, then GPU tests under compute-sanitizer TOOL (memcheck,
+#                                    racecheck, synccheck or initcheck; default memcheck) over
+#                                    the pytest args (default tests/test_gpu.py)
 #   scripts/gpu_session.sh example   build, then the C++ torch op example (examples/torch_op)
 #   scripts/gpu_session.sh wheels    (here, not there) download the test libraries' wheels
 set -euo pipefail
@@ -44,13 +48,21 @@ case "$step" in
     "$py" -m pytest -q -m gpu tests -p no:cacheprovider -rs "$@" 2>&1 | tee "$OUT/pytest-gpu.log"
     "$py" -m pytest -q tests -p no:cacheprovider -x "$@" 2>&1 | tee "$OUT/pytest-all.log"
     ;;
+  gpu)
+    set -o pipefail
+    "$py" -m pytest -q -m gpu tests -p no:cacheprovider -rs "$@" 2>&1 | tee "$OUT/pytest-gpu.log"
+    ;;
   bench)
     "$py" benchmarks/dispatch.py --quick --out benchmarks/results "$@" 2>&1 | tee "$OUT/bench.log"
     cp benchmarks/results/*.json "$OUT/" 2>/dev/null || true
     ;;
   sanitize)
-    compute-sanitizer --tool memcheck --error-exitcode 1 \
-      "$py" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider "$@" 2>&1 | tee "$OUT/memcheck.log"
+    set -o pipefail
+    tool=memcheck
+    case "${1:-}" in memcheck|racecheck|synccheck|initcheck) tool=$1; shift ;; esac
+    [ $# -gt 0 ] || set -- tests/test_gpu.py
+    compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      "$py" -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 | tee "$OUT/$tool.log"
     ;;
   example)
     build=build/torch_op
@@ -61,5 +73,5 @@ case "$step" in
     cmake --build "$build" >> "$OUT/example-cmake.log" 2>&1
     "$py" examples/torch_op/add_kernel.py "$build" 2>&1 | tee "$OUT/example.log"
     ;;
-  *) echo "usage: scripts/gpu_session.sh test|bench|sanitize|example|wheels [args]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu_session.sh test|gpu|bench|sanitize|example|wheels [args]" >&2; exit 2 ;;
 esac
