@@ -50,7 +50,9 @@ fi
 # side (scripts/matrix.sh) never share one.
 wheels="$VENV/wheels"
 rm -rf "$wheels"
-"${pip[@]}" wheel --no-build-isolation --no-deps -w "$wheels" .
+# FASTKERNEL_TESTING adds the host-testing switch, _C._testing and the benchmark loops, which
+# the tests and the benchmark use; a user's `pip install fastkernel` leaves them out.
+"${pip[@]}" wheel --no-build-isolation --no-deps -C cmake.define.FASTKERNEL_TESTING=ON -w "$wheels" .
 "${pip[@]}" install --force-reinstall --no-deps "$wheels"/fastkernel-*.whl
 
 # The sanitized module: the same sources built with -fsanitize=address,undefined into
@@ -61,6 +63,7 @@ sanitize() {
   flags="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
   PATH="$(dirname "$py"):$PATH" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=address,undefined" \
+    -DFASTKERNEL_TESTING=ON \
     -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF -DPython_EXECUTABLE="$py" \
     -Dpybind11_DIR="$("$py" -c 'import pybind11; print(pybind11.get_cmake_dir())')" >/dev/null
   PATH="$(dirname "$py"):$PATH" cmake --build "$build" --target _C >/dev/null
@@ -114,7 +117,7 @@ cuda_torch_build() {
 
 case "$command" in
   demo) exec "$py" -m fastkernel demo "$@" ;;
-  bench) exec "$py" -m fastkernel bench "$@" ;;
+  bench) exec "$py" benchmarks/dispatch.py "$@" ;;
   test) exec "$py" -m pytest tests "$@" ;;
   sanitize) sanitize "$@" ;;
   cuda-build) cuda_torch_build ;;

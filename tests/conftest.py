@@ -11,10 +11,21 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# The benchmark harness (benchmarks/fkbench), whose host-side part some tests run.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
 
 from stand_in_driver.recording import RecordingDriver, build_recording_driver  # noqa: E402
 
 import torch  # noqa: E402
+
+from fastkernel import _C  # noqa: E402
+
+if not hasattr(_C, "_testing"):
+    raise pytest.UsageError(
+        "the tests need fastkernel built with its testing additions: build it with "
+        "`pip install --no-build-isolation -C cmake.define.FASTKERNEL_TESTING=ON .` "
+        "(scripts/dev.sh does)")
 
 STAND_IN = os.environ.get("FASTKERNEL_TEST_STAND_IN") == "1" or not torch.cuda.is_available()
 STAND_IN_PATH = None

@@ -1,6 +1,6 @@
 """The dispatch benchmark's host-side part, run at tiny counts on the CPU.
 
-Checks the structure of what ``python -m fastkernel bench --host`` writes and that the timed
+Checks the structure of what ``python benchmarks/dispatch.py --host`` writes and that the timed
 fastkernel calls really were native hits (a fast path that silently never engaged would
 otherwise pass as a fast benchmark). No timing is asserted: this machine's speed is no one's
 contract. The callgrind report parser is checked on a canned ``callgrind_annotate`` report.
@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from fastkernel import CudaError, _C, bench
-from fastkernel._bench_host import breakdown, parse_annotate_output
-from fastkernel._bench_kernels import SHAPES
+from fastkernel import CudaError, _C
+from fkbench.callgrind import breakdown, parse_annotate_output
+from fkbench.kernels import SHAPES
 
 # The host-side benchmark opens the recording stand-in driver in its own process.
 pytestmark = pytest.mark.stand_in
@@ -32,9 +32,8 @@ def host_report(tmp_path_factory):
     """Runs the host-side benchmark once, in its own process (it opens the stand-in driver)."""
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, "-m", "fastkernel", "bench", "--host", "--quick",
-         "--iterations", str(ITERATIONS), "--repeats", str(REPEATS),
-         "--out", str(out), "--repo", str(REPO)],
+        [sys.executable, str(REPO / "benchmarks" / "dispatch.py"), "--host", "--quick",
+         "--iterations", str(ITERATIONS), "--repeats", str(REPEATS), "--out", str(out)],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = list(out.glob("host-*.json"))
@@ -74,7 +73,7 @@ def test_every_shape_and_system_has_a_result(host_report):
 
 def test_timed_calls_were_native_hits(host_report):
     report, _ = host_report
-    from fastkernel._bench_kernels import tutorial_grid
+    from fkbench.kernels import tutorial_grid
     warmup = max(50, ITERATIONS // 5)
     for shape in SHAPES:
         # Tuple and callable grid loops, and two tutorial-grid loops where the shape has one.
@@ -98,12 +97,12 @@ def test_misses_and_first_calls_are_reported(host_report):
     assert "ns/call (x floor)" in stdout
 
 
-def test_missing_checkout_is_a_clear_error(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    # No stand-in under --repo: the run stops before touching the driver.
-    assert bench.find_repo_root(str(tmp_path)) is None
-    assert bench.main(["--host", "--repo", str(tmp_path)]) == 2
-    assert "stand-in driver" in capsys.readouterr().err
+@pytest.mark.parametrize("option", ["--iterations", "--repeats"])
+def test_a_count_below_one_is_a_clear_error(option, capsys):
+    import dispatch
+    # The run stops before touching the driver.
+    assert dispatch.main(["--host", option, "0"]) == 2
+    assert f"{option} must be >= 1" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +127,7 @@ def add2_cubin():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from fastkernel._bench_kernels import add2_kernel
+    from fkbench.kernels import add2_kernel
     signature = {"x0": "*fp32", "x1": "*fp32", "n": "i32", "BLOCK": "constexpr"}
     compiled = triton.compile(ASTSource(add2_kernel, signature, {(3,): 1024}),
                               target=GPUTarget("cuda", 90, 32))

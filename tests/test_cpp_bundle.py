@@ -179,16 +179,16 @@ def test_cpp_torch_launch_allocates_the_scratch_an_entry_needs(stand_in, cpp_tor
 
 
 def test_the_benchmark_cpp_row_launches_the_bytes_python_launches(stand_in, tmp_path):
-    from fastkernel import bench
     from fastkernel import fastkernel as fk
-    from fastkernel._bench_kernels import SHAPES as shapes
+    from fkbench import common
+    from fkbench.kernels import SHAPES as shapes
     for shape in shapes:
         stand_in.reset()
         k = fk(shape.kernel)
         args = shape.make_args("cpu")
         k[shape.grid](*args)
         (python_launch,) = stand_in.launches()
-        timed = bench.bundle_timed(k, args, shape.grid, 0, 0x5EED5, tmp_path / shape.name)
+        timed = common.bundle_timed(k, args, shape.grid, 0, 0x5EED5, tmp_path / shape.name)
         timed.loop(3)
         launches = stand_in.launches()[1:]
         assert len(launches) == 3

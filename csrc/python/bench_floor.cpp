@@ -265,7 +265,7 @@ loop. Raises as BenchFloor does, and ValueError for a grid dimension of 0.)doc")
       py::arg("launcher"), py::arg("grid"), py::arg("args"), py::arg("iterations"),
       R"doc(Call `launcher[grid](*args)` `iterations` times from a native loop (results dropped).
 
-Used by `python -m fastkernel bench --callgrind`, which collects instruction counts only while
+Used by `python benchmarks/dispatch.py --callgrind`, which collects instruction counts only while
 fastkernel_bench_call_loop runs. An exception raised by a call propagates.)doc");
 }
 

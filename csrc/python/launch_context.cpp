@@ -10,9 +10,11 @@
 namespace fastkernel {
 namespace {
 
+#if FASTKERNEL_TESTING
 bool g_testing = false;
 int g_test_device = 0;
 uint64_t g_test_stream = 0;
+#endif
 
 const c10::impl::DeviceGuardImplInterface* cuda_guard_impl() {
   // The registry entry is written once when libtorch_cuda loads (at `import torch`) and never
@@ -27,9 +29,11 @@ const c10::impl::DeviceGuardImplInterface* cuda_guard_impl() {
 }  // namespace
 
 LaunchContext current_launch_context() {
+#if FASTKERNEL_TESTING
   if (g_testing) {
     return {g_test_device, reinterpret_cast<CUstream>(g_test_stream)};
   }
+#endif
   const auto* impl = cuda_guard_impl();
   if (impl == nullptr) {
     throw std::runtime_error(
@@ -40,6 +44,7 @@ LaunchContext current_launch_context() {
   return {device.index(), static_cast<CUstream>(impl->getStreamNativeHandle(stream))};
 }
 
+#if FASTKERNEL_TESTING
 void set_host_testing(bool enabled, int device, uint64_t stream) {
   g_testing = enabled;
   g_test_device = device;
@@ -47,5 +52,6 @@ void set_host_testing(bool enabled, int device, uint64_t stream) {
 }
 
 bool host_testing() noexcept { return g_testing; }
+#endif
 
 }  // namespace fastkernel

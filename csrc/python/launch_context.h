@@ -15,14 +15,20 @@ struct LaunchContext {
 };
 
 /// The current CUDA device and torch's current stream for it. Throws std::runtime_error when
-/// this torch has no CUDA support (unless the testing override is set).
+/// this torch has no CUDA support (unless the testing override is on).
 LaunchContext current_launch_context();
 
-/// Test-only override: launches go to `device` on `stream` and CPU tensors stand in for device
-/// tensors, so the recording stand-in driver can check launches on a machine with no GPU.
+#if FASTKERNEL_TESTING
+/// Test-only override (testing builds): launches go to `device` on `stream` and CPU tensors
+/// stand in for device tensors, so the recording stand-in driver can check launches on a
+/// machine with no GPU.
 void set_host_testing(bool enabled, int device, uint64_t stream);
 
 /// True while the testing override is on.
 bool host_testing() noexcept;
+#else
+/// Without the testing build there is no override.
+constexpr bool host_testing() noexcept { return false; }
+#endif
 
 }  // namespace fastkernel

@@ -1,5 +1,6 @@
 // Crossing from C++ into Python in pybind11 functions: native exceptions become fastkernel's
-// typed Python exceptions (CudaError with the CUDA error's name and number, DriverUnavailableError).
+// typed Python exceptions (CudaError with the CUDA error's name and number, DriverUnavailableError),
+// and the kernel-object argument check those functions share.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -7,6 +8,14 @@
 #include "kernel_object.h"
 
 namespace fastkernel {
+
+/// The KernelObject behind `obj`; pybind11::type_error when it is not a fastkernel kernel.
+inline KernelObject* as_kernel(pybind11::handle obj) {
+  if (!PyObject_TypeCheck(obj.ptr(), &KernelType)) {
+    throw pybind11::type_error("expected a fastkernel kernel object");
+  }
+  return reinterpret_cast<KernelObject*>(obj.ptr());
+}
 
 /// Runs `fn`, translating native exceptions into fastkernel's Python exception types;
 /// pybind11's own exceptions pass through unchanged.

@@ -1,6 +1,7 @@
-"""``python -m fastkernel demo|bench|cache|run``: the demo (examples checked against torch), the
-dispatch benchmark, the on-disk kernel cache (``cache info|list|clear|export|import``), and
-``run [--stats] [-m] target [args...]``, a program run with every Triton launch native."""
+"""``python -m fastkernel demo|cache|run``: the demo (examples checked against torch), the on-disk
+kernel cache (``cache info|list|clear|export|import``), and ``run [--stats] [-m] target
+[args...]``, a program run with every Triton launch native. The dispatch benchmark is the
+repository's ``benchmarks/dispatch.py``."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run example kernels through fastkernel and check them against torch",
                    add_help=False)
-    sub.add_parser("bench", help="measure per-call dispatch cost against the alternatives",
-                   add_help=False)
     sub.add_parser("cache", help="inspect, clear, export or import the on-disk kernel cache",
                    add_help=False)
     sub.add_parser("run", help="run a script or module with every Triton kernel launch native "
@@ -27,11 +26,8 @@ def main(argv=None) -> int:
     if args.command == "demo":
         from . import demo
         return demo.main(rest)
-    if args.command == "cache":
-        from . import cache
-        return cache.main(rest)
-    from . import bench
-    return bench.main(rest)
+    from . import cache
+    return cache.main(rest)
 
 
 if __name__ == "__main__":

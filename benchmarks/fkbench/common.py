@@ -1,35 +1,6 @@
-"""``python -m fastkernel bench``: per-call dispatch cost of fastkernel against the alternatives.
-
-The method is the one in the design brief (``DESIGN.md``, "How to measure dispatch cost"):
-wall-clock time per call over a steady-state loop of many calls of a tiny kernel, after a
-warm-up, synchronizing before each clock read; the median of several repeats; every system in
-the same process and run, repeats interleaved across systems. The loop is CPU-bound, so it
-measures how long a call takes to issue, not how long the kernel runs.
-
-With a GPU, each shape of :mod:`fastkernel._bench_kernels` is timed through:
-
-``floor``
-    a C++ loop of raw ``cuLaunchKernel`` on Triton's cubin with the parameter bytes Triton
-    passes (``fastkernel._C.BenchFloor``, the loaded-once form of ``_C.bench_floor``);
-``triton_run``
-    Triton's ``CompiledKernel.run`` called directly, as ``JITFunction.run`` calls it;
-``triton``
-    Triton's ``kernel[grid](...)``;
-``fastkernel`` / ``fastkernel_callable``
-    ``@fastkernel`` with a tuple grid and with a callable grid;
-``inductor_static``
-    torch Inductor's static CUDA launcher, where the installed torch has a usable one;
-``cuda_graph``
-    a CUDA graph replay of the same launches, per launch (the amortized reference).
-
-It also times a miss that only registers a new specialization from Triton's on-disk cache,
-and the first call of a freshly decorated kernel. Output: a table (microseconds per call and
-the ratio to the floor), a JSON file and, when matplotlib imports, a PNG plot.
-
-Without a GPU (or with ``--host``) it runs the host-side part instead, against the recording
-stand-in driver from the repository's tests (see :mod:`fastkernel._bench_host`); ``--callgrind``
-counts instructions per hit under valgrind.
-"""
+"""What every part of the dispatch benchmark shares: the timing loops, the systems timed the
+same way on a GPU and host-side, the environment record, and the report (table, JSON, plot,
+targets)."""
 
 from __future__ import annotations
 
@@ -46,8 +17,6 @@ import shutil
 import statistics
 import struct
 import subprocess
-import sys
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -70,14 +39,21 @@ SYSTEM_LABELS: Dict[str, str] = {
 GRAPH_LAUNCHES = 100
 
 # (iterations per repeat, repeats) by mode; --iterations / --repeats override them.
-_GPU_DEFAULTS = (10000, 7)
-_GPU_QUICK = (2000, 3)
+GPU_DEFAULTS = (10000, 7)
+GPU_QUICK = (2000, 3)
 # The stand-in records 4096 launches; staying under that keeps every timed launch identical.
-_HOST_DEFAULTS = (4000, 15)
-_HOST_QUICK = (1000, 5)
+HOST_DEFAULTS = (4000, 15)
+HOST_QUICK = (1000, 5)
 # Misses and first calls are milliseconds each: a few samples suffice.
-_COLD_REPEATS = 5
-_COLD_REPEATS_QUICK = 2
+COLD_REPEATS = 5
+COLD_REPEATS_QUICK = 2
+
+
+def testing_build() -> bool:
+    """Whether the installed ``fastkernel._C`` has the benchmark loops and the host-testing
+    switch (a build configured with ``-DFASTKERNEL_TESTING=ON``)."""
+    from fastkernel import _C
+    return hasattr(_C, "bench_call_loop") and hasattr(_C, "_testing")
 
 
 # ---- timing -----------------------------------------------------------------------------------
@@ -222,7 +198,7 @@ def triton_param_bytes(compiled, args: Sequence[Any]) -> List[bytes]:
     ValueError
         For parameter types the benchmark does not pack, or a kernel that needs scratch memory.
     """
-    from . import _triton_abi as abi
+    from fastkernel import _triton_abi as abi
     signature = list(compiled.src.signature.values())
     if len(signature) != len(args):
         raise ValueError(f"{compiled.name}: {len(args)} arguments for {len(signature)} parameters")
@@ -249,7 +225,7 @@ def floor_timed(compiled, args: Sequence[Any], grid: Tuple[int, ...], device: in
 
     The cubin is loaded here, once; the timed loop is only ``cuLaunchKernel`` calls.
     """
-    from . import _C
+    from fastkernel import _C
     md = compiled.metadata
     launcher = _C.BenchFloor(compiled.asm["cubin"], md.name, device, 32 * md.num_warps,
                              md.shared, triton_param_bytes(compiled, args))
@@ -268,8 +244,8 @@ def bundle_timed(fk, args: Sequence[Any], grid: Tuple[int, ...], device: int, st
     the call's runtime arguments (``_C.BenchBundle``)."""
     import torch
 
-    from . import _C
-    from .bundle import export
+    from fastkernel import _C
+    from fastkernel.bundle import export
     export(fk, directory)
     spec = []
     for param, value in zip(fk.jit_function.params, args):
@@ -295,8 +271,8 @@ def tutorial_grid_systems(fk, shape, args: tuple) -> Dict[str, "Timed"]:
     ``lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)``, with Triton's own
     ``triton.cdiv`` and with fastkernel's host helpers installed (switched before each loop,
     outside the timing; left off). Empty for shapes without ``n`` and ``BLOCK``."""
-    from . import _host_helpers
-    from ._bench_kernels import tutorial_grid
+    from fastkernel import _host_helpers
+    from .kernels import tutorial_grid
     grid = tutorial_grid(shape)
     if grid is None:
         return {}
@@ -376,7 +352,7 @@ def environment(mode: str, device: Optional[int]) -> Dict[str, Any]:
     import torch
     import triton
 
-    from . import _C, __version__
+    from fastkernel import _C, __version__
     env: Dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mode": mode,
@@ -407,14 +383,9 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def results_dir(out: Optional[str], repo: Optional[pathlib.Path]) -> pathlib.Path:
-    """``--out``, else ``benchmarks/results`` of the checkout, else of the working directory."""
-    if out:
-        path = pathlib.Path(out)
-    elif repo is not None:
-        path = repo / "benchmarks" / "results"
-    else:
-        path = pathlib.Path("benchmarks") / "results"
+def results_dir(out: Optional[str], repo: pathlib.Path) -> pathlib.Path:
+    """``--out``, else ``benchmarks/results`` of the checkout."""
+    path = pathlib.Path(out) if out else repo / "benchmarks" / "results"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -639,148 +610,16 @@ def graph_timed(launch: Callable[[], Any], launches: int) -> Timed:
     return Timed(loop, launches_per_iteration=launches)
 
 
-def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
-    """Time every system on every shape on the current CUDA device; write the report."""
-    import torch
-
-    from ._bench_kernels import SHAPES, autotuned_call
-    from .kernel import FastKernel
-
-    iterations, repeats = _mode_counts(opts, _GPU_QUICK if opts.quick else _GPU_DEFAULTS)
-    cold_repeats = _COLD_REPEATS_QUICK if opts.quick else _COLD_REPEATS
-    device = torch.cuda.current_device()
-    stream = torch.cuda.current_stream(device).cuda_stream
-    sync = torch.cuda.synchronize
-    env = environment("gpu", device)
-    print(f"fastkernel dispatch benchmark on {env['device']} (driver {env['driver_version']}, "
-          f"CUDA {env['cuda_version']}); {iterations} calls x {repeats} repeats per system")
-
-    shape_results: Dict[str, Dict[str, List[float]]] = {}
-    shape_info: Dict[str, Dict[str, int]] = {}
-    cold: Dict[str, Dict[str, float]] = {}
-    absent: Dict[str, str] = {}
-    fast_path: Dict[str, Dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="fastkernel-bench-") as scratch_dir:
-        for shape in SHAPES:
-            print(f"  {shape.name}: compiling and warming up", flush=True)
-            args = shape.make_args("cuda")
-            grid = shape.grid
-            jit = shape.kernel
-            compiled = jit[grid](*args)  # compiles (or loads from Triton's cache) and launches
-            fk = FastKernel(jit)
-            fk[grid](*args)
-            sync()
-
-            def callable_grid(meta, _grid=grid):
-                return _grid
-
-            systems: Dict[str, Timed] = {
-                "floor": floor_timed(compiled, args, grid, device, stream),
-                **triton_systems(jit, compiled, grid, args, stream),
-                "fastkernel": Timed(call_loop(fk, grid, args)),
-                "fastkernel_callable": Timed(call_loop(fk, callable_grid, args)),
-                **tutorial_grid_systems(fk, shape, args),
-            }
-            tuned = autotuned_call(shape, "cuda")
-            if tuned is not None:
-                systems["fastkernel_autotuned"] = Timed(call_loop(tuned[0], grid, tuned[1]))
-            systems["fastkernel_cpp"] = bundle_timed(fk, args, grid, device, stream,
-                                                     pathlib.Path(scratch_dir) / shape.name)
-            static, why = inductor_static_timed(compiled, args, grid, device, stream, scratch_dir)
-            if static is not None:
-                systems["inductor_static"] = static
-            else:
-                absent["inductor_static"] = why
-            try:
-                systems["cuda_graph"] = graph_timed(lambda: jit[grid](*args), GRAPH_LAUNCHES)
-            except Exception as exc:  # reported, and the other systems still run
-                absent["cuda_graph"] = f"capture failed: {type(exc).__name__}: {exc}"
-
-            before = fk.stats()
-            shape_results[shape.name] = time_systems(systems, iterations, repeats, sync)
-            after = fk.stats()
-            fast_path[shape.name] = _fast_path_record(before, after)
-            shape_info[shape.name] = {"num_args": shape.num_args, "num_tensors": shape.num_tensors}
-            cold[shape.name] = _gpu_cold_costs(fk, jit, shape, args, cold_repeats, sync)
-
-    for system, why in absent.items():
-        print(f"{SYSTEM_LABELS[system]}: absent ({why})")
-    from . import _bench_warm
-    warm = _bench_warm.measure(host=False, repeats=1 if opts.quick else 3)
-    rows = result_rows(shape_results, shape_info)
-    report = {
-        "environment": env,
-        "method": _method(iterations, repeats),
-        "systems": {k: v for k, v in SYSTEM_LABELS.items()},
-        "absent": absent,
-        "results": rows,
-        "cold_us": cold,
-        "fastkernel_path": fast_path,
-        "warm_start": warm,
-        "targets": check_targets(rows),
-    }
-    if warm["warm_speedup"] is not None:
-        report["targets"].append({"target": "Triton warm first call / fastkernel warm first call >= 10",
-                                  "measured": warm["warm_speedup"],
-                                  "met": warm["warm_speedup"] >= 10.0})
-    stem = f"dispatch-{slug(env['device'])}-{env['date'][:10]}"
-    finish_report(report, results_dir(opts.out, repo), stem, list(SYSTEM_LABELS), SYSTEM_LABELS,
-                  "us")
-    _print_cold(cold, "us")
-    _bench_warm.print_report(warm)
-    _print_fast_path(fast_path)
-    _print_floor_vs_graph(rows)
-    print("\ntargets:")
-    for t in report["targets"]:
-        print(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['measured']:.2f}")
-    return 0 if _all_hits(fast_path) else 1
-
-
-def _gpu_cold_costs(fk, jit, shape, args: tuple, repeats: int,
-                    sync: Callable[[], None]) -> Dict[str, float]:
-    """Median microseconds of a miss served from Triton's on-disk cache and of a first call."""
-    import triton
-
-    from . import _C
-    from .kernel import FastKernel
-    grid = shape.grid
-
-    def fastkernel_miss():
-        _C.clear(fk)  # drops the launch records: the next call registers again from the cache
-        return lambda: fk[grid](*args)
-
-    def fastkernel_first():
-        fresh = FastKernel(triton.jit(jit.fn))
-        return lambda: fresh[grid](*args)
-
-    def triton_first():
-        fresh = triton.jit(jit.fn)
-        return lambda: fresh[grid](*args)
-
-    costs = {
-        "fastkernel_miss_from_disk_cache": median(
-            time_single_calls(fastkernel_miss, repeats, sync)),
-        "fastkernel_first_call": median(time_single_calls(fastkernel_first, repeats, sync)),
-        "triton_first_call": median(time_single_calls(triton_first, repeats, sync)),
-    }
-    if hasattr(jit, "device_caches"):
-        def triton_miss():
-            jit.device_caches.clear()  # Triton's in-process caches; the binary stays on disk
-            return lambda: jit[grid](*args)
-        costs["triton_miss_from_disk_cache"] = median(time_single_calls(triton_miss, repeats, sync))
-    return costs
-
-
 # ---- shared helpers ---------------------------------------------------------------------------
 
 
-def _mode_counts(opts: argparse.Namespace, defaults: Tuple[int, int]) -> Tuple[int, int]:
+def mode_counts(opts: argparse.Namespace, defaults: Tuple[int, int]) -> Tuple[int, int]:
     iterations = opts.iterations if opts.iterations is not None else defaults[0]
     repeats = opts.repeats if opts.repeats is not None else defaults[1]
     return iterations, repeats
 
 
-def _method(iterations: int, repeats: int) -> Dict[str, Any]:
+def method_record(iterations: int, repeats: int) -> Dict[str, Any]:
     return {
         "statistic": "median over repeats of wall time per call",
         "calls_per_repeat": iterations,
@@ -790,7 +629,7 @@ def _method(iterations: int, repeats: int) -> Dict[str, Any]:
     }
 
 
-def _fast_path_record(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
+def fast_path_record(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
     """fastkernel's counters over a timed section: hits, misses and fallbacks it made."""
     return {
         "hits": after["hits"] - before["hits"],
@@ -800,12 +639,12 @@ def _fast_path_record(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str
     }
 
 
-def _all_hits(fast_path: Dict[str, Dict[str, Any]]) -> bool:
+def all_hits(fast_path: Dict[str, Dict[str, Any]]) -> bool:
     return all(r["hits"] > 0 and r["misses"] == 0 and r["fallbacks"] == 0
                for r in fast_path.values())
 
 
-def _print_fast_path(fast_path: Dict[str, Dict[str, Any]]) -> None:
+def print_fast_path(fast_path: Dict[str, Dict[str, Any]]) -> None:
     for shape, r in fast_path.items():
         if r["hits"] == 0 or r["misses"] or r["fallbacks"]:
             print(f"WARNING: {shape}: the native path did not serve every timed fastkernel call "
@@ -813,7 +652,7 @@ def _print_fast_path(fast_path: Dict[str, Dict[str, Any]]) -> None:
                   f"reasons {r['fallback_reasons']})")
 
 
-def _print_cold(cold: Dict[str, Dict[str, float]], unit: str) -> None:
+def print_cold(cold: Dict[str, Dict[str, float]], unit: str) -> None:
     if not cold:
         return
     names = list(dict.fromkeys(k for costs in cold.values() for k in costs))
@@ -825,7 +664,7 @@ def _print_cold(cold: Dict[str, Dict[str, float]], unit: str) -> None:
             f"{cold[s].get(name, float('nan')):>13.0f}" for s in cold))
 
 
-def _print_floor_vs_graph(rows: List[Dict[str, Any]]) -> None:
+def print_floor_vs_graph(rows: List[Dict[str, Any]]) -> None:
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
     close = [shape for (shape, system), value in us.items()
              if system == "floor" and (shape, "cuda_graph") in us
@@ -833,85 +672,3 @@ def _print_floor_vs_graph(rows: List[Dict[str, Any]]) -> None:
     if close:
         print(f"note: the floor is within 10% of CUDA graph replay at {', '.join(close)}: there "
               f"the GPU's run time, not the launch, may bound the floor, which compresses ratios")
-
-
-# ---- entry point ------------------------------------------------------------------------------
-
-
-def find_repo_root(explicit: Optional[str] = None) -> Optional[pathlib.Path]:
-    """The fastkernel checkout holding ``tests/stand_in_driver``, or None.
-
-    Looked for in ``explicit`` (``--repo``), above this file (a source checkout or editable
-    install), and in the working directory and its parents.
-    """
-    if explicit:
-        candidates = [pathlib.Path(explicit).resolve()]
-    else:
-        here = pathlib.Path(__file__).resolve()
-        cwd = pathlib.Path.cwd().resolve()
-        candidates = [here.parents[2], cwd, *cwd.parents]
-    for path in candidates:
-        if (path / "tests" / "stand_in_driver" / "recording.py").is_file():
-            return path
-    return None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m fastkernel bench",
-        description="Per-call dispatch cost of fastkernel against raw cuLaunchKernel, Triton, "
-                    "Inductor's static launcher and CUDA graphs (host-side only without a GPU).")
-    parser.add_argument("--iterations", type=int, default=None, metavar="N",
-                        help="calls per timed loop (default: 10000 on a GPU, 4000 host-side; "
-                             "hits per shape under --callgrind, default 1000)")
-    parser.add_argument("--repeats", type=int, default=None, metavar="R",
-                        help="timed loops per system; the median is reported "
-                             "(default: 7 on a GPU, 15 host-side)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="directory for the JSON and PNG (default: benchmarks/results of the "
-                             "checkout)")
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer calls and repeats (2000 x 3 on a GPU, 1000 x 5 host-side)")
-    parser.add_argument("--host", action="store_true",
-                        help="run the host-side part against the recording stand-in driver even "
-                             "when a GPU is present")
-    parser.add_argument("--callgrind", action="store_true",
-                        help="count instructions per hit under valgrind --tool=callgrind "
-                             "(host-side, deterministic), with a breakdown by function group")
-    parser.add_argument("--repo", default=None, metavar="DIR",
-                        help="the fastkernel checkout holding tests/stand_in_driver (default: "
-                             "found from this file or the working directory)")
-    return parser
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run the dispatch benchmark; ``argv`` as after ``python -m fastkernel bench``.
-
-    Returns
-    -------
-    int
-        0 on success; 1 when fastkernel's native path did not serve the timed calls; 2 when
-        the host-side part cannot run (no checkout with the stand-in driver, no valgrind).
-    """
-    opts = build_parser().parse_args(argv)
-    for name in ("iterations", "repeats"):
-        value = getattr(opts, name)
-        if value is not None and value < 1:
-            print(f"--{name} must be >= 1", file=sys.stderr)
-            return 2
-    repo = find_repo_root(opts.repo)
-    if opts.callgrind:
-        from . import _bench_host
-        return _bench_host.run_callgrind(opts, repo)
-    import torch
-    if opts.host or not torch.cuda.is_available():
-        if not opts.host:
-            print("No CUDA GPU is available: timings of launches need a GPU. Running the "
-                  "host-side part (fastkernel's own cost per hit, against a stand-in driver).")
-        from . import _bench_host
-        return _bench_host.run_host(opts, repo)
-    return run_gpu(opts, repo)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,8 +7,8 @@
 
 Each child reports the wall-clock moment its first launch returned (synchronized on a GPU) and
 the duration of that first call alone, and how often it called ``triton.compile`` (for Triton
-itself a warm cache still goes through ``triton.compile``, which then reads its cache). Python's and torch's import cost is in every process-start figure
-alike; the first-call figure is what differs between the systems.
+itself a warm cache still goes through ``triton.compile``, which then reads its cache).
+Python's and torch's import cost is in every process-start figure alike; the first-call figure is what differs between the systems.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, Dict, Optional
 _CHILD = r"""
 import json, sys, time
 system, host, stream = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+sys.path.insert(0, sys.argv[4])  # the benchmarks directory, for fkbench.kernels
 import torch
 import triton
 import triton.compiler
@@ -38,7 +39,7 @@ def _counting_compile(*a, **k):
     return _real_compile(*a, **k)
 triton.compile = triton.compiler.compile = triton.compiler.compiler.compile = _counting_compile
 from fastkernel import _C, FastKernel
-from fastkernel._bench_kernels import add2_kernel, N, BLOCK
+from fkbench.kernels import add2_kernel, N, BLOCK
 if host:
     _C._testing.set_host_testing(True, 0, stream)
 device = "cpu" if host else "cuda"
@@ -55,7 +56,8 @@ print(json.dumps({"done_wall": time.time(), "first_call_s": first, "triton_compi
 
 def _run_child(system: str, host: bool, stream: int, env: Dict[str, str]) -> Dict[str, Any]:
     start = time.time()
-    done = subprocess.run([sys.executable, "-c", _CHILD, system, "1" if host else "0", str(stream)],
+    done = subprocess.run([sys.executable, "-c", _CHILD, system, "1" if host else "0", str(stream),
+                           str(pathlib.Path(__file__).resolve().parents[1])],
                           env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"warm-start child ({system}) failed:\n{done.stderr[-3000:]}")

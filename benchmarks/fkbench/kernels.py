@@ -1,4 +1,4 @@
-"""The dispatch benchmark's kernels and call shapes (``python -m fastkernel bench``).
+"""The dispatch benchmark's kernels and call shapes (``benchmarks/dispatch.py``).
 
 Each shape is a tiny kernel whose launch cost, not its run time, dominates a call:
 
@@ -163,8 +163,8 @@ def autotuned_call(shape: Shape, device: str, do_bench: Optional[Callable] = Non
     constexpr. ``do_bench`` replaces Triton's timer (the host benchmark has no GPU to time on)."""
     import triton as _triton
 
-    from ._autotune import autotune
-    from .kernel import FastKernel
+    from fastkernel._autotune import autotune
+    from fastkernel.kernel import FastKernel
     if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
         return None
     configs = [_triton.Config({"BLOCK": BLOCK}), _triton.Config({"BLOCK": 2 * BLOCK})]

@@ -1,0 +1,379 @@
+"""``python benchmarks/dispatch.py --callgrind``: instructions per hit, deterministic.
+
+Re-runs the hit loops under ``valgrind --tool=callgrind``, collecting only inside
+``_C.bench_call_loop`` (``--toggle-collect=fastkernel_bench_call_loop``) and dumping once per
+loop (``--dump-after``), which gives instructions per hit on a noisy machine, and a breakdown
+by function group from ``callgrind_annotate``'s inclusive counts. Launches go to the recording
+stand-in driver (:func:`fkbench.host.use_stand_in_driver`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import common
+from .host import StandInUnavailable, use_stand_in_driver
+
+#: Warm-up hits before a collected callgrind loop.
+_CALLGRIND_WARMUP = 20
+#: Hits per collected loop unless --iterations says otherwise.
+_CALLGRIND_HITS = 1000
+#: The function callgrind collects in and dumps after (csrc/python/bench_floor.cpp): an exact
+#: name, as --dump-after takes no wildcard.
+_TOGGLE = "fastkernel_bench_call_loop"
+
+#: Function groups of a hit, by the symbol whose inclusive count measures them (in call order).
+#: "fastkernel::launch" includes the driver call; the breakdown subtracts it.
+GROUP_SYMBOLS: List[Tuple[str, str]] = [
+    ("key build", "fastkernel::bind_and_build_key("),
+    ("lookup", "fastkernel::LaunchTable::find("),
+    ("stream query", "fastkernel::current_launch_context("),
+    ("packing + launch", "fastkernel::launch("),
+    ("driver call", "cuLaunchKernel"),
+]
+
+
+# ---- callgrind --------------------------------------------------------------------------------
+
+# Run by the callgrind child: loads the unstripped profiling build of the extension as
+# fastkernel._C before the package imports the installed one, then runs callgrind_child
+# (argv: the extension, the benchmarks directory, the child's options).
+_CHILD_BOOTSTRAP = """\
+import importlib.util
+import sys
+import torch  # the extension resolves torch's libraries, which torch loads
+spec = importlib.util.spec_from_file_location("fastkernel._C", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["fastkernel._C"] = module
+spec.loader.exec_module(module)
+sys.path.insert(0, sys.argv[2])
+from fkbench import callgrind
+sys.exit(callgrind.callgrind_child(sys.argv[3:]))
+"""
+
+
+def _tool(name: str) -> Optional[str]:
+    """``name`` on PATH or beside this interpreter (a virtual environment's bin)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    beside = pathlib.Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else None
+
+
+def build_profile_extension(repo: pathlib.Path) -> pathlib.Path:
+    """Build an unstripped, non-LTO copy of ``_C`` for callgrind's symbol names.
+
+    The wheel's extension is stripped and link-time optimized (pybind11's defaults for a
+    Release build), which removes the names of the functions the breakdown is about. This copy
+    is built from the same sources at the same ``-O3``, without LTO and unstripped (CMake build
+    type "None", which pybind11 leaves unstripped), in ``build/callgrind-profile`` of the
+    checkout; kept between runs and rebuilt incrementally. It has no ``-g`` on purpose: with
+    line tables, callgrind_annotate splits a function's count by the source file of each inlined
+    piece, and the groups are read per function.
+
+    Returns
+    -------
+    pathlib.Path
+        The built extension module.
+
+    Raises
+    ------
+    RuntimeError
+        When cmake or pybind11 is missing or the build fails (with the build's output).
+    """
+    cmake = _tool("cmake")
+    if cmake is None:
+        raise RuntimeError("--callgrind builds a profiling copy of the extension and needs cmake")
+    try:
+        import pybind11
+    except ImportError as exc:
+        raise RuntimeError("--callgrind needs pybind11 (a build dependency) to build the "
+                           "profiling copy of the extension") from exc
+    build_dir = repo / "build" / "callgrind-profile"
+    env = dict(os.environ)
+    env["PATH"] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    configure = [cmake, "-S", str(repo), "-B", str(build_dir),
+                 "-DCMAKE_BUILD_TYPE=None",
+                 "-DCMAKE_CXX_FLAGS=-O3 -DNDEBUG",
+                 "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF",
+                 "-DFASTKERNEL_TESTING=ON",
+                 f"-DPython_EXECUTABLE={sys.executable}",
+                 f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"]
+    if _tool("ninja"):
+        configure += ["-G", "Ninja"]
+    stamp = build_dir / "fastkernel-configure.txt"
+    steps = []
+    if not stamp.is_file() or stamp.read_text() != "\n".join(configure):
+        steps.append(configure)
+    steps.append([cmake, "--build", str(build_dir), "--target", "_C"])
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the profiling extension failed ({' '.join(cmd)}):\n"
+                               f"{(proc.stdout + proc.stderr)[-4000:]}")
+        if cmd is configure:
+            stamp.write_text("\n".join(configure))
+    built = sorted(build_dir.glob("_C*.so"))
+    if not built:
+        raise RuntimeError(f"no _C*.so in {build_dir} after the build")
+    return built[0]
+
+
+def parse_annotate_output(text: str) -> Tuple[Optional[int], Dict[str, int]]:
+    """Parse ``callgrind_annotate --inclusive=yes`` output.
+
+    Parameters
+    ----------
+    text : str
+        The annotate report.
+
+    Returns
+    -------
+    total : int or None
+        The ``PROGRAM TOTALS`` instruction count.
+    functions : dict of str to int
+        Inclusive instruction count per function name (file and object stripped).
+    """
+    total = None
+    functions: Dict[str, int] = {}
+    line_re = re.compile(r"^\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?(.+?)\s*$")
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if m is None:
+            continue
+        count = int(m.group(1).replace(",", ""))
+        rest = m.group(2)
+        if rest.startswith("PROGRAM TOTALS"):
+            total = count
+            continue
+        rest = re.sub(r"\s+\[[^\]]*\]$", "", rest)  # the object file
+        _, _, name = rest.partition(":")  # "file:function"; a file name has no ':'
+        functions[name] = max(functions.get(name, 0), count)
+    return total, functions
+
+
+def _inclusive(functions: Dict[str, int], symbol: str) -> Optional[int]:
+    """The inclusive count of ``symbol`` (a name prefix; an exact name when it has no '(')."""
+    if "(" in symbol:
+        counts = [c for name, c in functions.items() if name.startswith(symbol)]
+    else:
+        counts = [c for name, c in functions.items()
+                  if name == symbol or name.startswith(symbol + "'")]
+    return max(counts) if counts else None
+
+
+def breakdown(total: int, functions: Dict[str, int], hits: int) -> Dict[str, Optional[float]]:
+    """Instructions per hit, in total and by function group.
+
+    ``entry`` (Python to native: ``kernel[grid]``, vectorcall dispatch, grid, counters and the
+    return value) is what remains after the named groups; ``packing`` is ``fastkernel::launch``
+    less the driver call it makes. A group whose symbol is absent (inlined or renamed) is None
+    and its cost stays in ``entry``.
+    """
+    inc = {group: _inclusive(functions, symbol) for group, symbol in GROUP_SYMBOLS}
+    driver_call = inc["driver call"] or 0
+    launch = inc["packing + launch"]
+    named = sum(v for k, v in inc.items() if v is not None and k != "driver call")
+    if launch is None:
+        named += driver_call
+    per = {
+        "total": total / hits,
+        "entry": (total - named) / hits,
+        "key build": None if inc["key build"] is None else inc["key build"] / hits,
+        "lookup": None if inc["lookup"] is None else inc["lookup"] / hits,
+        "stream query": None if inc["stream query"] is None else inc["stream query"] / hits,
+        "packing": None if launch is None else (launch - driver_call) / hits,
+        "driver call": driver_call / hits if inc["driver call"] is not None else None,
+    }
+    per["fastkernel"] = (total - driver_call) / hits if inc["driver call"] is not None else None
+    return per
+
+
+def callgrind_child(argv: List[str]) -> int:
+    """Under valgrind: register each shape, then one collected loop of hits per grid kind."""
+    parser = argparse.ArgumentParser(prog="fastkernel callgrind child")
+    parser.add_argument("--hits", type=int, required=True)
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--repo", required=True)
+    opts = parser.parse_args(argv)
+
+    from fastkernel import _C, _host_helpers
+    from .kernels import SHAPES, tutorial_grid
+    from fastkernel.kernel import PATCH_ATTR, FastKernel
+    from fastkernel.patch import patched
+
+    drv = use_stand_in_driver(pathlib.Path(opts.repo))
+    loops = []
+    for shape in SHAPES:
+        args = shape.make_args("cpu")
+        fk = FastKernel(shape.kernel)
+        fk[shape.grid](*args)  # the miss: registers from Triton's disk cache (warmed by the parent)
+
+        def callable_grid(meta, _grid=shape.grid):
+            return _grid
+
+        grids = [("tuple", shape.grid, None), ("callable", callable_grid, None)]
+        tutorial = tutorial_grid(shape)
+        if tutorial is not None:  # Triton's own triton.cdiv, then fastkernel's host helpers
+            grids += [("tutorial", tutorial, _host_helpers.uninstall),
+                      ("tutorial+helpers", tutorial, _host_helpers.install)]
+        for grid_kind, grid, switch in grids:
+            if switch is not None:
+                switch()
+            for _ in range(_CALLGRIND_WARMUP):
+                fk[grid](*args)
+            drv.reset()
+            hits_before = fk.stats()["hits"]
+            _C.bench_call_loop(fk, grid, args, opts.hits)  # collected, then dumped
+            hits = fk.stats()["hits"] - hits_before
+            loops.append({"shape": shape.name, "grid": grid_kind, "num_args": shape.num_args,
+                          "num_tensors": shape.num_tensors, "hits": hits,
+                          "launches": drv.launch_count()})
+        _host_helpers.uninstall()
+        # The same kernel as a plain Triton JITFunction under fastkernel.patch(), tuple grid.
+        with patched():
+            shape.kernel[shape.grid](*args)  # its dispatch's miss (warm index and disk cache)
+            dispatch = shape.kernel.__dict__[PATCH_ATTR]
+            for _ in range(_CALLGRIND_WARMUP):
+                shape.kernel[shape.grid](*args)
+            drv.reset()
+            hits_before = dispatch.stats()["hits"]
+            _C.bench_call_loop(shape.kernel, shape.grid, args, opts.hits)
+            loops.append({"shape": shape.name, "grid": "patched", "num_args": shape.num_args,
+                          "num_tensors": shape.num_tensors,
+                          "hits": dispatch.stats()["hits"] - hits_before,
+                          "launches": drv.launch_count()})
+    _C._testing.set_host_testing(False, 0, 0)
+    with open(opts.manifest, "w") as f:
+        json.dump({"loops": loops, "hits_requested": opts.hits}, f)
+    return 0
+
+
+def _dump_index(path: pathlib.Path) -> int:
+    suffix = path.name.rsplit(".", 1)[-1]
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
+    """Instructions per hit per shape under callgrind, with the function-group breakdown."""
+    from .kernels import SHAPES
+    from fastkernel.kernel import FastKernel
+
+    valgrind, annotate = _tool("valgrind"), _tool("callgrind_annotate")
+    if valgrind is None or annotate is None:
+        print("error: --callgrind needs valgrind and callgrind_annotate on PATH", file=sys.stderr)
+        return 2
+    try:
+        drv = use_stand_in_driver(repo)
+    except StandInUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    hits = opts.iterations if opts.iterations is not None else _CALLGRIND_HITS
+    print("callgrind: building an unstripped, non-LTO copy of the extension (same sources, -O3) "
+          "in build/callgrind-profile, so that function names survive", flush=True)
+    try:
+        extension = build_profile_extension(repo)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # Compiling under valgrind would take minutes: fill Triton's disk cache natively first.
+    for shape in SHAPES:
+        FastKernel(shape.kernel)[shape.grid](*shape.make_args("cpu"))
+    drv.reset()
+
+    with tempfile.TemporaryDirectory(prefix="fastkernel-callgrind-") as tmp:
+        tmp_dir = pathlib.Path(tmp)
+        manifest_path = tmp_dir / "manifest.json"
+        cmd = [valgrind, "--tool=callgrind", "--collect-atstart=no",
+               f"--toggle-collect={_TOGGLE}", f"--dump-after={_TOGGLE}",
+               f"--callgrind-out-file={tmp_dir / 'callgrind.out'}",
+               sys.executable, "-c", _CHILD_BOOTSTRAP, str(extension), str(repo / "benchmarks"),
+               "--hits", str(hits), "--manifest", str(manifest_path), "--repo", str(repo)]
+        print(f"callgrind: {hits} hits per shape and grid kind under valgrind (importing torch "
+              f"under valgrind takes about a minute)", flush=True)
+        start = time.monotonic()
+        # A fixed hash seed keeps dict layouts, hence the callable-grid counts, the same run to run.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0 or not manifest_path.is_file():
+            print(f"error: the callgrind run failed (exit {proc.returncode}):\n"
+                  f"{(proc.stdout + proc.stderr)[-4000:]}", file=sys.stderr)
+            return 1
+        print(f"callgrind: done in {time.monotonic() - start:.0f} s")
+        manifest = json.loads(manifest_path.read_text())
+        dumps = sorted((p for p in tmp_dir.glob("callgrind.out.*") if _dump_index(p) > 0),
+                       key=_dump_index)
+        loops = manifest["loops"]
+        if len(dumps) != len(loops):
+            print(f"error: expected {len(loops)} callgrind dumps, found {len(dumps)}",
+                  file=sys.stderr)
+            return 1
+        for loop, dump in zip(loops, dumps):
+            out = subprocess.run([annotate, "--inclusive=yes", "--threshold=100", str(dump)],
+                                 capture_output=True, text=True, check=True).stdout
+            total, functions = parse_annotate_output(out)
+            if total is None or loop["hits"] <= 0:
+                print(f"error: no counts for {loop['shape']} ({loop['grid']} grid)",
+                      file=sys.stderr)
+                return 1
+            loop["instructions_per_hit"] = breakdown(total, functions, loop["hits"])
+
+    _print_callgrind(loops)
+    env = common.environment("callgrind", None)
+    report = {
+        "environment": env,
+        "method": {"tool": "valgrind --tool=callgrind", "collected_in": _TOGGLE,
+                   "extension": "profiling build: -O3, no LTO, unstripped",
+                   "driver": "recording stand-in (tests/stand_in_driver)",
+                   "hits_per_loop": hits, "groups": dict(GROUP_SYMBOLS)},
+        "loops": loops,
+    }
+    out_dir = common.results_dir(opts.out, repo)
+    path = out_dir / f"callgrind-{env['date'][:10]}.json"
+    common.write_json(path, report)
+    print(f"\nresults: {path}")
+    ok = all(loop["hits"] == hits and loop["launches"] == hits for loop in loops)
+    if not ok:
+        print("WARNING: not every collected call was a fastkernel hit that launched")
+    return 0 if ok else 1
+
+
+def _print_callgrind(loops: List[Dict[str, Any]]) -> None:
+    columns = ["total", "fastkernel", "entry", "key build", "lookup", "stream query", "packing",
+               "driver call"]
+    print("\ninstructions per hit (callgrind; driver call = the stand-in's cuLaunchKernel; "
+          "fastkernel = total less the driver call; entry = Python to native, grid and glue):")
+    head = f"  {'shape':<12}{'grid':<18}" + "".join(f"{c:>14}" for c in columns)
+    print(head)
+    print("  " + "-" * (len(head) - 2))
+    for loop in loops:
+        per = loop["instructions_per_hit"]
+        cells = "".join(f"{'n/a' if per[c] is None else format(per[c], '.0f'):>14}"
+                        for c in columns)
+        print(f"  {loop['shape']:<12}{loop['grid']:<18}{cells}")
+    own = {(l["shape"], l["grid"]): l["instructions_per_hit"]["fastkernel"] for l in loops}
+    for kind, label in (("callable", "a callable grid"),
+                        ("tutorial", "a tutorial grid with Triton's triton.cdiv"),
+                        ("tutorial+helpers", "a tutorial grid with the host helpers")):
+        extra = [f"{shape}: {own[(shape, kind)] - own[(shape, 'tuple')]:.0f}"
+                 for shape, grid in own if grid == "tuple" and (shape, kind) in own]
+        if extra:
+            print(f"{label} adds (fastkernel's instructions per hit, over the tuple grid): "
+                  + "  ".join(extra))
+    ratios = [f"{shape}: {own[(shape, 'patched')] / own[(shape, 'tuple')]:.3f}"
+              for shape, grid in own if grid == "tuple" and (shape, "patched") in own
+              and own[(shape, "tuple")]]
+    if ratios:
+        print("patched Triton kernel / @fastkernel kernel (fastkernel's own instructions per hit, "
+              "tuple grid; the stand-in driver's share varies run to run): " + "  ".join(ratios))
