@@ -19,7 +19,6 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import Dict, List
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -55,23 +54,33 @@ WORKER = textwrap.dedent("""
 SPECIALIZATIONS = 3
 
 
-def one_round(processes: int, lock: bool, driver: str) -> Dict[str, float]:
+def one_round(processes: int, lock: bool, driver: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="fastkernel-contention-") as tmp:
         tmp_path = pathlib.Path(tmp)
-        env = {**os.environ, "FASTKERNEL_CACHE_DIR": str(tmp_path / "cache"),
-               "FASTKERNEL_CUDA_DRIVER": driver, "FASTKERNEL_CACHE_LOCK": "1" if lock else "0",
-               # Triton's own cache would make every compile after the first cheap: off here,
-               # so each process that compiles pays a whole compile, as on a fresh machine.
-               "TRITON_CACHE_DIR": str(tmp_path / "triton-cache-%d")}
+        env = {
+            **os.environ,
+            "FASTKERNEL_CACHE_DIR": str(tmp_path / "cache"),
+            "FASTKERNEL_CUDA_DRIVER": driver,
+            "FASTKERNEL_CACHE_LOCK": "1" if lock else "0",
+            # Triton's own cache would make every compile after the first cheap: off here,
+            # so each process that compiles pays a whole compile, as on a fresh machine.
+            "TRITON_CACHE_DIR": str(tmp_path / "triton-cache-%d"),
+        }
         script = WORKER.format(tests=str(TESTS))
         go = tmp_path / "go"
         procs, ready = [], []
         for i in range(processes):
             ready.append(tmp_path / f"ready{i}")
             proc_env = dict(env, TRITON_CACHE_DIR=str(tmp_path / f"triton-cache-{i}"))
-            procs.append(subprocess.Popen([sys.executable, "-c", script, str(ready[-1]), str(go)],
-                                          env=proc_env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", script, str(ready[-1]), str(go)],
+                    env=proc_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         while not all(r.exists() for r in ready):
             if any(p.poll() is not None for p in procs):
                 break
@@ -85,11 +94,14 @@ def one_round(processes: int, lock: bool, driver: str) -> Dict[str, float]:
             if p.returncode != 0:
                 raise RuntimeError(f"a worker failed:\n{stderr}")
             results.append(json.loads(stdout.strip().splitlines()[-1]))
-        return {"compiles": sum(r["compiles"] for r in results), "wall_s": wall,
-                "all_native": all(r["native"] for r in results)}
+        return {
+            "compiles": sum(r["compiles"] for r in results),
+            "wall_s": wall,
+            "all_native": all(r["native"] for r in results),
+        }
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1, help="rounds per mode, interleaved")
@@ -97,26 +109,42 @@ def main(argv: List[str]) -> int:
     opts = parser.parse_args(argv)
     sys.path.insert(0, str(TESTS))
     from stand_in_driver.recording import build_recording_driver
+
     driver = str(build_recording_driver())
-    runs: Dict[str, List[Dict[str, float]]] = {"lock": [], "no lock": []}
+    runs: dict[str, list[dict[str, float]]] = {"lock": [], "no lock": []}
     for _ in range(opts.rounds):
         for mode in runs:
             runs[mode].append(one_round(opts.processes, mode == "lock", driver))
-    print(f"{opts.processes} processes, {SPECIALIZATIONS} specializations, one empty cache "
-          f"({opts.rounds} round{'s' if opts.rounds > 1 else ''} per mode):")
+    print(
+        f"{opts.processes} processes, {SPECIALIZATIONS} specializations, one empty cache "
+        f"({opts.rounds} round{'s' if opts.rounds > 1 else ''} per mode):"
+    )
     summary = {}
     for mode, rounds in runs.items():
         compiles = statistics.median(r["compiles"] for r in rounds)
         wall = statistics.median(r["wall_s"] for r in rounds)
         native = all(r["all_native"] for r in rounds)
-        summary[mode] = {"compiles": compiles, "wall_s": wall, "all_native": native,
-                         "rounds": rounds}
-        print(f"  {mode:8} Triton compiles {compiles:5.0f}   wall {wall:6.2f} s   "
-              f"every launch native: {native}")
+        summary[mode] = {
+            "compiles": compiles,
+            "wall_s": wall,
+            "all_native": native,
+            "rounds": rounds,
+        }
+        print(
+            f"  {mode:8} Triton compiles {compiles:5.0f}   wall {wall:6.2f} s   "
+            f"every launch native: {native}"
+        )
     if opts.out:
-        opts.out.write_text(json.dumps({"processes": opts.processes,
-                                        "specializations": SPECIALIZATIONS,
-                                        "results": summary}, indent=1))
+        opts.out.write_text(
+            json.dumps(
+                {
+                    "processes": opts.processes,
+                    "specializations": SPECIALIZATIONS,
+                    "results": summary,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

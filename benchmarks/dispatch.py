@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-from typing import List, Optional
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -32,27 +31,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python benchmarks/dispatch.py",
         description="Per-call dispatch cost of fastkernel against raw cuLaunchKernel, Triton, "
-                    "Inductor's static launcher and CUDA graphs (host-side only without a GPU).")
-    parser.add_argument("--iterations", type=int, default=None, metavar="N",
-                        help="calls per timed loop (default: 10000 on a GPU, 4000 host-side; "
-                             "hits per shape under --callgrind, default 1000)")
-    parser.add_argument("--repeats", type=int, default=None, metavar="R",
-                        help="timed loops per system; the median is reported "
-                             "(default: 7 on a GPU, 15 host-side)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="directory for the JSON and PNG (default: benchmarks/results)")
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer calls and repeats (2000 x 3 on a GPU, 1000 x 5 host-side)")
-    parser.add_argument("--host", action="store_true",
-                        help="run the host-side part against the recording stand-in driver even "
-                             "when a GPU is present")
-    parser.add_argument("--callgrind", action="store_true",
-                        help="count instructions per hit under valgrind --tool=callgrind "
-                             "(host-side, deterministic), with a breakdown by function group")
+        "Inductor's static launcher and CUDA graphs (host-side only without a GPU).",
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="calls per timed loop (default: 10000 on a GPU, 4000 host-side; "
+        "hits per shape under --callgrind, default 1000)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        metavar="R",
+        help="timed loops per system; the median is reported (default: 7 on a GPU, 15 host-side)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="directory for the JSON and PNG (default: benchmarks/results)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer calls and repeats (2000 x 3 on a GPU, 1000 x 5 host-side)",
+    )
+    parser.add_argument(
+        "--host",
+        action="store_true",
+        help="run the host-side part against the recording stand-in driver even "
+        "when a GPU is present",
+    )
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="count instructions per hit under valgrind --tool=callgrind "
+        "(host-side, deterministic), with a breakdown by function group",
+    )
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the dispatch benchmark with command-line arguments ``argv``; the exit status."""
     opts = build_parser().parse_args(argv)
     for name in ("iterations", "repeats"):
@@ -61,21 +83,31 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"--{name} must be >= 1", file=sys.stderr)
             return 2
     from fkbench import common
+
     if not common.testing_build():
-        print("this fastkernel build has no benchmark loops: build it with "
-              "-DFASTKERNEL_TESTING=ON (scripts/dev.sh does)", file=sys.stderr)
+        print(
+            "this fastkernel build has no benchmark loops: build it with "
+            "-DFASTKERNEL_TESTING=ON (scripts/dev.sh does)",
+            file=sys.stderr,
+        )
         return 2
     if opts.callgrind:
         from fkbench import callgrind
+
         return callgrind.run_callgrind(opts, REPO)
     import torch
+
     if opts.host or not torch.cuda.is_available():
         if not opts.host:
-            print("No CUDA GPU is available: timings of launches need a GPU. Running the "
-                  "host-side part (fastkernel's own cost per hit, against a stand-in driver).")
+            print(
+                "No CUDA GPU is available: timings of launches need a GPU. Running the "
+                "host-side part (fastkernel's own cost per hit, against a stand-in driver)."
+            )
         from fkbench import host
+
         return host.run_host(opts, REPO)
     from fkbench import gpu
+
     return gpu.run_gpu(opts, REPO)
 
 

@@ -12,12 +12,12 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 # The benchmark harness (benchmarks/fkbench), whose host-side part some tests run.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-
-from stand_in_driver.recording import RecordingDriver, build_recording_driver  # noqa: E402
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+)
 
 import torch  # noqa: E402
+from stand_in_driver.recording import RecordingDriver, build_recording_driver  # noqa: E402
 
 from fastkernel import _C  # noqa: E402
 
@@ -25,7 +25,8 @@ if not hasattr(_C, "_testing"):
     raise pytest.UsageError(
         "the tests need fastkernel built with its testing additions: build it with "
         "`pip install --no-build-isolation -C cmake.define.FASTKERNEL_TESTING=ON .` "
-        "(scripts/dev.sh does)")
+        "(scripts/dev.sh does)"
+    )
 
 STAND_IN = os.environ.get("FASTKERNEL_TEST_STAND_IN") == "1" or not torch.cuda.is_available()
 STAND_IN_PATH = None
@@ -41,11 +42,16 @@ TEST_STREAM = 0x5EED5
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and STAND_IN:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (running against the stand-in driver)"))
+            item.add_marker(
+                pytest.mark.skip(reason="needs a CUDA GPU (running against the stand-in driver)")
+            )
         uses_stand_in = "stand_in" in item.fixturenames or item.get_closest_marker("stand_in")
         if uses_stand_in and not STAND_IN:
-            item.add_marker(pytest.mark.skip(
-                reason="stand-in driver tests: rerun with FASTKERNEL_TEST_STAND_IN=1"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="stand-in driver tests: rerun with FASTKERNEL_TEST_STAND_IN=1"
+                )
+            )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -69,6 +75,7 @@ def stand_in():
     """The recording stand-in driver, reset, with CPU tensors standing in for device tensors on
     device 0 and launches going to TEST_STREAM."""
     from fastkernel import _C
+
     driver = RecordingDriver(STAND_IN_PATH)
     driver.reset()
     _C._testing.set_host_testing(True, 0, TEST_STREAM)

@@ -7,18 +7,18 @@ compiles for sm_90 and takes the native path)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List
+from collections.abc import Callable
 
+import kernels
 import torch
 import triton
 import triton.language as tl
 
-import kernels
-
 
 @triton.jit
-def layer_norm_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, stride, n_cols, eps,
-                          BLOCK: tl.constexpr):
+def layer_norm_fwd_kernel(
+    x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, stride, n_cols, eps, BLOCK: tl.constexpr
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -35,8 +35,9 @@ def layer_norm_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, stride
 
 
 @triton.jit
-def layer_norm_bwd_dx_kernel(dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, stride, n_cols,
-                             BLOCK: tl.constexpr):
+def layer_norm_bwd_dx_kernel(
+    dx_ptr, dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, stride, n_cols, BLOCK: tl.constexpr
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -171,48 +172,79 @@ def _device_descriptor(k, device):
 
 def _host_descriptors(k, device):
     from triton.tools.tensor_descriptor import TensorDescriptor
+
     g = _seeded(device)
     src = torch.randn(96, 128, device=device, generator=g)
     outs = []
     for padding in ("zero", "nan"):  # a runtime field: one binary, two tensor maps
         dst = torch.zeros(96, 128, device=device)
-        k[(6, 4)](TensorDescriptor.from_tensor(src, [16, 32], padding=padding),
-                  TensorDescriptor.from_tensor(dst, [16, 32]), 0.5, BLOCK_M=16, BLOCK_N=32)
+        k[(6, 4)](
+            TensorDescriptor.from_tensor(src, [16, 32], padding=padding),
+            TensorDescriptor.from_tensor(dst, [16, 32]),
+            0.5,
+            BLOCK_M=16,
+            BLOCK_N=32,
+        )
         outs.append(dst)
     return outs
 
 
 def _persistent_matmul_descriptors(k, device):
     from triton.tools.tensor_descriptor import TensorDescriptor
+
     g = _seeded(device)
     m, n, kdim = 512, 384, 256
     a = torch.randn(m, kdim, device=device, generator=g).half()
     b = torch.randn(n, kdim, device=device, generator=g).half()
     c = torch.empty(m, n, device=device, dtype=torch.float16)
-    k[(8,)](TensorDescriptor.from_tensor(a, [128, 64]), TensorDescriptor.from_tensor(b, [128, 64]),
-            TensorDescriptor.from_tensor(c, [128, 128]), m, n, kdim, BLOCK_M=128, BLOCK_N=128,
-            BLOCK_K=64, NUM_PROGRAMS=8, num_warps=8, num_stages=3)
+    k[(8,)](
+        TensorDescriptor.from_tensor(a, [128, 64]),
+        TensorDescriptor.from_tensor(b, [128, 64]),
+        TensorDescriptor.from_tensor(c, [128, 128]),
+        m,
+        n,
+        kdim,
+        BLOCK_M=128,
+        BLOCK_N=128,
+        BLOCK_K=64,
+        NUM_PROGRAMS=8,
+        num_warps=8,
+        num_stages=3,
+    )
     return [c]
 
 
-def cases() -> List[Case]:
+def cases() -> list[Case]:
     return [
         Case("vector add", kernels.add_kernel, _add),
         Case("fused softmax", kernels.softmax_kernel, _softmax),
-        Case("layer norm forward and backward", (layer_norm_fwd_kernel, layer_norm_bwd_dx_kernel),
-             lambda k, device: _layer_norm(k[0], k[1], device)),
+        Case(
+            "layer norm forward and backward",
+            (layer_norm_fwd_kernel, layer_norm_bwd_dx_kernel),
+            lambda k, device: _layer_norm(k[0], k[1], device),
+        ),
         Case("dropout with an int64 seed", dropout_kernel, _dropout),
         Case("bf16 scalar, int that is 1 on some calls", strided_scale_kernel, _strided),
         Case("None optional pointer", kernels.scalars_kernel, _optional_pointer),
         Case("128 KB of shared memory", kernels.big_shared_kernel, _big_shared, hopper=True),
         Case("num_ctas=2 (clusters)", kernels.add_kernel, _clusters, hopper=True),
-        Case("device-side tensor descriptors (global scratch)", kernels.device_descriptor_kernel,
-             _device_descriptor, hopper=True),
-        Case("host tensor descriptors, zero and nan padding", kernels.descriptor_copy_kernel,
-             _host_descriptors),
-        Case("persistent matmul over host tensor descriptors (TMA)",
-             kernels.matmul_descriptor_persistent_kernel, _persistent_matmul_descriptors,
-             hopper=True),
+        Case(
+            "device-side tensor descriptors (global scratch)",
+            kernels.device_descriptor_kernel,
+            _device_descriptor,
+            hopper=True,
+        ),
+        Case(
+            "host tensor descriptors, zero and nan padding",
+            kernels.descriptor_copy_kernel,
+            _host_descriptors,
+        ),
+        Case(
+            "persistent matmul over host tensor descriptors (TMA)",
+            kernels.matmul_descriptor_persistent_kernel,
+            _persistent_matmul_descriptors,
+            hopper=True,
+        ),
     ]
 
 
@@ -223,4 +255,4 @@ def wrap(kernel, wrapper: Callable):
     return wrapper(kernel)
 
 
-CASES: Dict[str, Case] = {c.name: c for c in cases()}
+CASES: dict[str, Case] = {c.name: c for c in cases()}

@@ -17,8 +17,20 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def scalars_kernel(out_ptr, i32v, i64v, u64v, f32v, h: tl.float16, b: tl.bfloat16, d: tl.float64,
-                   flag, maybe_ptr, one, BLOCK: tl.constexpr):
+def scalars_kernel(
+    out_ptr,
+    i32v,
+    i64v,
+    u64v,
+    f32v,
+    h: tl.float16,
+    b: tl.bfloat16,
+    d: tl.float64,
+    flag,
+    maybe_ptr,
+    one,
+    BLOCK: tl.constexpr,
+):
     # Every scalar kind Triton packs differently, a None (dropped) and an int that may be 1.
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32) + f32v
@@ -82,10 +94,12 @@ def cast_kernel(out_ptr, in_ptr, n, OUT_DTYPE: tl.constexpr, FN: tl.constexpr, B
 def device_descriptor_kernel(in_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # A device-side tensor descriptor: on Hopper Triton needs a per-CTA global scratch buffer
     # for the TMA descriptor, so the launcher must allocate one.
-    desc_in = tl.make_tensor_descriptor(in_ptr, shape=[M, N], strides=[N, 1],
-                                        block_shape=[BLOCK_M, BLOCK_N])
-    desc_out = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1],
-                                         block_shape=[BLOCK_M, BLOCK_N])
+    desc_in = tl.make_tensor_descriptor(
+        in_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N]
+    )
+    desc_out = tl.make_tensor_descriptor(
+        out_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N]
+    )
     pid = tl.program_id(0)
     tile = desc_in.load([pid * BLOCK_M, 0])
     desc_out.store([pid * BLOCK_M, 0], tile)
@@ -134,8 +148,9 @@ def scale_in_place_kernel(x_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def copy2d_kernel(x_ptr, out_ptr, M, N, stride_xm, stride_xn, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
+def copy2d_kernel(
+    x_ptr, out_ptr, M, N, stride_xm, stride_xn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -151,14 +166,14 @@ def needs_pow2_kernel(out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def fused_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps,
-                             BLOCK: tl.constexpr):
+def fused_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
     # res += x (in place); out = res / rms(res) * w, one row per program.
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
-    r = tl.load(res_ptr + row * n_cols + offs, mask=mask, other=0.0) + \
-        tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0)
+    r = tl.load(res_ptr + row * n_cols + offs, mask=mask, other=0.0) + tl.load(
+        x_ptr + row * n_cols + offs, mask=mask, other=0.0
+    )
     tl.store(res_ptr + row * n_cols + offs, r, mask=mask)
     inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
@@ -179,8 +194,7 @@ def tuple_kernel(out_ptr, pair, n, nested, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def descriptor_copy_kernel(in_desc, out_desc, scale, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr):
+def descriptor_copy_kernel(in_desc, out_desc, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # A tile copy through two host descriptors (TMA on sm_90+, pointers below), scaled.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -198,9 +212,18 @@ def descriptor_tuple_kernel(pair, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def matmul_descriptor_persistent_kernel(a_desc, b_desc, c_desc, M, N, K,
-                                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                        BLOCK_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
+def matmul_descriptor_persistent_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+):
     # A persistent matmul C = A @ B.T over host descriptors (B is N x K): each program walks
     # the output tiles start, start + NUM_PROGRAMS, ...
     num_m = tl.cdiv(M, BLOCK_M)

@@ -11,18 +11,16 @@ import subprocess
 import sys
 import textwrap
 
+import kernels
 import pytest
 import torch
 import triton
+from conftest import STAND_IN_PATH
 from triton import knobs
 
 import fastkernel
-from fastkernel import _C
 from fastkernel import _triton_abi as abi
 from fastkernel import fastkernel as fk
-
-import kernels
-from conftest import STAND_IN_PATH
 
 
 class FakeTimer:
@@ -40,8 +38,11 @@ class FakeTimer:
         return [t, t, t]
 
 
-CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=2), triton.Config({"BLOCK": 128}, num_warps=4),
-           triton.Config({"BLOCK": 256}, num_warps=8)]
+CONFIGS = [
+    triton.Config({"BLOCK": 64}, num_warps=2),
+    triton.Config({"BLOCK": 128}, num_warps=4),
+    triton.Config({"BLOCK": 256}, num_warps=8),
+]
 
 
 def grid_1d(meta):
@@ -49,8 +50,9 @@ def grid_1d(meta):
 
 
 def tuned_add(timer, key=("n",), configs=CONFIGS, **kw):
-    return fastkernel.autotune(configs=configs, key=list(key), do_bench=timer,
-                               **kw)(fk(kernels.add_kernel))
+    return fastkernel.autotune(configs=configs, key=list(key), do_bench=timer, **kw)(
+        fk(kernels.add_kernel)
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +64,7 @@ def _compile_here(monkeypatch):
 @pytest.fixture
 def play_launches():
     """Sets a launch hook that materializes the launch metadata, which plays the kernel."""
+
     def enter(metadata):
         metadata.get()
 
@@ -120,13 +123,19 @@ def test_keyword_order_does_not_change_the_key(stand_in):
 
 def test_stride_classes_and_named_tensor_sizes_are_in_the_key(stand_in):
     timer = FakeTimer([1.0, 2.0])
-    configs = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}), triton.Config({"BLOCK_M": 32, "BLOCK_N": 16})]
-    k = fastkernel.autotune(configs=configs, key=["M", "N"], do_bench=timer)(fk(kernels.copy2d_kernel))
+    configs = [
+        triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}),
+        triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}),
+    ]
+    k = fastkernel.autotune(configs=configs, key=["M", "N"], do_bench=timer)(
+        fk(kernels.copy2d_kernel)
+    )
 
     def run(x):
         out = torch.empty(x.shape[0] * x.shape[1])
         k[lambda m: (triton.cdiv(m["M"], m["BLOCK_M"]), triton.cdiv(m["N"], m["BLOCK_N"]))](
-            x, out, x.shape[0], x.shape[1], x.stride(0), x.stride(1))
+            x, out, x.shape[0], x.shape[1], x.stride(0), x.stride(1)
+        )
 
     base = torch.randn(64, 64)
     run(base)
@@ -139,7 +148,9 @@ def test_stride_classes_and_named_tensor_sizes_are_in_the_key(stand_in):
     assert timer.calls == 6
     # A named tensor's sizes are keyed: re-tune when they change even if ints do not say so.
     timer2 = FakeTimer([1.0, 2.0])
-    k2 = fastkernel.autotune(configs=configs, key=["x_ptr"], do_bench=timer2)(fk(kernels.copy2d_kernel))
+    k2 = fastkernel.autotune(configs=configs, key=["x_ptr"], do_bench=timer2)(
+        fk(kernels.copy2d_kernel)
+    )
     out = torch.empty(64 * 64)
     grid = (4, 4)
     k2[grid](torch.randn(64, 64), out, 64, 64, 64, 1)
@@ -153,14 +164,20 @@ def test_the_python_tuning_key_matches_the_native_key_parts(stand_in):
     k = tuned_add(FakeTimer([1.0]), key=("n", "x_ptr"))
     x = torch.randn(8, 4)
     key = k.tuning_key({"x_ptr": x, "y_ptr": x.t(), "out_ptr": x[:, :1].expand(8, 3), "n": 5})
-    assert key == (5, (8, 4), ("torch.float32", (2, 1)), ("torch.float32", (1, 2)),
-                   ("torch.float32", (2, 0)))
+    assert key == (
+        5,
+        (8, 4),
+        ("torch.float32", (2, 1)),
+        ("torch.float32", (1, 2)),
+        ("torch.float32", (2, 0)),
+    )
 
 
 def test_reset_to_zero_gives_an_accumulating_kernel_one_clean_run(stand_in, play_launches):
     timer = FakeTimer([2.0, 1.0, 3.0])
-    k = fastkernel.autotune(configs=CONFIGS, key=["n"], reset_to_zero=["out_ptr"],
-                            do_bench=timer)(fk(kernels.accumulate_kernel))
+    k = fastkernel.autotune(configs=CONFIGS, key=["n"], reset_to_zero=["out_ptr"], do_bench=timer)(
+        fk(kernels.accumulate_kernel)
+    )
     x = torch.randn(512)
     out = torch.zeros(512)
     k[grid_1d](x, out, 512)  # tunes (3 benchmark launches), then the real launch
@@ -175,7 +192,8 @@ def test_reset_to_zero_gives_an_accumulating_kernel_one_clean_run(stand_in, play
 def test_without_reset_to_zero_the_benchmark_runs_accumulate(stand_in, play_launches):
     # The control for the test above: the simulated kernel does accumulate across launches.
     k = fastkernel.autotune(configs=CONFIGS, key=["n"], do_bench=FakeTimer([1.0]))(
-        fk(kernels.accumulate_kernel))
+        fk(kernels.accumulate_kernel)
+    )
     x, out = torch.randn(512), torch.zeros(512)
     k[grid_1d](x, out, 512)
     torch.testing.assert_close(out, 4 * x)
@@ -184,9 +202,13 @@ def test_without_reset_to_zero_the_benchmark_runs_accumulate(stand_in, play_laun
 def test_restore_value_gives_an_in_place_kernel_one_clean_run(stand_in, play_launches):
     timer = FakeTimer([2.0, 1.0, 3.0])
     seen = []
-    k = fastkernel.autotune(configs=CONFIGS, key=["n"], restore_value=["x_ptr"], do_bench=timer,
-                            pre_hook=lambda args: seen.append(args["x_ptr"].clone()))(
-        fk(kernels.scale_in_place_kernel))
+    k = fastkernel.autotune(
+        configs=CONFIGS,
+        key=["n"],
+        restore_value=["x_ptr"],
+        do_bench=timer,
+        pre_hook=lambda args: seen.append(args["x_ptr"].clone()),
+    )(fk(kernels.scale_in_place_kernel))
     x0 = torch.randn(300)
     x = x0.clone()
     k[grid_1d](x, 300)
@@ -223,7 +245,8 @@ def test_a_config_that_fails_to_compile_is_skipped_with_a_log_line(stand_in, cap
 def test_when_every_config_fails_the_error_lists_each_failure(stand_in):
     configs = [triton.Config({"BLOCK": 48}), triton.Config({"BLOCK": 96})]
     k = fastkernel.autotune(configs=configs, key=[], do_bench=FakeTimer([1.0]))(
-        fk(kernels.needs_pow2_kernel))
+        fk(kernels.needs_pow2_kernel)
+    )
     with pytest.raises(fastkernel.AutotuneError) as info:
         k[(1,)](torch.empty(128))
     assert "BLOCK=48" in str(info.value) and "BLOCK=96" in str(info.value)
@@ -242,8 +265,9 @@ def test_prune_configs_by_early_prune_perf_model_and_top_k(stand_in):
     def perf_model(**args):
         return -args["BLOCK"]  # bigger is "faster"
 
-    k = tuned_add(timer, prune_configs_by={"early_config_prune": early, "perf_model": perf_model,
-                                           "top_k": 1})
+    k = tuned_add(
+        timer, prune_configs_by={"early_config_prune": early, "perf_model": perf_model, "top_k": 1}
+    )
     x = torch.randn(1000)
     k[grid_1d](x, x, x, n=1000)  # a keyword: named_args and kwargs stay apart, as in Triton
     assert seen["n"] == 1000
@@ -341,10 +365,12 @@ def test_a_new_process_reuses_the_tuned_config_without_benchmarking(stand_in, tm
         print(len(calls), driver.launches()[-1].grid[0])
     """)
     env = dict(os.environ, FASTKERNEL_CUDA_DRIVER=str(STAND_IN_PATH))
-    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                           text=True, check=True)
-    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, check=True)
+    first = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    second = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
     assert first.stdout.split() == ["3", "8"]  # benchmarked; BLOCK=128 -> 8 programs
     assert second.stdout.split() == ["0", "8"]  # read from disk
 
@@ -353,8 +379,9 @@ def test_configs_compile_in_worker_processes(stand_in, monkeypatch):
     monkeypatch.setenv("FASTKERNEL_COMPILE_WORKERS", "2")
     compiled_here = []
     real = abi.compile_specialization
-    monkeypatch.setattr(abi, "compile_specialization",
-                        lambda *a: compiled_here.append(1) or real(*a))
+    monkeypatch.setattr(
+        abi, "compile_specialization", lambda *a: compiled_here.append(1) or real(*a)
+    )
     timer = FakeTimer([1.0, 2.0, 3.0])
     k = tuned_add(timer)
     x = torch.randn(1000)
@@ -368,7 +395,9 @@ def test_decoration_errors_name_the_problem():
     with pytest.raises(ValueError, match="'m'.*not arguments? of add_kernel"):
         fastkernel.autotune(configs=CONFIGS, key=["m"])(fk(kernels.add_kernel))
     with pytest.raises(ValueError, match="reset_to_zero names 'out'"):
-        fastkernel.autotune(configs=CONFIGS, key=["n"], reset_to_zero=["out"])(fk(kernels.add_kernel))
+        fastkernel.autotune(configs=CONFIGS, key=["n"], reset_to_zero=["out"])(
+            fk(kernels.add_kernel)
+        )
     with pytest.raises(TypeError, match="'n', which is not a tl.constexpr"):
         fastkernel.autotune(configs=[triton.Config({"n": 4})], key=[])(fk(kernels.add_kernel))
     with pytest.raises(ValueError, match="a config sets 'BLOCKK'"):
@@ -383,13 +412,18 @@ def test_decoration_errors_name_the_problem():
 
 def test_it_is_a_triton_autotuner_for_torch_compile_and_triton_heuristics(stand_in):
     from triton.runtime.autotuner import Autotuner
+
     k = tuned_add(FakeTimer([1.0]))
     assert isinstance(k, Autotuner)
     assert k.configs == CONFIGS and k.keys == ["n"] and isinstance(k.fn, fastkernel.FastKernel)
     # triton.heuristics above: its value is passed by keyword to the tuned kernel.
     h = triton.heuristics({"BLOCK": lambda args: 64})(
-        fastkernel.autotune(configs=[triton.Config({}, num_warps=2), triton.Config({}, num_warps=4)],
-                            key=["n"], do_bench=FakeTimer([2.0, 1.0]))(fk(kernels.add_kernel)))
+        fastkernel.autotune(
+            configs=[triton.Config({}, num_warps=2), triton.Config({}, num_warps=4)],
+            key=["n"],
+            do_bench=FakeTimer([2.0, 1.0]),
+        )(fk(kernels.add_kernel))
+    )
     x = torch.randn(64)
     h[(1,)](x, x, x, 64)
     assert stand_in.launches()[-1].block[0] == 128  # num_warps=4 won
@@ -406,6 +440,7 @@ def test_stats_count_tuned_hits(stand_in):
 
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     from fastkernel import _autotune
+
     items = [1, 2, 3]
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     assert _autotune._progress(items, "x") is items
@@ -439,8 +474,9 @@ def test_keyed_heuristics_are_computed_once_per_key_and_hit_natively(stand_in):
 
 
 def test_a_keyed_heuristic_reading_outside_its_key_is_an_error(stand_in):
-    k = fastkernel.heuristics({"BLOCK": lambda args: 64 if args["x_ptr"].numel() > 8 else 16},
-                              key=["n"])(fk(kernels.add_kernel))
+    k = fastkernel.heuristics(
+        {"BLOCK": lambda args: 64 if args["x_ptr"].numel() > 8 else 16}, key=["n"]
+    )(fk(kernels.add_kernel))
     x = torch.randn(64)
     with pytest.raises(KeyError, match="read argument 'x_ptr', which is not in its key"):
         k[(1,)](x, x, x, 64)
@@ -467,9 +503,11 @@ def test_autotune_over_keyed_heuristics(stand_in):
         seen.append((args["n"], args["num_warps"]))
         return 64 * args["num_warps"]
 
-    k = fastkernel.autotune(configs=[triton.Config({}, num_warps=2), triton.Config({}, num_warps=4)],
-                            key=["n"], do_bench=timer)(
-        fastkernel.heuristics({"BLOCK": block}, key=["n"])(fk(kernels.add_kernel)))
+    k = fastkernel.autotune(
+        configs=[triton.Config({}, num_warps=2), triton.Config({}, num_warps=4)],
+        key=["n"],
+        do_bench=timer,
+    )(fastkernel.heuristics({"BLOCK": block}, key=["n"])(fk(kernels.add_kernel)))
     x = torch.randn(4096)
     k[grid_1d](x, x, x, 1000)
     k[grid_1d](x, x, x, 1000)
@@ -478,7 +516,6 @@ def test_autotune_over_keyed_heuristics(stand_in):
     assert [(l.block[0], l.grid[0]) for l in launches] == [(64, 8), (128, 4), (128, 4), (128, 4)]
     assert k.stats()["hits"] == 1
     assert (1000, 4) in seen
-
 
 
 def test_kill_switch_gives_tritons_autotuner_over_tritons_kernel(monkeypatch):

@@ -7,12 +7,11 @@ import subprocess
 import sys
 import textwrap
 
+import kernels
 import pytest
 import torch
 
-from fastkernel import CudaError, DriverUnavailableError, fastkernel
-
-import kernels
+from fastkernel import CudaError, fastkernel
 
 REPO_TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -25,23 +24,55 @@ def add(stand_in):
 X = torch.randn(64)
 
 
-@pytest.mark.parametrize("call,exc,match", [
-    (lambda k: k[(1,)](X, X, X, 64, 64, 5), TypeError, "add_kernel takes 5 arguments but 6 were given"),
-    (lambda k: k[(1,)](X, X, X, 64, BLOCK=64, bogus=1), TypeError, "unexpected keyword argument 'bogus'"),
-    (lambda k: k[(1,)](X, X, X, BLOCK=64), TypeError, "missing required argument 'n'"),
-    (lambda k: k[(1,)](X, X, X, 64, BLOCK=64, n=3), TypeError, "multiple values for argument 'n'"),
-    (lambda k: k[(1,)](X, X, X, 64, BLOCK=64, stream=0), TypeError, "unexpected keyword argument 'stream'"),
-    (lambda k: k[(1,)](X, X, X, 2**64, BLOCK=64), OverflowError, "argument 'n'"),
-    (lambda k: k[(-1,)](X, X, X, 64, BLOCK=64), ValueError, r"grid\[0\]"),
-    (lambda k: k[(1, 70000)](X, X, X, 64, BLOCK=64), ValueError, r"grid\[1\]"),
-    (lambda k: k[(1, 1, 1, 1)](X, X, X, 64, BLOCK=64), ValueError, "1 to 3 dimensions"),
-    (lambda k: k[(1.5,)](X, X, X, 64, BLOCK=64), TypeError, r"grid\[0\] must be an int"),
-    (lambda k: k["abc"](X, X, X, 64, BLOCK=64), TypeError, r"grid\[0\] must be an int"),
-    (lambda k: k[5](X, X, X, 64, BLOCK=64), TypeError, "grid must be a tuple"),
-    (lambda k: k[lambda meta: None](X, X, X, 64, BLOCK=64), TypeError, "grid must be a tuple"),
-], ids=["too_many", "unknown_keyword", "missing", "duplicate", "stream_keyword", "int_overflow",
-        "negative_grid", "grid_y_limit", "grid_4d", "float_grid", "str_grid", "int_grid",
-        "callable_grid_returns_none"])
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (
+            lambda k: k[(1,)](X, X, X, 64, 64, 5),
+            TypeError,
+            "add_kernel takes 5 arguments but 6 were given",
+        ),
+        (
+            lambda k: k[(1,)](X, X, X, 64, BLOCK=64, bogus=1),
+            TypeError,
+            "unexpected keyword argument 'bogus'",
+        ),
+        (lambda k: k[(1,)](X, X, X, BLOCK=64), TypeError, "missing required argument 'n'"),
+        (
+            lambda k: k[(1,)](X, X, X, 64, BLOCK=64, n=3),
+            TypeError,
+            "multiple values for argument 'n'",
+        ),
+        (
+            lambda k: k[(1,)](X, X, X, 64, BLOCK=64, stream=0),
+            TypeError,
+            "unexpected keyword argument 'stream'",
+        ),
+        (lambda k: k[(1,)](X, X, X, 2**64, BLOCK=64), OverflowError, "argument 'n'"),
+        (lambda k: k[(-1,)](X, X, X, 64, BLOCK=64), ValueError, r"grid\[0\]"),
+        (lambda k: k[(1, 70000)](X, X, X, 64, BLOCK=64), ValueError, r"grid\[1\]"),
+        (lambda k: k[(1, 1, 1, 1)](X, X, X, 64, BLOCK=64), ValueError, "1 to 3 dimensions"),
+        (lambda k: k[(1.5,)](X, X, X, 64, BLOCK=64), TypeError, r"grid\[0\] must be an int"),
+        (lambda k: k["abc"](X, X, X, 64, BLOCK=64), TypeError, r"grid\[0\] must be an int"),
+        (lambda k: k[5](X, X, X, 64, BLOCK=64), TypeError, "grid must be a tuple"),
+        (lambda k: k[lambda meta: None](X, X, X, 64, BLOCK=64), TypeError, "grid must be a tuple"),
+    ],
+    ids=[
+        "too_many",
+        "unknown_keyword",
+        "missing",
+        "duplicate",
+        "stream_keyword",
+        "int_overflow",
+        "negative_grid",
+        "grid_y_limit",
+        "grid_4d",
+        "float_grid",
+        "str_grid",
+        "int_grid",
+        "callable_grid_returns_none",
+    ],
+)
 def test_bad_calls_raise_and_launch_nothing(add, stand_in, call, exc, match):
     with pytest.raises(exc, match=match):
         call(add)
@@ -64,11 +95,14 @@ def test_int_where_a_tensor_was_passed_before(stand_in):
     assert len(stand_in.launches()) == 1
 
 
-@pytest.mark.parametrize("args,match", [
-    ((2**40, 1, 1), "argument 'n': value 1099511627776 is out of range for i32"),
-    ((1, 1, 300), "argument 'small': value 300 is out of range for u8"),
-    ((1, 1, -1), "argument 'small': value -1 is out of range for u8"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((2**40, 1, 1), "argument 'n': value 1099511627776 is out of range for i32"),
+        ((1, 1, 300), "argument 'small': value 300 is out of range for u8"),
+        ((1, 1, -1), "argument 'small': value -1 is out of range for u8"),
+    ],
+)
 def test_int_out_of_range_for_declared_width(stand_in, args, match):
     k = fastkernel(kernels.typed_kernel)
     with pytest.raises(OverflowError, match=match):
@@ -78,6 +112,7 @@ def test_int_out_of_range_for_declared_width(stand_in, args, match):
 
 def test_cpu_tensor_for_a_gpu_launch(stand_in):
     from fastkernel import _C
+
     _C._testing.set_host_testing(False)
     k = fastkernel(kernels.add_kernel)
     with pytest.raises(ValueError, match="argument 'x_ptr' is a tensor on 'cpu'"):
@@ -89,7 +124,9 @@ def test_failed_launch_names_the_cuda_error_and_kernel(add, stand_in):
     add[(1,)](X, X, X, 64, BLOCK=64)
     stand_in.set_launch_result(700)
     try:
-        with pytest.raises(CudaError, match=r"'add_kernel'.*CUDA_ERROR_ILLEGAL_ADDRESS \(700\)") as info:
+        with pytest.raises(
+            CudaError, match=r"'add_kernel'.*CUDA_ERROR_ILLEGAL_ADDRESS \(700\)"
+        ) as info:
             add[(1,)](X, X, X, 64, BLOCK=64)
     finally:
         stand_in.set_launch_result(0)
@@ -99,12 +136,19 @@ def test_failed_launch_names_the_cuda_error_and_kernel(add, stand_in):
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=full_env, cwd=REPO_TESTS, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=REPO_TESTS,
+        timeout=300,
+    )
 
 
 def test_no_driver_imports_and_fails_at_first_launch():
-    result = _run("""
+    result = _run(
+        """
         import torch, fastkernel, kernels
         from fastkernel import _C
         k = fastkernel.fastkernel(kernels.add_kernel)
@@ -116,9 +160,14 @@ def test_no_driver_imports_and_fails_at_first_launch():
         except fastkernel.DriverUnavailableError as e:
             assert isinstance(e, RuntimeError)
             print("RAISED:", e)
-    """, FASTKERNEL_CUDA_DRIVER="/nonexistent/libcuda.so.1")
+    """,
+        FASTKERNEL_CUDA_DRIVER="/nonexistent/libcuda.so.1",
+    )
     assert result.returncode == 0, result.stderr
-    assert "RAISED: fastkernel: cannot open the CUDA driver library '/nonexistent/libcuda.so.1'" in result.stdout
+    assert (
+        "RAISED: fastkernel: cannot open the CUDA driver library '/nonexistent/libcuda.so.1'"
+        in result.stdout
+    )
 
 
 def test_import_under_another_torch_raises_clearly():
@@ -142,24 +191,31 @@ def test_decorator_rejects_non_functions():
 
 # -- error order: arity and keywords, then kinds, then values ---------------------------------------
 
+
 def _entry_points():
     """Each Python entry point over add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK): @fastkernel,
     the patch over a plain Triton kernel, fastkernel.autotune, fastkernel.heuristics, and
     Triton's own autotune and heuristics under the patch."""
     import triton
+
     from fastkernel import autotune, heuristics
+
     configs = [triton.Config({"BLOCK": 64})]
     return {
         "fastkernel": lambda: fastkernel(kernels.add_kernel),
         "patched": lambda: triton.jit(kernels.add_kernel.fn),
         "fastkernel.autotune": lambda: autotune(configs, key=["n"])(
-            fastkernel(triton.jit(kernels.add_kernel.fn))),
+            fastkernel(triton.jit(kernels.add_kernel.fn))
+        ),
         "fastkernel.heuristics": lambda: heuristics({"BLOCK": lambda args: 64})(
-            fastkernel(triton.jit(kernels.add_kernel.fn))),
+            fastkernel(triton.jit(kernels.add_kernel.fn))
+        ),
         "triton.autotune patched": lambda: triton.autotune(configs, key=["n"])(
-            triton.jit(kernels.add_kernel.fn)),
+            triton.jit(kernels.add_kernel.fn)
+        ),
         "triton.heuristics patched": lambda: triton.heuristics({"BLOCK": lambda args: 64})(
-            triton.jit(kernels.add_kernel.fn)),
+            triton.jit(kernels.add_kernel.fn)
+        ),
     }
 
 
@@ -169,6 +225,7 @@ def test_a_missing_argument_is_reported_before_a_cpu_tensor(stand_in, entry):
     tensors is a TypeError for ``n``, not a ValueError for the first tensor."""
     import fastkernel as fk
     from fastkernel import _C
+
     _C._testing.set_host_testing(False)
     with fk.patched():
         kernel = _entry_points()[entry]()
@@ -189,8 +246,14 @@ def test_an_fp16_scalar_past_the_largest_half_raises_as_tritons_launcher_does(st
     k = fastkernel(kernels.scalars_kernel)
     out = torch.empty(16)
     args = [out, 5, 2**40, 2**63 + 5, 1.25, None, -2.7, 3.14159, True, None, 1]
-    for h, ok in [(65504.0, True), (65519.0, True), (float("inf"), True), (65520.0, False),
-                  (1e40, False), (-1e40, False)]:
+    for h, ok in [
+        (65504.0, True),
+        (65519.0, True),
+        (float("inf"), True),
+        (65520.0, False),
+        (1e40, False),
+        (-1e40, False),
+    ]:
         args[5] = h
         if ok:
             k[(1,)](*args, BLOCK=16)

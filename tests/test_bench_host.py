@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from fastkernel import CudaError, _C
+from fastkernel import _C, CudaError
 from fkbench.callgrind import breakdown, parse_annotate_output
 from fkbench.kernels import SHAPES
 
@@ -32,9 +32,22 @@ def host_report(tmp_path_factory):
     """Runs the host-side benchmark once, in its own process (it opens the stand-in driver)."""
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "dispatch.py"), "--host", "--quick",
-         "--iterations", str(ITERATIONS), "--repeats", str(REPEATS), "--out", str(out)],
-        capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "dispatch.py"),
+            "--host",
+            "--quick",
+            "--iterations",
+            str(ITERATIONS),
+            "--repeats",
+            str(REPEATS),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = list(out.glob("host-*.json"))
     assert len(files) == 1, sorted(p.name for p in out.iterdir())
@@ -44,8 +57,17 @@ def host_report(tmp_path_factory):
 def test_environment_is_recorded(host_report):
     report, _ = host_report
     env = report["environment"]
-    for key in ("date", "mode", "device", "driver_version", "cuda_version", "torch", "triton",
-                "fastkernel", "cpu"):
+    for key in (
+        "date",
+        "mode",
+        "device",
+        "driver_version",
+        "cuda_version",
+        "torch",
+        "triton",
+        "fastkernel",
+        "cpu",
+    ):
         assert key in env
     assert env["mode"] == "host"
     assert ".so" in pathlib.Path(env["driver_library"]).name
@@ -55,8 +77,14 @@ def test_every_shape_and_system_has_a_result(host_report):
     report, _ = host_report
     rows = {(r["shape"], r["system"]): r for r in report["results"]}
     for shape in SHAPES:
-        systems = ["floor", "triton", "triton_run", "fastkernel", "fastkernel_callable",
-                   "fastkernel_cpp"]
+        systems = [
+            "floor",
+            "triton",
+            "triton_run",
+            "fastkernel",
+            "fastkernel_callable",
+            "fastkernel_cpp",
+        ]
         if shape.name.startswith("add-"):  # the shapes with a BLOCK to tune
             systems.append("fastkernel_autotuned")
         for system in systems:
@@ -74,6 +102,7 @@ def test_every_shape_and_system_has_a_result(host_report):
 def test_timed_calls_were_native_hits(host_report):
     report, _ = host_report
     from fkbench.kernels import tutorial_grid
+
     warmup = max(50, ITERATIONS // 5)
     for shape in SHAPES:
         # Tuple and callable grid loops, and two tutorial-grid loops where the shape has one.
@@ -100,6 +129,7 @@ def test_misses_and_first_calls_are_reported(host_report):
 @pytest.mark.parametrize("option", ["--iterations", "--repeats"])
 def test_a_count_below_one_is_a_clear_error(option, capsys):
     import dispatch
+
     # The run stops before touching the driver.
     assert dispatch.main(["--host", option, "0"]) == 2
     assert f"{option} must be >= 1" in capsys.readouterr().err
@@ -110,6 +140,7 @@ def stand_in():
     """The recording stand-in driver, opened by this process's first launch."""
     sys.path.insert(0, str(REPO / "tests"))
     from stand_in_driver.recording import RecordingDriver, build_recording_driver
+
     path = build_recording_driver()
     if _C.driver_loaded() and _C.driver_library_path() != str(path):
         pytest.skip(f"this process already opened the driver {_C.driver_library_path()}")
@@ -128,15 +159,22 @@ def add2_cubin():
     from triton.compiler import ASTSource
 
     from fkbench.kernels import add2_kernel
+
     signature = {"x0": "*fp32", "x1": "*fp32", "n": "i32", "BLOCK": "constexpr"}
-    compiled = triton.compile(ASTSource(add2_kernel, signature, {(3,): 1024}),
-                              target=GPUTarget("cuda", 90, 32))
+    compiled = triton.compile(
+        ASTSource(add2_kernel, signature, {(3,): 1024}), target=GPUTarget("cuda", 90, 32)
+    )
     return compiled.asm["cubin"], compiled.name
 
 
 # x0, x1, n, then Triton's global_scratch and profile_scratch pointers (NULL).
-ADD2_PARAMS = [struct.pack("<Q", 0x1000), struct.pack("<Q", 0x2000), struct.pack("<i", 4096),
-               bytes(8), bytes(8)]
+ADD2_PARAMS = [
+    struct.pack("<Q", 0x1000),
+    struct.pack("<Q", 0x2000),
+    struct.pack("<i", 4096),
+    bytes(8),
+    bytes(8),
+]
 
 
 def test_bench_floor_launches_the_given_bytes(stand_in, add2_cubin):
@@ -147,7 +185,11 @@ def test_bench_floor_launches_the_given_bytes(stand_in, add2_cubin):
     assert len(launches) == 3
     for launch in launches:
         assert (launch.name, launch.grid, launch.block, launch.stream) == (
-            name, (4, 1, 1), (128, 1, 1), 0x55)
+            name,
+            (4, 1, 1),
+            (128, 1, 1),
+            0x55,
+        )
         assert launch.params == ADD2_PARAMS
 
 

@@ -9,6 +9,7 @@ import os
 import pathlib
 import struct
 
+import kernels
 import pytest
 import torch
 
@@ -16,8 +17,6 @@ import fastkernel
 from fastkernel import _C
 from fastkernel import fastkernel as fk
 from fastkernel.bundle import entry_digest
-
-import kernels
 
 
 @pytest.fixture
@@ -77,45 +76,55 @@ def _replace_entry_field(lines, index, value):
 
 # Fields of an entry line: entry kernel cubin symbol arch block_x shared_mem num_ctas coop pdl
 # num_scratch_params global_size global_align profile_size profile_align.
-@pytest.mark.parametrize("index,value,message", [
-    (5, "2048", "block_x 2048 is outside"),
-    (5, "0", "block_x 0 is outside"),
-    (5, "-32", "block_x '-32' is not a non-negative integer"),
-    (5, "128abc", "block_x '128abc' is not a non-negative integer"),
-    (5, "0x80", "block_x '0x80' is not a non-negative integer"),
-    (7, "17", "num_ctas 17 is outside"),
-    (8, "2", "cooperative_grid 2 is outside"),
-    (10, "3", "num_scratch_params 3 is outside"),
-    (12, "3", "global_scratch_align 3 is not a power of two"),
-    (11, "99999999999999999999999", "is not a non-negative integer"),
-])
+@pytest.mark.parametrize(
+    "index,value,message",
+    [
+        (5, "2048", "block_x 2048 is outside"),
+        (5, "0", "block_x 0 is outside"),
+        (5, "-32", "block_x '-32' is not a non-negative integer"),
+        (5, "128abc", "block_x '128abc' is not a non-negative integer"),
+        (5, "0x80", "block_x '0x80' is not a non-negative integer"),
+        (7, "17", "num_ctas 17 is outside"),
+        (8, "2", "cooperative_grid 2 is outside"),
+        (10, "3", "num_scratch_params 3 is outside"),
+        (12, "3", "global_scratch_align 3 is not a power of two"),
+        (11, "99999999999999999999999", "is not a non-negative integer"),
+    ],
+)
 def test_out_of_range_launch_facts_are_refused(bundle, index, value, message):
     rewrite(bundle, _replace_entry_field(manifest_lines(bundle), index, value))
     with pytest.raises(RuntimeError, match=message):
         _C._testing.load_bundle(str(bundle))
 
 
-@pytest.mark.parametrize("mutate,message", [
-    # A plan index past the arguments would make a launch read past the argument array.
-    (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 9 *fp32"), "parameter plan"),
-    (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 70000 *fp32"), "plan index 70000"),
-    # Fewer parameters than the patterns make: the driver would read unset parameter slots.
-    (lambda ls: ls.pop(first(ls, "plan")), "parameter plan"),
-    (lambda ls: ls.insert(first(ls, "plan"), ls[first(ls, "plan")]), "parameter plan"),
-    # A pointer argument packed as an int.
-    (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 0 i32"), "does not fit its pattern"),
-    (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 0 nvTmaDesc"), "malformed plan line"),
-    (lambda ls: ls.__setitem__(first(ls, "arg"), "arg 9 0 0 1 1 0 *fp32"), "kind 9 is outside"),
-    (lambda ls: ls.insert(first(ls, "plan"), ls[first(ls, "entry")]),
-     "before the previous entry's 'end'"),
-    (lambda ls: ls.insert(1, "plan 0 *fp32"), "outside an entry"),
-    (lambda ls: ls.insert(2, "launch now"), "unknown line 'launch'"),
-    (lambda ls: ls.__setitem__(0, "fastkernel-bundle 3"), "not a version-2 kernel bundle"),
-    (lambda ls: ls.__setitem__(0, "fastkernel-bundle 1"), "version-1 kernel bundle, whose entries "
-                                                          "carry no digest: export it again"),
-    (lambda ls: ls.pop(first(ls, "digest")), "has no digest line"),
-    (lambda ls: ls.insert(first(ls, "digest") + 1, "plan 0 *fp32"), "after the entry's digest"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        # A plan index past the arguments would make a launch read past the argument array.
+        (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 9 *fp32"), "parameter plan"),
+        (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 70000 *fp32"), "plan index 70000"),
+        # Fewer parameters than the patterns make: the driver would read unset parameter slots.
+        (lambda ls: ls.pop(first(ls, "plan")), "parameter plan"),
+        (lambda ls: ls.insert(first(ls, "plan"), ls[first(ls, "plan")]), "parameter plan"),
+        # A pointer argument packed as an int.
+        (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 0 i32"), "does not fit its pattern"),
+        (lambda ls: ls.__setitem__(first(ls, "plan"), "plan 0 nvTmaDesc"), "malformed plan line"),
+        (lambda ls: ls.__setitem__(first(ls, "arg"), "arg 9 0 0 1 1 0 *fp32"), "kind 9 is outside"),
+        (
+            lambda ls: ls.insert(first(ls, "plan"), ls[first(ls, "entry")]),
+            "before the previous entry's 'end'",
+        ),
+        (lambda ls: ls.insert(1, "plan 0 *fp32"), "outside an entry"),
+        (lambda ls: ls.insert(2, "launch now"), "unknown line 'launch'"),
+        (lambda ls: ls.__setitem__(0, "fastkernel-bundle 3"), "not a version-2 kernel bundle"),
+        (
+            lambda ls: ls.__setitem__(0, "fastkernel-bundle 1"),
+            "version-1 kernel bundle, whose entries carry no digest: export it again",
+        ),
+        (lambda ls: ls.pop(first(ls, "digest")), "has no digest line"),
+        (lambda ls: ls.insert(first(ls, "digest") + 1, "plan 0 *fp32"), "after the entry's digest"),
+    ],
+)
 def test_malformed_manifests_are_refused(bundle, mutate, message):
     lines = manifest_lines(bundle)
     mutate(lines)
@@ -126,7 +135,7 @@ def test_malformed_manifests_are_refused(bundle, mutate, message):
 
 def test_a_truncated_manifest_is_refused(bundle):
     lines = manifest_lines(bundle)
-    rewrite(bundle, lines[:first(lines, "digest") - 1])
+    rewrite(bundle, lines[: first(lines, "digest") - 1])
     with pytest.raises(RuntimeError, match="truncated"):
         _C._testing.load_bundle(str(bundle))
 
@@ -176,17 +185,20 @@ def test_an_oversized_manifest_is_refused_before_it_is_read(bundle):
 
 
 def _section_table(image: bytes):
-    shoff, = struct.unpack_from("<Q", image, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", image, 0x3a)
+    (shoff,) = struct.unpack_from("<Q", image, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", image, 0x3A)
     return shoff, shentsize, shnum
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda b: b[:len(b) // 2], "outside its"),
-    (lambda b: b[:40], "not an ELF image"),
-    (lambda b: b[:4] + b"\x01" + b[5:], "not a little-endian ELF64 image"),
-    (lambda b: b[:0x12] + b"\x3e\x00" + b[0x14:], "EM_CUDA"),  # an x86-64 ELF
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda b: b[: len(b) // 2], "outside its"),
+        (lambda b: b[:40], "not an ELF image"),
+        (lambda b: b[:4] + b"\x01" + b[5:], "not a little-endian ELF64 image"),
+        (lambda b: b[:0x12] + b"\x3e\x00" + b[0x14:], "EM_CUDA"),  # an x86-64 ELF
+    ],
+)
 def test_damaged_cubins_are_refused_before_the_driver_sees_them(bundle, damage, message):
     cubin = bundle / entry_fields(manifest_lines(bundle))[2]
     cubin.write_bytes(damage(cubin.read_bytes()))
@@ -210,22 +222,28 @@ def test_a_section_pointing_past_the_image_is_refused(bundle):
 
 # -- the digest: what was exported is what loads ---------------------------------------------------
 
+
 def test_the_core_sha256_is_fips_180_4s(bundle):
     import hashlib
+
     for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 128, 1000, 1 << 20):
-        data = bytes((i * 131 + n) & 0xff for i in range(n))
+        data = bytes((i * 131 + n) & 0xFF for i in range(n))
         assert _C._testing.sha256(data) == hashlib.sha256(data).hexdigest(), n
 
 
-@pytest.mark.parametrize("mutate", [
-    # A launch fact within its range: nothing but the digest can tell.
-    lambda ls: _replace_entry_field(ls, 5, "64"),
-    lambda ls: _replace_entry_field(ls, 6, "1024"),
-    # A plan line duplicated and another dropped: the same count of parameters.
-    lambda ls: ls.__setitem__(first(ls, "plan") + 1, ls[first(ls, "plan")]),
-    # The constexprs the entry was compiled with.
-    lambda ls: ls.__setitem__(first(ls, "constexprs"), "constexprs BLOCK=2048"),
-], ids=["block_x", "shared_mem", "plan", "constexprs"])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        # A launch fact within its range: nothing but the digest can tell.
+        lambda ls: _replace_entry_field(ls, 5, "64"),
+        lambda ls: _replace_entry_field(ls, 6, "1024"),
+        # A plan line duplicated and another dropped: the same count of parameters.
+        lambda ls: ls.__setitem__(first(ls, "plan") + 1, ls[first(ls, "plan")]),
+        # The constexprs the entry was compiled with.
+        lambda ls: ls.__setitem__(first(ls, "constexprs"), "constexprs BLOCK=2048"),
+    ],
+    ids=["block_x", "shared_mem", "plan", "constexprs"],
+)
 def test_a_changed_entry_line_fails_its_digest(bundle, mutate):
     lines = manifest_lines(bundle)
     mutate(lines)
@@ -265,15 +283,17 @@ def test_swapped_cubins_fail_the_digest(bundle):
         _C._testing.load_bundle(str(bundle))
 
 
-def test_a_record_packing_fewer_parameters_than_the_cubin_declares_is_not_launched(bundle,
-                                                                                stand_in):
+def test_a_record_packing_fewer_parameters_than_the_cubin_declares_is_not_launched(
+    bundle, stand_in
+):
     """Consistent lines, re-digested, that drop the kernel's last argument: the manifest holds
     together, but the cubin declares one parameter more than the record would pack, so the
     driver would read an unset parameter slot. Refused when the entry is loaded on a device."""
     lines = manifest_lines(bundle)
     for tag in ("arg", "plan"):
-        last = max(i for i, line in enumerate(lines[:first(lines, "end")])
-                   if line.split(" ", 1)[0] == tag)
+        last = max(
+            i for i, line in enumerate(lines[: first(lines, "end")]) if line.split(" ", 1)[0] == tag
+        )
         lines.pop(last)
     rewrite(bundle, lines)
     x = torch.randn(4096)

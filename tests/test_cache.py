@@ -20,6 +20,7 @@ import sys
 import textwrap
 import time
 
+import kernels
 import pytest
 import torch
 import triton
@@ -28,9 +29,8 @@ import triton.language as tl
 import fastkernel
 from fastkernel import __main__ as cli
 from fastkernel import _triton_abi as abi
-from fastkernel import cache, fastkernel as fk
-
-import kernels
+from fastkernel import cache
+from fastkernel import fastkernel as fk
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 T90 = abi.cuda_target(9, 0)
@@ -82,15 +82,20 @@ def resign(data: bytes, edit) -> bytes:
 def normalized(launch, tensors) -> dict:
     """A launch with tensor addresses replaced by the tensor's index (they differ by process)."""
     ptrs = {struct.pack("<Q", t.data_ptr()): f"tensor{i}" for i, t in enumerate(tensors)}
-    return {"name": launch.name, "grid": list(launch.grid), "block": list(launch.block),
-            "shared_mem": launch.shared_mem, "is_ex": launch.is_ex,
-            "layout": [list(p) for p in launch.param_layout],
-            "params": [ptrs.get(p, p.hex()) for p in launch.params]}
+    return {
+        "name": launch.name,
+        "grid": list(launch.grid),
+        "block": list(launch.block),
+        "shared_mem": launch.shared_mem,
+        "is_ex": launch.is_ex,
+        "layout": [list(p) for p in launch.param_layout],
+        "params": [ptrs.get(p, p.hex()) for p in launch.params],
+    }
 
 
 # -- the key ----------------------------------------------------------------------------------
 
-MODULE = '''\
+MODULE = """\
 import types
 import triton
 import triton.language as tl
@@ -123,7 +128,7 @@ def with_global(out_ptr, BLOCK: tl.constexpr):
 def with_object_global(out_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.zeros([BLOCK], tl.float32) + CONFIG.k)
-'''
+"""
 
 
 @pytest.fixture
@@ -136,8 +141,9 @@ def make_module(tmp_path):
         count[0] += 1
         name = f"fk_cache_mod_{os.getpid()}_{id(tmp_path)}_{count[0]}"
         path = tmp_path / f"{name}.py"
-        path.write_text(MODULE.format(scale=scale, offset=offset, helper_op=helper_op,
-                                      kern_op=kern_op))
+        path.write_text(
+            MODULE.format(scale=scale, offset=offset, helper_op=helper_op, kern_op=kern_op)
+        )
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -201,38 +207,58 @@ def test_key_covers_dtype_and_jit_function_constexprs(cache_root):
     def key(dtype, fn):
         return key_of(kernels.cast_kernel, (x, x, 64), {"OUT_DTYPE": dtype, "FN": fn, "BLOCK": 64})
 
-    keys = [key(tl.float16, kernels.times_two), key(tl.bfloat16, kernels.times_two),
-            key(tl.float16, kernels.times_three)]
+    keys = [
+        key(tl.float16, kernels.times_two),
+        key(tl.bfloat16, kernels.times_two),
+        key(tl.float16, kernels.times_three),
+    ]
     assert len(set(keys)) == 3
 
 
-def test_key_covers_a_non_constexpr_global_that_triton_does_not_hash(cache_root, make_module,
-                                                                     monkeypatch):
+def test_key_covers_a_non_constexpr_global_that_triton_does_not_hash(
+    cache_root, make_module, monkeypatch
+):
     monkeypatch.setenv("TRITON_ALLOW_NON_CONSTEXPR_GLOBALS", "1")
     out = torch.empty(16)
     three, four = make_module(offset=3), make_module(offset=4)
     # Same function source, different global: Triton's own cache_key is equal...
     assert three.with_global.cache_key == four.with_global.cache_key
     # ...but the binaries differ (the value is compiled in), and so do the entries.
-    assert key_of(three.with_global, (out,), {"BLOCK": 16}) != \
-        key_of(four.with_global, (out,), {"BLOCK": 16})
+    assert key_of(three.with_global, (out,), {"BLOCK": 16}) != key_of(
+        four.with_global, (out,), {"BLOCK": 16}
+    )
 
 
 def test_entries_store_every_launch_metadata_field():
     """An entry holds all of abi.LaunchMetadata; a new field there needs a FORMAT_VERSION bump
     and a new entry field (else a warm start would register without it)."""
-    assert set(cache._LAUNCH_FIELDS) | {"cubin"} == \
-        {f.name for f in dataclasses.fields(abi.LaunchMetadata)}
+    assert set(cache._LAUNCH_FIELDS) | {"cubin"} == {
+        f.name for f in dataclasses.fields(abi.LaunchMetadata)
+    }
 
 
 def test_values_are_rendered_with_their_type():
-    rendered = [cache._render(v) for v in (1, True, 1.0, "1", None, (1,), [1], tl.constexpr(1),
-                                           tl.float16, tl.pointer_type(tl.float16),
-                                           tl.pointer_type(tl.float16, const=True))]
+    rendered = [
+        cache._render(v)
+        for v in (
+            1,
+            True,
+            1.0,
+            "1",
+            None,
+            (1,),
+            [1],
+            tl.constexpr(1),
+            tl.float16,
+            tl.pointer_type(tl.float16),
+            tl.pointer_type(tl.float16, const=True),
+        )
+    ]
     assert len({json.dumps(r) for r in rendered}) == len(rendered)
     assert cache._render(0.1) == ["float", (0.1).hex()]  # exact, not a rounded repr
     with pytest.raises(cache.Uncacheable, match="SimpleNamespace"):
         import types
+
         cache._render(types.SimpleNamespace(k=2))
 
 
@@ -261,8 +287,11 @@ def test_cold_then_warm_in_one_process(stand_in, cache_root, compiles):
     assert cached.metadata.shared == handle.metadata.shared
     assert cached.target == handle.metadata.target
     assert cached.hash == handle.hash  # Triton's own key of the binary
-    assert (cached.src.signature, cached.src.constants, cached.src.attrs) == \
-        (handle.src.signature, handle.src.constants, handle.src.attrs)
+    assert (cached.src.signature, cached.src.constants, cached.src.attrs) == (
+        handle.src.signature,
+        handle.src.constants,
+        handle.src.attrs,
+    )
     assert cached.src.hash() == handle.src.hash()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cached.name = "other"  # read-only
@@ -303,13 +332,22 @@ def _damage_extended(path, other):
     path.write_bytes(path.read_bytes() + b"\0")
 
 
-@pytest.mark.parametrize("damage,reason", [
-    (_damage_truncate, "truncated"), (_damage_extended, "truncated or extended"),
-    (_damage_flip, "checksum"), (_damage_empty, "shorter than"), (_damage_garbage, "bad magic"),
-    (_damage_foreign, "foreign entry"), (_damage_toolchain, "another toolchain"),
-], ids=["truncated", "extended", "corrupted", "empty", "garbage", "foreign", "toolchain"])
-def test_bad_entry_is_removed_and_recompiled(stand_in, cache_root, compiles, caplog, damage,
-                                            reason):
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        (_damage_truncate, "truncated"),
+        (_damage_extended, "truncated or extended"),
+        (_damage_flip, "checksum"),
+        (_damage_empty, "shorter than"),
+        (_damage_garbage, "bad magic"),
+        (_damage_foreign, "foreign entry"),
+        (_damage_toolchain, "another toolchain"),
+    ],
+    ids=["truncated", "extended", "corrupted", "empty", "garbage", "foreign", "toolchain"],
+)
+def test_bad_entry_is_removed_and_recompiled(
+    stand_in, cache_root, compiles, caplog, damage, reason
+):
     x, out = torch.randn(64), torch.empty(16)
     fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
     fk(kernels.constexpr_kernel)[(1,)](out, SCALE=2.0, MODE="double", BLOCK=16)
@@ -375,8 +413,15 @@ def test_concurrent_processes_leave_one_good_entry(cache_root, tmp_path):
     procs, ready = [], []
     for i in range(3):
         ready.append(tmp_path / f"ready{i}")
-        procs.append(subprocess.Popen([sys.executable, "-c", script, str(ready[-1])], cwd=TESTS,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(ready[-1])],
+                cwd=TESTS,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     deadline = time.time() + 120
     while not all(r.exists() for r in ready) and time.time() < deadline:
         if any(p.poll() is not None for p in procs):
@@ -437,16 +482,23 @@ WARM_SCRIPT = """
 
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env={**os.environ, **env}, cwd=TESTS, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=TESTS,
+        timeout=300,
+    )
 
 
 def test_warm_process_launches_the_same_bytes_without_the_compiler(stand_in, cache_root):
     x, out = torch.randn(64), torch.empty(16)
     add, scalars = fk(kernels.add_kernel), fk(kernels.scalars_kernel)
-    handles = [add[(2,)](x, x, x, 64, BLOCK=64),
-               scalars[(1,)](out, 5, 2**40, 2**63 + 5, 1.25, 0.3, -2.7, 3.14159, True, None, 1,
-                             BLOCK=16)]
+    handles = [
+        add[(2,)](x, x, x, 64, BLOCK=64),
+        scalars[(1,)](out, 5, 2**40, 2**63 + 5, 1.25, 0.3, -2.7, 3.14159, True, None, 1, BLOCK=16),
+    ]
     cold = [normalized(launch, [x, out]) for launch in stand_in.launches()]
     assert len(entry_files(cache_root)) == 2
 
@@ -504,8 +556,9 @@ def test_default_dir_follows_xdg(monkeypatch, tmp_path):
     assert cache.cache_dir() == tmp_path / "home" / ".cache" / "fastkernel"
 
 
-def test_uncacheable_kernel_runs_and_logs_once(stand_in, cache_root, make_module, monkeypatch,
-                                               caplog):
+def test_uncacheable_kernel_runs_and_logs_once(
+    stand_in, cache_root, make_module, monkeypatch, caplog
+):
     """A kernel whose key has a value with no stable rendering (here a global object, allowed by
     TRITON_ALLOW_NON_CONSTEXPR_GLOBALS) still launches, but nothing is written."""
     monkeypatch.setenv("TRITON_ALLOW_NON_CONSTEXPR_GLOBALS", "1")
@@ -536,8 +589,9 @@ def test_unwritable_cache_dir_still_runs(stand_in, tmp_path, monkeypatch, caplog
 # -- shipping and the CLI -------------------------------------------------------------------------
 
 
-def test_export_import_round_trip_skips_a_mismatched_toolchain(stand_in, tmp_path, monkeypatch,
-                                                               capsys, caplog):
+def test_export_import_round_trip_skips_a_mismatched_toolchain(
+    stand_in, tmp_path, monkeypatch, capsys, caplog
+):
     x, out = torch.randn(64), torch.empty(16)
     monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(tmp_path / "builder"))
     add_handle = fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
@@ -548,11 +602,13 @@ def test_export_import_round_trip_skips_a_mismatched_toolchain(stand_in, tmp_pat
     files = sorted(shipped.glob("*.fkc"))
     assert len(files) == 2
     # One entry was built by another Triton: it must not be installed.
-    constexpr_key = key_of(kernels.constexpr_kernel, (out,),
-                           {"SCALE": 2.0, "MODE": "double", "BLOCK": 16})
+    constexpr_key = key_of(
+        kernels.constexpr_kernel, (out,), {"SCALE": 2.0, "MODE": "double", "BLOCK": 16}
+    )
     foreign = shipped / f"{constexpr_key}.fkc"
-    foreign.write_bytes(resign(foreign.read_bytes(),
-                               lambda h: h["toolchain"].update(triton="3.0.0")))
+    foreign.write_bytes(
+        resign(foreign.read_bytes(), lambda h: h["toolchain"].update(triton="3.0.0"))
+    )
 
     fleet = tmp_path / "fleet"
     monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(fleet))
@@ -561,8 +617,9 @@ def test_export_import_round_trip_skips_a_mismatched_toolchain(stand_in, tmp_pat
     assert "imported 1 entry into" in capsys.readouterr().out
     (skip,) = [r for r in caplog.records if r.name == "fastkernel.cache"]
     assert "skipped" in skip.getMessage() and "triton 3.0.0" in skip.getMessage()
-    assert [p.name for p in entry_files(fleet)] == \
-        [f for f in os.listdir(shipped) if f != foreign.name]
+    assert [p.name for p in entry_files(fleet)] == [
+        f for f in os.listdir(shipped) if f != foreign.name
+    ]
 
     def refuse(*args):
         raise RuntimeError("compiler called")
@@ -602,12 +659,15 @@ def test_cli_info_list_clear(stand_in, cache_root, capsys):
 
 
 def test_cli_runs_as_a_module(cache_root):
-    result = subprocess.run([sys.executable, "-m", "fastkernel", "cache", "info"],
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "FASTKERNEL_CACHE": "0"})
+    result = subprocess.run(
+        [sys.executable, "-m", "fastkernel", "cache", "info"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "FASTKERNEL_CACHE": "0"},
+    )
     assert result.returncode == 0, result.stderr
     assert "disabled (FASTKERNEL_CACHE=0)" in result.stdout
-
 
 
 # -- the warm index ---------------------------------------------------------------------------------
@@ -631,8 +691,9 @@ def index_files(root: pathlib.Path) -> list:
     return sorted((root / "index").glob("*/*.json"))
 
 
-def test_a_warm_kernel_skips_tritons_binder_and_launches_the_same_bytes(stand_in, cache_root,
-                                                                        compiles, binder_calls):
+def test_a_warm_kernel_skips_tritons_binder_and_launches_the_same_bytes(
+    stand_in, cache_root, compiles, binder_calls
+):
     x, y = torch.randn(64), torch.randn(65)
     cold = fk(kernels.tuple_kernel)
     for args in [(x, (x, 3), 64, (7, (2.5, x))), (x, (y[1:], 1), 63, (7, (2.5, x)))]:
@@ -646,12 +707,14 @@ def test_a_warm_kernel_skips_tritons_binder_and_launches_the_same_bytes(stand_in
     launches = stand_in.launches()
     assert [l.raw for l in launches[2:]] == [l.raw for l in launches[:2]]
     # What export needs came from the index too.
-    assert [r[1].plan for r in warm._registrations.values()] == \
-        [r[1].plan for r in cold._registrations.values()]
+    assert [r[1].plan for r in warm._registrations.values()] == [
+        r[1].plan for r in cold._registrations.values()
+    ]
 
 
-def test_a_damaged_or_lying_index_record_falls_back_to_the_binder(stand_in, cache_root, compiles,
-                                                                  binder_calls):
+def test_a_damaged_or_lying_index_record_falls_back_to_the_binder(
+    stand_in, cache_root, compiles, binder_calls
+):
     x = torch.randn(64)
     fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
     (record,) = index_files(cache_root)
@@ -669,18 +732,21 @@ def test_a_damaged_or_lying_index_record_falls_back_to_the_binder(stand_in, cach
 
 def test_keys_holding_object_addresses_are_not_indexed(stand_in, cache_root):
     import triton.language as tl
+
     src, out = torch.randn(64), torch.empty(64, dtype=torch.float16)
-    fk(kernels.cast_kernel)[(1,)](out, src, 64, OUT_DTYPE=tl.float16, FN=kernels.times_two,
-                                  BLOCK=64)
+    fk(kernels.cast_kernel)[(1,)](
+        out, src, 64, OUT_DTYPE=tl.float16, FN=kernels.times_two, BLOCK=64
+    )
     assert len(entry_files(cache_root)) == 1 and index_files(cache_root) == []
 
 
-def test_an_index_record_in_another_keys_place_is_refused(stand_in, cache_root, compiles,
-                                                         binder_calls):
+def test_an_index_record_in_another_keys_place_is_refused(
+    stand_in, cache_root, compiles, binder_calls
+):
     """A copied record names a real entry, but another specialization's: it must not serve."""
     x = torch.randn(65)
     k = fk(kernels.add_kernel)
-    k[(1,)](x, x, x, 64, BLOCK=64)      # aligned out_ptr
+    k[(1,)](x, x, x, 64, BLOCK=64)  # aligned out_ptr
     k[(1,)](x, x, x[1:], 64, BLOCK=64)  # unaligned out_ptr: another specialization
     aligned, unaligned = (r.read_text() for r in index_files(cache_root))
     by_content = {json.loads(t)["entry"]: t for t in (aligned, unaligned)}
@@ -700,7 +766,8 @@ def test_processes_cold_starting_together_compile_each_specialization_once(tmp_p
     specializations: with the per-entry lock, three Triton compiles in all (one process compiles
     each, the others wait and read its entry); every launch native."""
     spec = importlib.util.spec_from_file_location(
-        "cache_contention", pathlib.Path(TESTS).parent / "benchmarks" / "cache_contention.py")
+        "cache_contention", pathlib.Path(TESTS).parent / "benchmarks" / "cache_contention.py"
+    )
     contention = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(contention)
     result = contention.one_round(4, lock=True, driver=os.environ["FASTKERNEL_CUDA_DRIVER"])

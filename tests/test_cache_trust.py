@@ -11,14 +11,13 @@ import os
 import pathlib
 import stat
 
+import kernels
 import pytest
 import torch
+from test_cache import binder_calls, cache_root, compiles, entry_files, index_files, resign  # noqa: F401 - fixtures
 
-from fastkernel import _C, _cache_files, cache, fastkernel as fk
-
-import kernels
-from test_cache import (binder_calls, cache_root, compiles, entry_files,  # noqa: F401 - fixtures
-                        index_files, resign)
+from fastkernel import _C, _cache_files, cache
+from fastkernel import fastkernel as fk
 
 
 def _one_entry(stand_in, root: pathlib.Path) -> pathlib.Path:
@@ -39,18 +38,24 @@ def _launch_fresh(n: int = 64):
 
 # -- private to the user -------------------------------------------------------------------------
 
+
 def test_the_cache_is_created_private_to_the_user(stand_in, cache_root):
     path = _one_entry(stand_in, cache_root)
     assert stat.S_IMODE(os.stat(cache_root).st_mode) == 0o700
-    for directory in (cache_root / "entries", path.parent, cache_root / "index",
-                      cache_root / "toolchain"):
+    for directory in (
+        cache_root / "entries",
+        path.parent,
+        cache_root / "index",
+        cache_root / "toolchain",
+    ):
         assert stat.S_IMODE(os.lstat(directory).st_mode) == 0o700, directory
     files = [path, *index_files(cache_root), *(cache_root / "toolchain").iterdir()]
     assert files and all(stat.S_IMODE(os.lstat(f).st_mode) == 0o600 for f in files)
 
 
-@pytest.mark.parametrize("mode,said", [(0o777, "writable by group and others"),
-                                       (0o770, "writable by group")])
+@pytest.mark.parametrize(
+    "mode,said", [(0o777, "writable by group and others"), (0o770, "writable by group")]
+)
 def test_a_cache_writable_by_others_is_not_used(stand_in, cache_root, compiles, caplog, mode, said):
     _one_entry(stand_in, cache_root)
     os.chmod(cache_root, mode)
@@ -61,13 +66,15 @@ def test_a_cache_writable_by_others_is_not_used(stand_in, cache_root, compiles, 
     assert len(stand_in.launches()) == 2
     assert len(compiles) == 3  # compiled each time: nothing read from it
     assert sorted(p.relative_to(cache_root) for p in cache_root.rglob("*")) == before  # nor written
-    warnings = [r.getMessage() for r in caplog.records if "cannot use the kernel cache" in
-                r.getMessage()]
+    warnings = [
+        r.getMessage() for r in caplog.records if "cannot use the kernel cache" in r.getMessage()
+    ]
     assert len(warnings) == 1 and said in warnings[0] and "chmod 700" in warnings[0]
 
 
-def test_a_cache_owned_by_another_user_is_not_used(stand_in, cache_root, compiles, monkeypatch,
-                                                   caplog):
+def test_a_cache_owned_by_another_user_is_not_used(
+    stand_in, cache_root, compiles, monkeypatch, caplog
+):
     _one_entry(stand_in, cache_root)
     real = os.geteuid()
     monkeypatch.setattr(os, "geteuid", lambda: real + 1)  # everything now belongs to "another"
@@ -113,21 +120,36 @@ def test_links_in_the_cache_are_not_followed(stand_in, cache_root, compiles, tmp
 
 # -- damage with a valid checksum ------------------------------------------------------------------
 
-@pytest.mark.parametrize("edit", [
-    # A namedtuple field that is a keyword: CachedKernel.from_entry raised ValueError every call.
-    lambda h: h["triton_metadata"].__setitem__("class", 1),
-    lambda h: h["launch"].__setitem__("block_x", 4096),
-    lambda h: h["launch"].__setitem__("num_ctas", 0),
-    lambda h: h["launch"].__setitem__("global_scratch_align", 3),
-    lambda h: h["launch"].__setitem__("shared_mem", 2**40),
-    lambda h: h["launch"].__setitem__("name", "add kernel\n"),
-    lambda h: h["launch"].__setitem__("tensordesc_meta", [{"swizzle": 9, "elem_size": 4,
-                                                           "elem_type": 7, "block_size": [16],
-                                                           "fp4_padded": False}]),
-    lambda h: h["target"].__setitem__("arch", -90),
-], ids=["keyword", "block_x", "num_ctas", "align", "shared_mem", "name", "tensordesc", "arch"])
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # A namedtuple field that is a keyword: CachedKernel.from_entry raised ValueError every call.
+        lambda h: h["triton_metadata"].__setitem__("class", 1),
+        lambda h: h["launch"].__setitem__("block_x", 4096),
+        lambda h: h["launch"].__setitem__("num_ctas", 0),
+        lambda h: h["launch"].__setitem__("global_scratch_align", 3),
+        lambda h: h["launch"].__setitem__("shared_mem", 2**40),
+        lambda h: h["launch"].__setitem__("name", "add kernel\n"),
+        lambda h: h["launch"].__setitem__(
+            "tensordesc_meta",
+            [
+                {
+                    "swizzle": 9,
+                    "elem_size": 4,
+                    "elem_type": 7,
+                    "block_size": [16],
+                    "fp4_padded": False,
+                }
+            ],
+        ),
+        lambda h: h["target"].__setitem__("arch", -90),
+    ],
+    ids=["keyword", "block_x", "num_ctas", "align", "shared_mem", "name", "tensordesc", "arch"],
+)
 def test_a_resigned_entry_with_impossible_content_is_removed_and_recompiled(
-        stand_in, cache_root, compiles, caplog, edit):
+    stand_in, cache_root, compiles, caplog, edit
+):
     path = _one_entry(stand_in, cache_root)
     good = path.read_bytes()
     path.write_bytes(resign(good, edit))
@@ -145,6 +167,7 @@ def _encode_raw(header: bytes, cubin: bytes) -> bytes:
     fastkernel/cache.py: magic, format, lengths, sha256 of the rest, header, cubin)."""
     import hashlib
     import struct
+
     fixed = struct.pack("<8sIIQ", b"FKCACHE\0", cache.FORMAT_VERSION, len(header), len(cubin))
     return fixed + hashlib.sha256(fixed + header + cubin).digest() + header + cubin
 
@@ -159,53 +182,80 @@ def test_a_header_nested_past_the_recursion_limit_is_removed(stand_in, cache_roo
     assert len(compiles) == 2 and k.stats()["fallbacks"] == 0
 
 
-def test_an_entry_that_verifies_but_cannot_be_registered_is_discarded(stand_in, cache_root,
-                                                                     compiles, caplog):
+def test_an_entry_that_verifies_but_cannot_be_registered_is_discarded(
+    stand_in, cache_root, compiles, caplog
+):
     """The symbol name is a valid name, but not in the cubin: the driver refuses it. Before,
     every call fell back to Triton and the entry stayed; now it is removed and recompiled."""
     path = _one_entry(stand_in, cache_root)
-    path.write_bytes(resign(path.read_bytes(),
-                            lambda h: h["launch"].__setitem__("name", "no_such_kernel")))
+    path.write_bytes(
+        resign(path.read_bytes(), lambda h: h["launch"].__setitem__("name", "no_such_kernel"))
+    )
     with caplog.at_level(logging.WARNING, logger="fastkernel.cache"):
         k = _launch_fresh()
         k[(1,)](torch.randn(64), torch.randn(64), torch.randn(64), 64, BLOCK=64)
     assert len(compiles) == 2
     assert k.stats() | {"fallback_reasons": None} == {
-        "hits": 1, "misses": 1, "fallbacks": 0, "specializations": 1, "evictions": 0,
-        "fallback_reasons": None}
+        "hits": 1,
+        "misses": 1,
+        "fallbacks": 0,
+        "specializations": 1,
+        "evictions": 0,
+        "fallback_reasons": None,
+    }
     assert "no_such_kernel" not in path.read_bytes().decode("latin-1")
     assert caplog.text.count("registering the cubin failed") == 1
 
 
-_GOOD_FACTS = {"device": 0, "block_x": 128, "num_ctas": 1, "num_scratch_params": 2,
-               "plan": [(0, "*fp32"), (1, "*fp32"), (2, "*fp32"), (3, "i32")], "tensor_maps": []}
+_GOOD_FACTS = {
+    "device": 0,
+    "block_x": 128,
+    "num_ctas": 1,
+    "num_scratch_params": 2,
+    "plan": [(0, "*fp32"), (1, "*fp32"), (2, "*fp32"), (3, "i32")],
+    "tensor_maps": [],
+}
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"name": ""}, "kernel name must be non-empty and hold no NUL byte"),
-    ({"name": "add_kernel\x00tail"}, "kernel name must be non-empty and hold no NUL byte"),
-    ({"device": -1}, "device must be >= 0"),
-    ({"block_x": 0}, "block size must be in"),
-    ({"block_x": 1025}, "block size must be in"),
-    ({"num_ctas": 0}, "num_ctas >= 1"),
-    ({"num_scratch_params": 3}, "num_scratch_params must be 0, 1 or 2"),
-    ({"plan": [(0, "*fp32"), (1, "fp128")]}, "unsupported parameter type 'fp128'"),
-    ({"plan": [(0, "*fp32"), (128, "i32")]}, "parameter plan index out of range"),
-    ({"plan": [(-1, "i32")]}, "parameter plan index out of range"),
-    ({"plan": [(0, "nvTmaDesc")]}, "more tensor-map parameters than tensor map descriptions"),
-    ({"plan": [(0, "*fp32")], "tensor_maps": [(7, 4, 0, [64], False, False)]},
-     "tensor map descriptions do not match"),
-    ({"plan": [(122, "nvTmaDesc")], "tensor_maps": [(7, 4, 0, [64, 64], False, False)]},
-     "descriptor leaves run past the 128 bound arguments"),
-    ({"plan": [(0, "nvTmaDesc")], "tensor_maps": [(7, 4, 0, [8] * 6, False, False)]},
-     "a tensor map must have 1 to 5 block dimensions"),
-    ({"plan": [(0, "nvTmaDesc")], "tensor_maps": [(16, 4, 0, [64], False, False)]},
-     "malformed tensor map description"),
-    ({"plan": [(0, "nvTmaDesc")], "tensor_maps": [(7, 9, 0, [64], False, False)]},
-     "malformed tensor map description"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"name": ""}, "kernel name must be non-empty and hold no NUL byte"),
+        ({"name": "add_kernel\x00tail"}, "kernel name must be non-empty and hold no NUL byte"),
+        ({"device": -1}, "device must be >= 0"),
+        ({"block_x": 0}, "block size must be in"),
+        ({"block_x": 1025}, "block size must be in"),
+        ({"num_ctas": 0}, "num_ctas >= 1"),
+        ({"num_scratch_params": 3}, "num_scratch_params must be 0, 1 or 2"),
+        ({"plan": [(0, "*fp32"), (1, "fp128")]}, "unsupported parameter type 'fp128'"),
+        ({"plan": [(0, "*fp32"), (128, "i32")]}, "parameter plan index out of range"),
+        ({"plan": [(-1, "i32")]}, "parameter plan index out of range"),
+        ({"plan": [(0, "nvTmaDesc")]}, "more tensor-map parameters than tensor map descriptions"),
+        (
+            {"plan": [(0, "*fp32")], "tensor_maps": [(7, 4, 0, [64], False, False)]},
+            "tensor map descriptions do not match",
+        ),
+        (
+            {"plan": [(122, "nvTmaDesc")], "tensor_maps": [(7, 4, 0, [64, 64], False, False)]},
+            "descriptor leaves run past the 128 bound arguments",
+        ),
+        (
+            {"plan": [(0, "nvTmaDesc")], "tensor_maps": [(7, 4, 0, [8] * 6, False, False)]},
+            "a tensor map must have 1 to 5 block dimensions",
+        ),
+        (
+            {"plan": [(0, "nvTmaDesc")], "tensor_maps": [(16, 4, 0, [64], False, False)]},
+            "malformed tensor map description",
+        ),
+        (
+            {"plan": [(0, "nvTmaDesc")], "tensor_maps": [(7, 9, 0, [64], False, False)]},
+            "malformed tensor map description",
+        ),
+    ],
+)
 def test_the_native_registration_checks_refuse_launch_facts_a_launch_could_not_trust(
-        stand_in, cache_root, change, message):
+    stand_in, cache_root, change, message
+):
     """Behind the cache header's schema, the native registration (``make_launch_record``) checks
     every launch fact a record's launches read: indices against the bound-argument array (a
     descriptor's leaves included), block and cluster sizes, parameter types, tensor-map
@@ -219,10 +269,28 @@ def test_the_native_registration_checks_refuse_launch_facts_a_launch_could_not_t
     key = b"\x07" * 8  # a key no call builds: registering it changes no call
 
     def register(facts):
-        _C.register(k, key, facts["device"], facts.get("name", entry.header["launch"]["name"]),
-                    entry.cubin, facts["block_x"], 0, facts["num_ctas"], False, False,
-                    facts["plan"], facts["num_scratch_params"], 0, 1, 0, 1, None, None,
-                    facts["tensor_maps"], None)
+        _C.register(
+            k,
+            key,
+            facts["device"],
+            facts.get("name", entry.header["launch"]["name"]),
+            entry.cubin,
+            facts["block_x"],
+            0,
+            facts["num_ctas"],
+            False,
+            False,
+            facts["plan"],
+            facts["num_scratch_params"],
+            0,
+            1,
+            0,
+            1,
+            None,
+            None,
+            facts["tensor_maps"],
+            None,
+        )
 
     before = k.stats()["specializations"]
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -234,21 +302,26 @@ def test_the_native_registration_checks_refuse_launch_facts_a_launch_could_not_t
 
 # -- the warm index --------------------------------------------------------------------------------
 
-def test_an_index_record_resigned_onto_another_call_does_not_serve_it(stand_in, cache_root,
-                                                                      compiles, binder_calls,
-                                                                      caplog):
+
+def test_an_index_record_resigned_onto_another_call_does_not_serve_it(
+    stand_in, cache_root, compiles, binder_calls, caplog
+):
     """The aligned call's record written in the unaligned call's place, with the place's
     native key and a valid checksum (a deliberate forgery): the spec does not fit the call's
     pointer alignment, so the binder decides and the unaligned binary launches."""
     x = torch.randn(65)
     k = fk(kernels.add_kernel)
-    k[(1,)](x, x, x, 64, BLOCK=64)      # aligned out_ptr
+    k[(1,)](x, x, x, 64, BLOCK=64)  # aligned out_ptr
     k[(1,)](x, x, x[1:], 64, BLOCK=64)  # unaligned out_ptr
     records = {json.loads(r.read_text())["entry"]: r for r in index_files(cache_root)}
     assert len(records) == 2
-    aligned_path, unaligned_path = (records[key] for key in (
-        json.loads(index_files(cache_root)[0].read_text())["entry"],
-        json.loads(index_files(cache_root)[1].read_text())["entry"]))
+    aligned_path, unaligned_path = (
+        records[key]
+        for key in (
+            json.loads(index_files(cache_root)[0].read_text())["entry"],
+            json.loads(index_files(cache_root)[1].read_text())["entry"],
+        )
+    )
     launches = stand_in.launches()
     by_path = {}
     for path in (aligned_path, unaligned_path):
@@ -268,8 +341,9 @@ def test_an_index_record_resigned_onto_another_call_does_not_serve_it(stand_in, 
     assert "does not fit the call" in caplog.text
 
 
-def test_an_index_record_without_a_valid_checksum_is_not_used(stand_in, cache_root, compiles,
-                                                              binder_calls):
+def test_an_index_record_without_a_valid_checksum_is_not_used(
+    stand_in, cache_root, compiles, binder_calls
+):
     x = torch.randn(64)
     fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
     (record,) = index_files(cache_root)
@@ -282,8 +356,10 @@ def test_an_index_record_without_a_valid_checksum_is_not_used(stand_in, cache_ro
 
 # -- cache import reads hostile input ---------------------------------------------------------------
 
-def test_cache_import_follows_no_links_and_writes_only_into_the_cache(stand_in, cache_root,
-                                                                      tmp_path, caplog):
+
+def test_cache_import_follows_no_links_and_writes_only_into_the_cache(
+    stand_in, cache_root, tmp_path, caplog
+):
     _one_entry(stand_in, cache_root)
     export = tmp_path / "export"
     assert cache.export_entries(export, cache_root) == 1
@@ -307,6 +383,7 @@ def test_cache_import_follows_no_links_and_writes_only_into_the_cache(stand_in, 
     target = tmp_path / "target-cache"
     cache.clear(cache_root)
     import unittest.mock
+
     with unittest.mock.patch.object(cache, "read_entry", reading):
         imported, skipped = cache.import_entries(export, target)
     assert imported == 1 and skipped == 0
@@ -331,8 +408,9 @@ def test_cache_import_refuses_to_write_through_a_linked_shard(stand_in, cache_ro
     assert list(outside.iterdir()) == []
 
 
-def test_cache_import_caps_sizes_and_refuses_fifos_without_reading_them(stand_in, cache_root,
-                                                                       tmp_path, caplog):
+def test_cache_import_caps_sizes_and_refuses_fifos_without_reading_them(
+    stand_in, cache_root, tmp_path, caplog
+):
     export = tmp_path / "export"
     export.mkdir()
     huge = export / ("e" * 64 + ".fkc")

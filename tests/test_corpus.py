@@ -6,14 +6,13 @@ same bytes."""
 
 from __future__ import annotations
 
+import corpus
 import pytest
 import torch
-
-from fastkernel import fastkernel
-
-import corpus
 from conftest import STAND_IN, TEST_STREAM
 from triton_reference import TritonReference, assert_same_launch
+
+from fastkernel import fastkernel
 
 NAMES = list(corpus.CASES)
 
@@ -34,12 +33,14 @@ class _Recorder:
         def call(*args, **kwargs):
             self.calls.append((self.kernel, grid, args, kwargs))
             self.reference.launch(self.kernel, grid, *args, **kwargs)
+
         return call
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_corpus_case_launches_the_bytes_triton_launches(name, stand_in,
-                                                             triton_allocator_for_scratch):
+def test_every_corpus_case_launches_the_bytes_triton_launches(
+    name, stand_in, triton_allocator_for_scratch
+):
     case = corpus.CASES[name]
     calls: list = []
     with TritonReference(stand_in, TEST_STREAM) as reference:
@@ -84,6 +85,7 @@ def triton_allocator_for_scratch():
     address and their bytes compare."""
     import triton
     from triton.runtime import _allocation
+
     token = _allocation._allocator.set(_allocation._allocator.get())
     if STAND_IN:
         arena = torch.empty(1 << 20, dtype=torch.int8)
@@ -91,9 +93,13 @@ def triton_allocator_for_scratch():
         def allocate(size, alignment, stream):
             assert size + alignment <= arena.numel(), "the test arena is too small"
             return arena
+
         triton.set_allocator(allocate)
     else:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(
-            size + alignment, dtype=torch.int8, device="cuda"))
+        triton.set_allocator(
+            lambda size, alignment, stream: torch.empty(
+                size + alignment, dtype=torch.int8, device="cuda"
+            )
+        )
     yield
     _allocation._allocator.reset(token)

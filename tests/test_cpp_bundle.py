@@ -11,19 +11,20 @@ import struct
 import subprocess
 import sys
 
+import kernels
 import pytest
 import torch
 
 import fastkernel
 from fastkernel import fastkernel as fk
 
-import kernels
-
 HERE = pathlib.Path(__file__).resolve().parent
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name, path=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    found = shutil.which(
+        name, path=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
     if found is None:
         pytest.fail(f"{name} is a build dependency of fastkernel and must be installed")
     return found
@@ -33,10 +34,22 @@ def _tool(name: str) -> str:
 def cpp_program(tmp_path_factory):
     build = tmp_path_factory.mktemp("cpp-build")
     cmake = _tool("cmake")
-    subprocess.run([cmake, "-S", str(HERE / "cpp"), "-B", str(build), "-G", "Ninja",
-                    f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
-                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}"],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            cmake,
+            "-S",
+            str(HERE / "cpp"),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+            f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     subprocess.run([cmake, "--build", str(build)], check=True, capture_output=True, text=True)
     return build / "launch_bundle"
 
@@ -44,16 +57,27 @@ def cpp_program(tmp_path_factory):
 def test_header_compiles_on_its_own(tmp_path):
     source = tmp_path / "only_header.cpp"
     source.write_text("#include <fastkernel/fastkernel.h>\nint main() { return 0; }\n")
-    result = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
-                             f"-I{fastkernel.get_include()}", str(source)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            "c++",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fsyntax-only",
+            f"-I{fastkernel.get_include()}",
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_cpp_program_launches_an_exported_bundle_like_python(stand_in, cpp_program, tmp_path):
     k = fk(kernels.add_kernel)
     x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
-    k[(4,)](x, y, out, 4096, BLOCK=1024)      # registers the aligned specialization
+    k[(4,)](x, y, out, 4096, BLOCK=1024)  # registers the aligned specialization
     k[(4,)](x, y, out[1:], 4095, BLOCK=1024)  # and an unaligned one
     python_launches = stand_in.launches()
     bundle = tmp_path / "bundle"
@@ -61,9 +85,13 @@ def test_cpp_program_launches_an_exported_bundle_like_python(stand_in, cpp_progr
     assert len(cubins) == 2 and (bundle / "manifest.txt").is_file()
 
     def run(xp, yp, op, n):
-        result = subprocess.run([str(cpp_program), str(bundle), hex(xp), hex(yp), hex(op),
-                                 str(n), "4"], capture_output=True, text=True,
-                                env={**os.environ}, timeout=120)
+        result = subprocess.run(
+            [str(cpp_program), str(bundle), hex(xp), hex(yp), hex(op), str(n), "4"],
+            capture_output=True,
+            text=True,
+            env={**os.environ},
+            timeout=120,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout.splitlines()
 
@@ -72,7 +100,9 @@ def test_cpp_program_launches_an_exported_bundle_like_python(stand_in, cpp_progr
         lines = run(x.data_ptr(), y.data_ptr(), o.data_ptr(), n)
         assert lines[0] == f"entry add_kernel-{number}.cubin"
         assert lines[1] == (f"grid 4 1 1 block 128 stream {0x5EED5} params " + launch.raw.hex())
-        assert lines[2].startswith("mismatch: fastkernel: no entry matches add_kernel(int, pointer,")
+        assert lines[2].startswith(
+            "mismatch: fastkernel: no entry matches add_kernel(int, pointer,"
+        )
         assert "the bundle has:" in lines[2]
         (count,) = [line for line in lines if line.startswith("count: ")]
         assert count.startswith("count: fastkernel: add_kernel[")
@@ -95,18 +125,36 @@ def cpp_torch_program(tmp_path_factory):
     """tests/cpp_torch built against fastkernel's CMake package (fastkernel::torch)."""
     build = tmp_path_factory.mktemp("cpp-torch-build")
     cmake = _tool("cmake")
-    env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    subprocess.run([cmake, "-S", str(HERE / "cpp_torch"), "-B", str(build), "-G", "Ninja",
-                    f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
-                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}"],
-                   check=True, capture_output=True, text=True, env=env)
-    subprocess.run([cmake, "--build", str(build)], check=True, capture_output=True, text=True,
-                   env=env)
+    env = {
+        **os.environ,
+        "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    subprocess.run(
+        [
+            cmake,
+            "-S",
+            str(HERE / "cpp_torch"),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+            f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    subprocess.run(
+        [cmake, "--build", str(build)], check=True, capture_output=True, text=True, env=env
+    )
     return build / "launch_tensors"
 
 
-def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(stand_in, cpp_torch_program,
-                                                                        tmp_path):
+def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(
+    stand_in, cpp_torch_program, tmp_path
+):
     k = fk(kernels.add_kernel)
     x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
     k[(4,)](x, y, out, 4096, BLOCK=1024)
@@ -114,12 +162,14 @@ def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(stand_i
     aligned, unaligned = stand_in.launches()
     bundle = tmp_path / "bundle"
     fastkernel.export(k, bundle)
-    result = subprocess.run([str(cpp_torch_program), str(bundle)], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [str(cpp_torch_program), str(bundle)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
-    assert lines["cpu:"].startswith("add_kernel: argument 0 is a tensor on 'cpu'; a GPU launch "
-                                    "needs CUDA tensors")
+    assert lines["cpu:"].startswith(
+        "add_kernel: argument 0 is a tensor on 'cpu'; a GPU launch needs CUDA tensors"
+    )
     assert "no entry matches add_kernel(pointer, pointer, pointer)" in lines["arity-cpu:"]
     xp, yp, op = (int(v, 16) for v in lines["pointers"].split())
     sp = int(lines["shifted"], 16)
@@ -136,15 +186,17 @@ def test_cpp_launch_with_at_tensors_picks_entries_by_alignment_and_dtype(stand_i
     assert "no entry matches add_kernel(pointer, pointer, pointer, int)" in lines["dtype:"]
     assert "no entry matches add_kernel(int, pointer" in lines["kind:"]
     assert "argument 0 is an undefined tensor" in lines["undefined:"]
-    assert "this torch build has no CUDA support" in lines["stream:"] or \
-        torch.cuda.is_available()
+    assert "this torch build has no CUDA support" in lines["stream:"] or torch.cuda.is_available()
 
 
-def test_cpp_torch_launch_allocates_the_scratch_an_entry_needs(stand_in, cpp_torch_program,
-                                                              tmp_path):
+def test_cpp_torch_launch_allocates_the_scratch_an_entry_needs(
+    stand_in, cpp_torch_program, tmp_path
+):
     from triton.runtime import _allocation
+
     token = _allocation._allocator.set(
-        lambda size, alignment, stream: torch.empty(size + alignment, dtype=torch.int8))
+        lambda size, alignment, stream: torch.empty(size + alignment, dtype=torch.int8)
+    )
     try:
         k = fk(kernels.device_descriptor_kernel)
         src, dst = torch.randn(64, 32), torch.empty(64, 32)
@@ -160,28 +212,35 @@ def test_cpp_torch_launch_allocates_the_scratch_an_entry_needs(stand_in, cpp_tor
     add[(4,)](flat, flat, flat[1:], 4095, BLOCK=1024)  # the program's unaligned call
     fastkernel.export(add, tmp_path / "add")
     fastkernel.export(k, tmp_path / "scratch")
-    result = subprocess.run([str(cpp_torch_program), str(tmp_path / "add"),
-                             str(tmp_path / "scratch")], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(cpp_torch_program), str(tmp_path / "add"), str(tmp_path / "scratch")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout.splitlines()
     at = next(i for i, line in enumerate(out) if line.startswith("scratch-pointers "))
     sp, dp = (int(v, 16) for v in out[at].split()[1:])
     raw = bytes.fromhex(out[at + 1].rsplit(" ", 1)[1])
     layout = python_launch.param_layout
-    params = [raw[o:o + n] for o, n in layout]
+    params = [raw[o : o + n] for o, n in layout]
     assert params[0] == struct.pack("<Q", sp) and params[1] == struct.pack("<Q", dp)
     assert params[2:-2] == python_launch.params[2:-2]  # M, N as Python packed them
     scratch = struct.unpack("<Q", params[-2])[0]
     assert scratch != 0 and scratch % meta.global_scratch_align == 0
     assert params[-1] == b"\0" * 8  # no profile scratch
     assert out[at + 2].startswith("no-scratch: fastkernel: device_descriptor_kernel[")
-    assert "needs a global scratch buffer of %d bytes per CTA" % meta.global_scratch_size in out[at + 2]
+    assert (
+        f"needs a global scratch buffer of {meta.global_scratch_size} bytes per CTA" in out[at + 2]
+    )
 
 
 def test_the_benchmark_cpp_row_launches_the_bytes_python_launches(stand_in, tmp_path):
     from fastkernel import fastkernel as fk
     from fkbench import common
     from fkbench.kernels import SHAPES as shapes
+
     for shape in shapes:
         stand_in.reset()
         k = fk(shape.kernel)
@@ -192,8 +251,12 @@ def test_the_benchmark_cpp_row_launches_the_bytes_python_launches(stand_in, tmp_
         timed.loop(3)
         launches = stand_in.launches()[1:]
         assert len(launches) == 3
-        assert all(l.raw == python_launch.raw and l.grid == python_launch.grid and
-                   l.block == python_launch.block for l in launches), shape.name
+        assert all(
+            l.raw == python_launch.raw
+            and l.grid == python_launch.grid
+            and l.block == python_launch.block
+            for l in launches
+        ), shape.name
 
 
 def test_the_cpp_program_leaks_nothing_under_valgrind(stand_in, cpp_program, tmp_path):
@@ -213,10 +276,26 @@ def test_the_cpp_program_leaks_nothing_under_valgrind(stand_in, cpp_program, tmp
     # The program is uninstrumented: a sanitizer runtime preloaded into this interpreter (the
     # sanitizer pass of the suite) must not follow it into valgrind.
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    result = subprocess.run([valgrind, "--quiet", "--error-exitcode=97", "--leak-check=full",
-                             "--errors-for-leak-kinds=definite,indirect",
-                             "--show-leak-kinds=definite,indirect", str(cpp_program), str(bundle),
-                             p, p, p, "4096", "4"], capture_output=True, text=True, timeout=600,
-                            env=env)
+    result = subprocess.run(
+        [
+            valgrind,
+            "--quiet",
+            "--error-exitcode=97",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite,indirect",
+            "--show-leak-kinds=definite,indirect",
+            str(cpp_program),
+            str(bundle),
+            p,
+            p,
+            p,
+            "4096",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[0] == "entry add_kernel-0.cubin"

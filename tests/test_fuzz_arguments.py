@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+import kernels
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -15,10 +16,19 @@ from hypothesis import strategies as st
 
 from fastkernel import CudaError, fastkernel
 
-import kernels
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16,
-          torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
 _BASE = {d: torch.zeros(80, dtype=d) for d in DTYPES}
 
 
@@ -40,14 +50,19 @@ def _tensor(dtype, kind):
         "empty": lambda: base[:0],
         "scalar": lambda: base[0],
         "strided": lambda: base.view(8, 10).t(),
-        "sparse": lambda: base[:64].to_sparse() if dtype != torch.complex64 else base[:4].to_sparse(),
+        "sparse": lambda: (
+            base[:64].to_sparse() if dtype != torch.complex64 else base[:4].to_sparse()
+        ),
     }[kind]()
 
 
-tensors = st.builds(_tensor, st.sampled_from(DTYPES),
-                    st.sampled_from(["contiguous", "unaligned", "empty", "scalar", "strided", "sparse"]))
+tensors = st.builds(
+    _tensor,
+    st.sampled_from(DTYPES),
+    st.sampled_from(["contiguous", "unaligned", "empty", "scalar", "strided", "sparse"]),
+)
 scalars = st.one_of(
-    st.integers(min_value=-2**70, max_value=2**70),
+    st.integers(min_value=-(2**70), max_value=2**70),
     st.sampled_from([0, 1, 16, 2**31, 2**63, 2**64 - 1, -1]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.booleans(),
@@ -55,33 +70,66 @@ scalars = st.one_of(
     st.text(max_size=4),
     st.binary(max_size=4),
     st.complex_numbers(max_magnitude=10),
-    st.builds(WithDataPtr, st.integers(min_value=-2**65, max_value=2**65)),
+    st.builds(WithDataPtr, st.integers(min_value=-(2**65), max_value=2**65)),
     st.lists(st.integers(0, 3), max_size=3),
     st.tuples(st.integers(0, 3)),
     st.just(object()),
 )
 values = st.one_of(tensors, tensors, scalars)
 keywords = st.dictionaries(
-    st.sampled_from(["x_ptr", "y_ptr", "out_ptr", "n", "BLOCK", "num_warps", "num_stages", "bogus",
-                     "debug", "stream"]),
-    st.one_of(values, st.sampled_from([64, 32, 4])), max_size=4)
+    st.sampled_from(
+        [
+            "x_ptr",
+            "y_ptr",
+            "out_ptr",
+            "n",
+            "BLOCK",
+            "num_warps",
+            "num_stages",
+            "bogus",
+            "debug",
+            "stream",
+        ]
+    ),
+    st.one_of(values, st.sampled_from([64, 32, 4])),
+    max_size=4,
+)
 
 # What "a clear exception" may be: typed errors naming the problem, Triton's own compile and
 # runtime errors for arguments it rejects, never a crash.
-EXPECTED = (TypeError, ValueError, OverflowError, KeyError, RuntimeError, CudaError,
-            AssertionError, IndexError, NotImplementedError, AttributeError)
+EXPECTED = (
+    TypeError,
+    ValueError,
+    OverflowError,
+    KeyError,
+    RuntimeError,
+    CudaError,
+    AssertionError,
+    IndexError,
+    NotImplementedError,
+    AttributeError,
+)
 
 RAN = {"cases": 0, "launched": 0, "raised": 0}
 
 # Calls of the right shape with mutated values, so that launches (not only binding errors) are
 # exercised: pointer slots mostly tensors of a few dtypes and layouts, n mostly an int.
-near_tensors = st.builds(_tensor, st.sampled_from([torch.float32, torch.float16, torch.int32]),
-                         st.sampled_from(["contiguous", "unaligned", "empty", "strided", "sparse"]))
+near_tensors = st.builds(
+    _tensor,
+    st.sampled_from([torch.float32, torch.float16, torch.int32]),
+    st.sampled_from(["contiguous", "unaligned", "empty", "strided", "sparse"]),
+)
 # Mostly (9 in 10) the right kind; hypothesis would otherwise favour the many scalar kinds.
 pointer_slot = st.integers(0, 9).flatmap(lambda i: near_tensors if i else scalars)
 n_slot = st.integers(0, 9).flatmap(
-    lambda i: st.sampled_from([64, 1, 16, 17, 0, 2**40, 2**63]) if i > 3
-    else st.integers(min_value=-2**65, max_value=2**65) if i else scalars)
+    lambda i: (
+        st.sampled_from([64, 1, 16, 17, 0, 2**40, 2**63])
+        if i > 3
+        else st.integers(min_value=-(2**65), max_value=2**65)
+        if i
+        else scalars
+    )
+)
 near_valid = st.tuples(pointer_slot, pointer_slot, pointer_slot, n_slot)
 
 
@@ -118,10 +166,18 @@ def _call(kernel, stand_in, grid, args, kwargs):
             assert param == struct.pack("<Q", value.data_ptr()), name
 
 
-SETTINGS = settings(max_examples=400, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-GRIDS = st.one_of(st.tuples(st.integers(-2, 4)), st.tuples(st.integers(0, 3), st.integers(0, 3)),
-                  st.just(()), st.just((1, 1, 1, 1)), st.just("x"))
+SETTINGS = settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+GRIDS = st.one_of(
+    st.tuples(st.integers(-2, 4)),
+    st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    st.just(()),
+    st.just((1, 1, 1, 1)),
+    st.just("x"),
+)
 
 
 @SETTINGS

@@ -29,8 +29,9 @@ def test_a_changed_global_raises_tritons_error_and_launches_nothing(stand_in):
     old = SCALE
     SCALE = tl.constexpr(3.0)
     try:
-        with pytest.raises(RuntimeError, match="Global variable SCALE has changed since we "
-                                               "compiled this kernel"):
+        with pytest.raises(
+            RuntimeError, match="Global variable SCALE has changed since we compiled this kernel"
+        ):
             k[(1,)](x, out, BLOCK=16)
         assert len(stand_in.launches()) == 2
     finally:

@@ -4,13 +4,12 @@ Marked ``gpu``: skipped where there is no CUDA device (CI), run wherever one is.
 
 from __future__ import annotations
 
+import kernels
 import pytest
 import torch
 import triton
 
 from fastkernel import fastkernel
-
-import kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -36,8 +35,9 @@ def test_fused_softmax_matches_triton_and_torch():
     out, ref = torch.empty_like(x), torch.empty_like(x)
     block = triton.next_power_of_2(x.shape[1])
     k[(x.shape[0],)](out, x, x.stride(0), out.stride(0), x.shape[1], BLOCK=block, num_warps=8)
-    kernels.softmax_kernel[(x.shape[0],)](ref, x, x.stride(0), ref.stride(0), x.shape[1],
-                                           BLOCK=block, num_warps=8)
+    kernels.softmax_kernel[(x.shape[0],)](
+        ref, x, x.stride(0), ref.stride(0), x.shape[1], BLOCK=block, num_warps=8
+    )
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
     torch.testing.assert_close(out, torch.softmax(x, dim=1))
@@ -61,8 +61,9 @@ def test_matmul_matches_triton_and_torch(m, n, kdim):
     k = fastkernel(kernels.matmul_kernel)
     a, b, c, ref, grid, args = _matmul_problem(m, n, kdim)
     k[grid](a, b, c, *args, c.stride(0), c.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
-    kernels.matmul_kernel[grid](a, b, ref, *args, ref.stride(0), ref.stride(1), BLOCK_M=64,
-                                BLOCK_N=64, BLOCK_K=32)
+    kernels.matmul_kernel[grid](
+        a, b, ref, *args, ref.stride(0), ref.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32
+    )
     torch.cuda.synchronize()
     assert torch.equal(c, ref)
     torch.testing.assert_close(c, (a.float() @ b.float()), atol=5e-2, rtol=1e-2)
@@ -72,7 +73,7 @@ def test_unaligned_slices_get_their_own_binary_and_correct_results():
     k = fastkernel(kernels.add_kernel)
     base = torch.randn(4099, device=DEV)
     for start in (0, 1, 2, 3, 4):
-        x = base[start:start + 4093]
+        x = base[start : start + 4093]
         y = torch.randn_like(x)
         out = torch.empty(4096, device=DEV)[1:4094]
         k[(triton.cdiv(4093, 1024),)](x, y, out, 4093, BLOCK=1024)
@@ -128,6 +129,7 @@ def test_warm_start_in_a_fresh_process_never_calls_the_compiler(tmp_path):
     import subprocess
     import sys
     import textwrap
+
     code = textwrap.dedent("""
         import sys, torch, triton
         import fastkernel, kernels
@@ -145,10 +147,22 @@ def test_warm_start_in_a_fresh_process_never_calls_the_compiler(tmp_path):
     """)
     env = {**os.environ, "FASTKERNEL_CACHE_DIR": str(tmp_path)}
     cwd = os.path.dirname(os.path.abspath(__file__))
-    cold = subprocess.run([sys.executable, "-c", code, "cold"], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
-    warm = subprocess.run([sys.executable, "-c", code, "warm"], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+    cold = subprocess.run(
+        [sys.executable, "-c", code, "cold"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    warm = subprocess.run(
+        [sys.executable, "-c", code, "warm"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert cold.returncode == 0, cold.stderr
     assert warm.returncode == 0, warm.stderr
     assert cold.stdout.split() == ["ok", "CompiledKernel"]
@@ -157,14 +171,23 @@ def test_warm_start_in_a_fresh_process_never_calls_the_compiler(tmp_path):
 
 # -- fastkernel.autotune on a GPU ----------------------------------------------------------------
 
-MATMUL_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-                  for m, n, k, w, s in [(32, 32, 32, 2, 2), (64, 64, 32, 4, 3), (128, 64, 32, 4, 3),
-                                        (64, 128, 64, 8, 3)]]
+MATMUL_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+    for m, n, k, w, s in [
+        (32, 32, 32, 2, 2),
+        (64, 64, 32, 4, 3),
+        (128, 64, 32, 4, 3),
+        (64, 128, 64, 8, 3),
+    ]
+]
 
 
 def test_autotuned_matmul_equals_triton_with_the_chosen_config():
     import fastkernel as fkmod
-    k = fkmod.autotune(configs=MATMUL_CONFIGS, key=["M", "N", "K"])(fastkernel(kernels.matmul_kernel))
+
+    k = fkmod.autotune(configs=MATMUL_CONFIGS, key=["M", "N", "K"])(
+        fastkernel(kernels.matmul_kernel)
+    )
     m, n, kdim = 300, 200, 96
     a, b, c, ref, grid, args = _matmul_problem(m, n, kdim)
     k[grid](a, b, c, *args, c.stride(0), c.stride(1))
@@ -182,9 +205,11 @@ def test_autotuned_matmul_equals_triton_with_the_chosen_config():
 
 def test_autotuned_in_place_fused_add_rmsnorm_equals_one_clean_run():
     import fastkernel as fkmod
+
     configs = [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8)]
     k = fkmod.autotune(configs=configs, key=["n_cols"], restore_value=["res_ptr"])(
-        fastkernel(kernels.fused_add_rmsnorm_kernel))
+        fastkernel(kernels.fused_add_rmsnorm_kernel)
+    )
     rows, cols = 64, 1000
     x = torch.randn(rows, cols, device=DEV)
     res0 = torch.randn(rows, cols, device=DEV)
@@ -200,9 +225,11 @@ def test_autotuned_in_place_fused_add_rmsnorm_equals_one_clean_run():
 
 def test_autotuned_accumulator_with_reset_to_zero_equals_one_clean_run():
     import fastkernel as fkmod
+
     configs = [triton.Config({"BLOCK": b}) for b in (128, 256, 512, 1024)]
     k = fkmod.autotune(configs=configs, key=["n"], reset_to_zero=["out_ptr"])(
-        fastkernel(kernels.accumulate_kernel))
+        fastkernel(kernels.accumulate_kernel)
+    )
     n = 100_000
     x = torch.randn(n, device=DEV)
     out = torch.zeros(n, device=DEV)
@@ -215,6 +242,7 @@ def test_a_second_process_reuses_the_tuned_config_without_benchmarking(tmp_path)
     import os
     import subprocess
     import sys
+
     script = f"""
 import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
 import torch, triton, triton.testing
@@ -234,8 +262,10 @@ assert torch.equal(out, x + x)
 print(len(calls), k.best_config.kwargs["BLOCK"])
 """
     env = dict(os.environ, FASTKERNEL_CACHE_DIR=str(tmp_path))
-    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                           text=True, check=True).stdout.split()
-    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, check=True).stdout.split()
+    first = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    second = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert first[0] == "3" and second[0] == "0" and first[1] == second[1]

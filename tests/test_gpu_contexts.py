@@ -8,13 +8,12 @@ from __future__ import annotations
 import gc
 import threading
 
+import kernels
 import pytest
 import torch
 import triton
 
 from fastkernel import fastkernel
-
-import kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -50,9 +49,13 @@ def test_scratch_of_a_captured_launch_lives_as_long_as_the_graph():
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("device-side descriptors need global scratch on compute capability 9.0+")
     from triton.runtime import _allocation
+
     token = _allocation._allocator.set(_allocation._allocator.get())
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(
-        size + alignment, dtype=torch.int8, device="cuda"))
+    triton.set_allocator(
+        lambda size, alignment, stream: torch.empty(
+            size + alignment, dtype=torch.int8, device="cuda"
+        )
+    )
     try:
         k = fastkernel(kernels.device_descriptor_kernel)
         src = torch.randn(64, 32, device="cuda")
@@ -122,7 +125,8 @@ def test_tensors_on_another_device_than_the_current_one_behave_as_in_triton():
 
     k = fastkernel(kernels.add_kernel)
     assert outcome(lambda x, y, out: k[(4,)](x, y, out, 4096, BLOCK=1024)) == outcome(
-        lambda x, y, out: kernels.add_kernel[(4,)](x, y, out, 4096, BLOCK=1024))
+        lambda x, y, out: kernels.add_kernel[(4,)](x, y, out, 4096, BLOCK=1024)
+    )
 
 
 def test_eight_threads_of_mixed_shapes_and_alignments_give_correct_results():
@@ -137,8 +141,8 @@ def test_eight_threads_of_mixed_shapes_and_alignments_give_correct_results():
                 for i in range(300):
                     n = (1024, 3000, 8192)[(i + seed) % 3]
                     offset = (0, 1, 4)[(i * 7 + seed) % 3]  # aligned and unaligned pointers
-                    x = base_x[offset:offset + n]
-                    y = base_y[offset:offset + n]
+                    x = base_x[offset : offset + n]
+                    y = base_y[offset : offset + n]
                     out = torch.empty(n, device="cuda")
                     k[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
                     stream.synchronize()

@@ -9,11 +9,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import test_libraries as libraries
 import torch
 
 import fastkernel
-
-import test_libraries as libraries
 
 pytestmark = pytest.mark.gpu
 
@@ -77,6 +76,9 @@ def test_a_patched_library_op_computes_what_triton_computes(library, name, on_cu
                 torch.testing.assert_close(a, b)
     hits = sum(s["hits"] - before.get(k, {}).get("hits", 0) for k, s in after.items())
     misses = sum(s["misses"] - before.get(k, {}).get("misses", 0) for k, s in after.items())
-    fallbacks = {k: s["fallback_reasons"] for k, s in after.items()
-                 if s["fallbacks"] != before.get(k, {}).get("fallbacks", 0)}
+    fallbacks = {
+        k: s["fallback_reasons"]
+        for k, s in after.items()
+        if s["fallbacks"] != before.get(k, {}).get("fallbacks", 0)
+    }
     assert hits >= 1 and misses == 0 and not fallbacks, (hits, misses, fallbacks)

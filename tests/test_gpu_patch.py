@@ -4,16 +4,15 @@ repeated calls are native hits. Marked ``gpu``."""
 
 from __future__ import annotations
 
+import corpus
 import pytest
 import torch
 import triton
 import triton.language as tl
+from test_corpus import triton_allocator_for_scratch  # noqa: F401 - a fixture used below
 
 import fastkernel
 from fastkernel.kernel import PATCH_ATTR
-
-import corpus
-from test_corpus import triton_allocator_for_scratch  # noqa: F401 - a fixture used below
 
 pytestmark = pytest.mark.gpu
 
@@ -35,8 +34,8 @@ def test_patched_corpus_equals_triton_bit_for_bit(name, triton_allocator_for_scr
         pytest.skip("needs compute capability 9.0")
     expected = case.run(case.kernel, "cuda")  # Triton's own launcher
     with fastkernel.patched():
-        got = case.run(case.kernel, "cuda")      # a miss: registered natively
-        again = case.run(case.kernel, "cuda")    # native hits
+        got = case.run(case.kernel, "cuda")  # a miss: registered natively
+        again = case.run(case.kernel, "cuda")  # native hits
         torch.cuda.synchronize()
         stats = [_dispatch_stats(k) for k in _plain(case.kernel)]
     for e, g, a in zip(expected, got, again):
@@ -45,8 +44,13 @@ def test_patched_corpus_equals_triton_bit_for_bit(name, triton_allocator_for_scr
         assert s["fallbacks"] == 0 and s["hits"] >= 1, (name, s)
 
 
-@triton.autotune(configs=[triton.Config({"BLOCK": 256}, num_warps=2),
-                          triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"])
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK": 256}, num_warps=2),
+        triton.Config({"BLOCK": 1024}, num_warps=4),
+    ],
+    key=["n"],
+)
 @triton.jit
 def _tuned_axpy(x_ptr, y_ptr, out_ptr, a, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import collections.abc
 import operator
 
+import kernels
 import pytest
 import torch
 import triton
 
 from fastkernel import _C, fastkernel
-
-import kernels
 
 N = 256
 
@@ -29,22 +28,26 @@ def test_the_grid_sees_every_parameter_as_tritons_dict(stand_in):
     seen = []
 
     def grid(meta):
-        seen.append({
-            "getitem": meta["BLOCK"],
-            "get": (meta.get("n"), meta.get("missing"), meta.get("missing", 7)),
-            "len": len(meta),
-            "iter": list(meta),
-            "in": ("out_ptr" in meta, "nope" in meta, 3 in meta),
-            "keys": list(meta.keys()),
-            "items": [(k, v if not isinstance(v, torch.Tensor) else v.data_ptr())
-                      for k, v in meta.items()],
-            "values_len": len(list(meta.values())),
-            "double_star": sorted(dict(**meta)),
-            "copy_is_dict": type(meta.copy()) is dict,
-            "mapping": isinstance(meta, collections.abc.Mapping),
-            "eq": meta == {**meta},
-            "repr": repr(meta).startswith("{'x_ptr':"),
-        })
+        seen.append(
+            {
+                "getitem": meta["BLOCK"],
+                "get": (meta.get("n"), meta.get("missing"), meta.get("missing", 7)),
+                "len": len(meta),
+                "iter": list(meta),
+                "in": ("out_ptr" in meta, "nope" in meta, 3 in meta),
+                "keys": list(meta.keys()),
+                "items": [
+                    (k, v if not isinstance(v, torch.Tensor) else v.data_ptr())
+                    for k, v in meta.items()
+                ],
+                "values_len": len(list(meta.values())),
+                "double_star": sorted(dict(**meta)),
+                "copy_is_dict": type(meta.copy()) is dict,
+                "mapping": isinstance(meta, collections.abc.Mapping),
+                "eq": meta == {**meta},
+                "repr": repr(meta).startswith("{'x_ptr':"),
+            }
+        )
         return (triton.cdiv(meta["n"], meta["BLOCK"]),)
 
     k = fastkernel(kernels.add_kernel)
@@ -52,12 +55,25 @@ def test_the_grid_sees_every_parameter_as_tritons_dict(stand_in):
         k[grid](x, y, out, N, BLOCK=64)
     names = ["x_ptr", "y_ptr", "out_ptr", "n", "BLOCK"]
     expected = {
-        "getitem": 64, "get": (N, None, 7), "len": 5, "iter": names, "in": (True, False, False),
+        "getitem": 64,
+        "get": (N, None, 7),
+        "len": 5,
+        "iter": names,
+        "in": (True, False, False),
         "keys": names,
-        "items": [("x_ptr", x.data_ptr()), ("y_ptr", y.data_ptr()), ("out_ptr", out.data_ptr()),
-                  ("n", N), ("BLOCK", 64)],
-        "values_len": 5, "double_star": sorted(names), "copy_is_dict": True, "mapping": True,
-        "eq": True, "repr": True,
+        "items": [
+            ("x_ptr", x.data_ptr()),
+            ("y_ptr", y.data_ptr()),
+            ("out_ptr", out.data_ptr()),
+            ("n", N),
+            ("BLOCK", 64),
+        ],
+        "values_len": 5,
+        "double_star": sorted(names),
+        "copy_is_dict": True,
+        "mapping": True,
+        "eq": True,
+        "repr": True,
     }
     assert seen[-1] == expected
     assert k.stats()["hits"] == 1

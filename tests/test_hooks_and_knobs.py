@@ -5,18 +5,16 @@ them back returns to the old one), and nothing in Python runs on a hit while the
 
 from __future__ import annotations
 
+import kernels
 import pytest
 import torch
 import triton
-import triton.language as tl
+from conftest import TEST_STREAM
 from triton import knobs
+from triton_reference import TritonReference
 
 from fastkernel import _C, fastkernel
 from fastkernel import _triton_abi as abi
-
-import kernels
-from conftest import TEST_STREAM
-from triton_reference import TritonReference
 
 X = torch.randn(64)
 
@@ -180,6 +178,7 @@ def test_knob_state_is_stable_without_changes():
 @pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle:UserWarning")
 def test_profiler_sees_a_named_range_only_while_active(add, stand_in):
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(3):
             add[(1,)](X, X, X, 64, BLOCK=64)

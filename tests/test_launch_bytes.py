@@ -9,16 +9,15 @@ from __future__ import annotations
 import ctypes
 import struct
 
+import kernels
 import pytest
 import torch
 import triton
-
-from fastkernel import fastkernel
-from fastkernel import _triton_abi as abi
-
-import kernels
 from conftest import TEST_STREAM
 from triton_reference import TritonReference
+
+from fastkernel import _triton_abi as abi
+from fastkernel import fastkernel
 
 SCRATCH = [b"\0" * 8] * abi.num_scratch_params()
 
@@ -51,19 +50,23 @@ def test_every_scalar_kind_is_packed_like_triton(stand_in):
     k[(1,)](out, 5, 2**40, 2**63 + 5, 1.25, 0.3, -2.7, 3.14159, True, None, 1, BLOCK=16)
     (launch,) = stand_in.launches()
     # None and the int equal to 1 are specialized to constexprs and dropped.
-    assert launch.params == [
-        ptr(out),
-        struct.pack("<i", 5),
-        struct.pack("<q", 2**40),
-        struct.pack("<Q", 2**63 + 5),
-        struct.pack("<f", 1.25),
-        struct.pack("<e", 0.3),  # IEEE half, as CPython's PyFloat_Pack2 (driver.c extractFP16)
-        bf16(-2.7),
-        struct.pack("<d", 3.14159),
-        # A bool is packed in a 4-byte u1 slot (driver.c extractU32); the cubin declares a
-        # 1-byte parameter, so the driver reads its first byte.
-        b"\x01",
-    ] + SCRATCH
+    assert (
+        launch.params
+        == [
+            ptr(out),
+            struct.pack("<i", 5),
+            struct.pack("<q", 2**40),
+            struct.pack("<Q", 2**63 + 5),
+            struct.pack("<f", 1.25),
+            struct.pack("<e", 0.3),  # IEEE half, as CPython's PyFloat_Pack2 (driver.c extractFP16)
+            bf16(-2.7),
+            struct.pack("<d", 3.14159),
+            # A bool is packed in a 4-byte u1 slot (driver.c extractU32); the cubin declares a
+            # 1-byte parameter, so the driver reads its first byte.
+            b"\x01",
+        ]
+        + SCRATCH
+    )
     assert launch.param_layout[8][1] == 1
 
 
@@ -75,8 +78,10 @@ def test_int_one_none_and_pointers_change_the_parameter_list(stand_in):
     k[(1,)](out, *args, extra, 3, BLOCK=16)
     first, second = stand_in.launches()
     assert len(second.params) == len(first.params) + 2
-    assert second.params[-len(SCRATCH) - 2:len(second.params) - len(SCRATCH)] == \
-        [ptr(extra), struct.pack("<i", 3)]
+    assert second.params[-len(SCRATCH) - 2 : len(second.params) - len(SCRATCH)] == [
+        ptr(extra),
+        struct.pack("<i", 3),
+    ]
     assert k.stats()["specializations"] == 2
 
 
@@ -157,8 +162,9 @@ def test_do_not_specialize_shares_one_binary(stand_in):
     for n, base in [(16, x), (1, x), (17, x[1:])]:
         k[(1,)](base, x, n, BLOCK=64)
     assert k.stats()["specializations"] == 1
-    assert [launch.params[2] for launch in stand_in.launches()] == \
-        [struct.pack("<i", n) for n in (16, 1, 17)]
+    assert [launch.params[2] for launch in stand_in.launches()] == [
+        struct.pack("<i", n) for n in (16, 1, 17)
+    ]
 
 
 def _make_current(stand_in, device: int) -> None:
@@ -170,6 +176,7 @@ def _make_current(stand_in, device: int) -> None:
 
 def test_device_index_selects_the_module(stand_in):
     from fastkernel import _C
+
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(64)
     _make_current(stand_in, 0)
@@ -189,7 +196,8 @@ def test_device_index_selects_the_module(stand_in):
 def test_a_module_is_never_launched_on_another_device(stand_in):
     """The device index is in the key; if the thread's context disagrees with torch's current
     device the driver rejects the launch and fastkernel raises instead of retrying elsewhere."""
-    from fastkernel import CudaError, _C
+    from fastkernel import _C, CudaError
+
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(64)
     _C._testing.set_host_testing(True, 1, TEST_STREAM)
@@ -230,22 +238,28 @@ def test_a_call_triton_rejects_raises_tritons_error_and_is_no_fallback(stand_in)
 
 def test_dtype_and_jit_function_constexprs_stay_native(stand_in):
     import triton.language as tl
+
     k = fastkernel(kernels.cast_kernel)
     src, out16, out32 = torch.randn(64), torch.empty(64, dtype=torch.float16), torch.empty(64)
     for _ in range(3):
         k[(1,)](out16, src, 64, OUT_DTYPE=tl.float16, FN=kernels.times_two, BLOCK=64)
         k[(1,)](out32, src, 64, OUT_DTYPE=tl.float32, FN=kernels.times_two, BLOCK=64)
         k[(1,)](out32, src, 64, OUT_DTYPE=tl.float32, FN=kernels.times_three, BLOCK=64)
-        k[(1,)](out32, src, 64, OUT_DTYPE=tl.constexpr(tl.float32), FN=kernels.times_three, BLOCK=64)
+        k[(1,)](
+            out32, src, 64, OUT_DTYPE=tl.constexpr(tl.float32), FN=kernels.times_three, BLOCK=64
+        )
     stats = k.stats()
     assert stats["fallbacks"] == 0
     assert stats["specializations"] == 4 and stats["hits"] == 8
-    assert all(launch.params == [ptr(launch_out), ptr(src), struct.pack("<i", 64)] + SCRATCH
-               for launch, launch_out in zip(stand_in.launches(), [out16, out32, out32, out32] * 3))
+    assert all(
+        launch.params == [ptr(launch_out), ptr(src), struct.pack("<i", 64)] + SCRATCH
+        for launch, launch_out in zip(stand_in.launches(), [out16, out32, out32, out32] * 3)
+    )
 
 
 def test_constexpr_objects_in_unannotated_parameters(stand_in):
     import triton.language as tl
+
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(64)
     k[(1,)](x, x, x, tl.constexpr(64), BLOCK=64)
@@ -270,6 +284,7 @@ def test_keywords_built_at_run_time_match_by_value(stand_in):
 def triton_allocator():
     """Restore Triton's allocator (a ContextVar) after a test sets one."""
     from triton.runtime import _allocation
+
     token = _allocation._allocator.set(_allocation._allocator.get())
     yield
     _allocation._allocator.reset(token)
@@ -301,7 +316,7 @@ def test_global_scratch_comes_from_tritons_allocator(stand_in, triton_allocator)
     assert stream == TEST_STREAM
     (launch,) = stand_in.launches()
     assert launch.params[-2] == ptr(buffer)  # global_scratch
-    assert launch.params[-1] == b"\0" * 8    # profile_scratch: size 0, NULL
+    assert launch.params[-1] == b"\0" * 8  # profile_scratch: size 0, NULL
 
 
 # cuda.h: CU_LAUNCH_ATTRIBUTE_{COOPERATIVE=2, CLUSTER_DIMENSION=4,
@@ -328,8 +343,9 @@ def test_clusters_launch_with_cluster_attributes_and_scaled_grid(stand_in):
     assert launch.params == [ptr(x)] * 3 + [struct.pack("<i", 4096)] + SCRATCH
 
 
-@pytest.mark.parametrize("option,attr_id", [("launch_cooperative_grid", COOPERATIVE),
-                                            ("launch_pdl", PDL)])
+@pytest.mark.parametrize(
+    "option,attr_id", [("launch_cooperative_grid", COOPERATIVE), ("launch_pdl", PDL)]
+)
 def test_cooperative_grid_and_pdl_are_launch_attributes(stand_in, option, attr_id):
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(4096)
@@ -360,7 +376,9 @@ def test_more_than_48kb_of_shared_memory_opts_in_at_registration(stand_in):
 def test_scratch_of_a_captured_launch_outlives_the_capture(stand_in, triton_allocator, monkeypatch):
     import gc
     import weakref
+
     from fastkernel import _triton_abi as abi
+
     k = fastkernel(kernels.device_descriptor_kernel)
     src, dst = torch.randn(64, 32), torch.empty(64, 32)
     buffers = []
@@ -370,9 +388,9 @@ def test_scratch_of_a_captured_launch_outlives_the_capture(stand_in, triton_allo
         return buffer
 
     triton.set_allocator(allocator)
-    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)          # not capturing: freed after
+    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)  # not capturing: freed after
     monkeypatch.setattr(abi, "_stream_is_capturing", lambda: True)
-    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)          # "captured": kept alive
+    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)  # "captured": kept alive
     gc.collect()
     assert buffers[0]() is None and buffers[1]() is not None
     assert abi.CAPTURED_SCRATCH[-1] is buffers[1]()
@@ -385,12 +403,33 @@ def test_tuple_arguments_are_flattened_like_tritons_launcher(stand_in):
     k[(1,)](out, (x, 3), 64, (7, (2.5, y)), BLOCK=64)
     (launch,) = stand_in.launches()
     # Leaves in order; every element specialized (an int == 1 would drop out).
-    assert launch.params == [ptr(out), ptr(x), struct.pack("<i", 3), struct.pack("<i", 64),
-                             struct.pack("<i", 7), struct.pack("<f", 2.5), ptr(y)] + SCRATCH
+    assert (
+        launch.params
+        == [
+            ptr(out),
+            ptr(x),
+            struct.pack("<i", 3),
+            struct.pack("<i", 64),
+            struct.pack("<i", 7),
+            struct.pack("<f", 2.5),
+            ptr(y),
+        ]
+        + SCRATCH
+    )
     k[(1,)](out, (x[1:], 1), 63, (7, (2.5, y)), BLOCK=64)  # unaligned, and k == 1: constexpr
     second = stand_in.launches()[1]
-    assert second.params == [ptr(out), ptr(x[1:]), struct.pack("<i", 63), struct.pack("<i", 7),
-                             struct.pack("<f", 2.5), ptr(y)] + SCRATCH
+    assert (
+        second.params
+        == [
+            ptr(out),
+            ptr(x[1:]),
+            struct.pack("<i", 63),
+            struct.pack("<i", 7),
+            struct.pack("<f", 2.5),
+            ptr(y),
+        ]
+        + SCRATCH
+    )
     k[(1,)](out, (x, 5), 64, (9, (0.5, y)), BLOCK=64)  # the first specialization again: a hit
     s = k.stats()
     assert (s["hits"], s["misses"], s["fallbacks"], s["specializations"]) == (1, 2, 0, 2)

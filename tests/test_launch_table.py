@@ -7,17 +7,17 @@ import gc
 import random
 import weakref
 
+import kernels
 import pytest
 import torch
 
 from fastkernel import cache as fk_cache
 from fastkernel import fastkernel
 
-import kernels
-
 
 def test_least_recently_launched_specialization_is_evicted_and_comes_back_from_disk(
-        stand_in, monkeypatch):
+    stand_in, monkeypatch
+):
     monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "2")
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(128)
@@ -28,8 +28,8 @@ def test_least_recently_launched_specialization_is_evicted_and_comes_back_from_d
     call(16)
     first = weakref.ref(k._compiled[0])
     call(32)
-    call(16)          # 16 is now more recent than 32
-    call(64)          # at capacity: 32 is evicted
+    call(16)  # 16 is now more recent than 32
+    call(64)  # at capacity: 32 is evicted
     stats = k.stats()
     assert stats["specializations"] == 2 and stats["evictions"] == 1
     gc.collect()
@@ -37,7 +37,7 @@ def test_least_recently_launched_specialization_is_evicted_and_comes_back_from_d
     loads = stand_in.module_loads()
     call(16)
     assert k.stats()["hits"] == 2 and stand_in.module_loads() == loads  # still registered
-    call(32)          # evicted: a miss, re-registered from the disk cache
+    call(32)  # evicted: a miss, re-registered from the disk cache
     assert k.stats()["misses"] == 4 and stand_in.module_loads() == loads + 1
     assert isinstance(k._compiled[-1], fk_cache.CachedKernel)
     assert k.stats()["evictions"] == 2  # 64 was the least recently launched
@@ -72,7 +72,7 @@ def test_many_specializations_through_a_small_table(stand_in, monkeypatch):
     assert stats["specializations"] <= 3
     assert stats["hits"] + stats["misses"] == 300 and stats["fallbacks"] == 0
     assert stand_in.launch_count() == 300
-    for launch, (grid_x, block) in zip(stand_in.launches(), calls):
+    for launch, (grid_x, _block) in zip(stand_in.launches(), calls):
         assert launch.grid == (grid_x, 1, 1)
 
 

@@ -14,24 +14,24 @@ import subprocess
 import sys
 import threading
 
+import corpus
+import kernels
 import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
+from conftest import TEST_STREAM
+from test_corpus import triton_allocator_for_scratch  # noqa: F401 - a fixture used below
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction, KernelInterface
+from triton_reference import TritonReference, assert_same_launch
 
 import fastkernel
-from fastkernel import _C, fastkernel as fk
+from fastkernel import _C
+from fastkernel import fastkernel as fk
 from fastkernel.kernel import COMPILED_LAUNCH_REASON, PATCH_ATTR, WarmupHandle
-
-import corpus
-import kernels
-from conftest import TEST_STREAM
-from test_corpus import triton_allocator_for_scratch  # noqa: F401 - a fixture used below
-from triton_reference import TritonReference, assert_same_launch
 
 patch_module = importlib.import_module("fastkernel.patch")  # fastkernel.patch is the function
 
@@ -93,8 +93,10 @@ def test_unpatch_leaves_every_triton_object_as_it_was(stand_in):
         assert _same_objects(before[name], after[name]), name
     assert not _C.patch_slot_is_native(JITFunction)
     assert kernels.add_kernel.__dict__.keys() == kernel_dict.keys()
-    assert all(kernels.add_kernel.__dict__[k] is v or kernels.add_kernel.__dict__[k] == v
-               for k, v in kernel_dict.items())
+    assert all(
+        kernels.add_kernel.__dict__[k] is v or kernels.add_kernel.__dict__[k] == v
+        for k, v in kernel_dict.items()
+    )
     assert isinstance(kernels.add_kernel, JITFunction)
 
 
@@ -106,8 +108,12 @@ def test_kernels_made_before_and_after_the_patch_launch_natively(stand_in, patch
     for kernel in (kernels.add_kernel, made_after, table["add"]):
         for _ in range(3):
             kernel[(4,)](x, y, out, N, BLOCK=1024)
-    assert _stats_of(kernels.add_kernel) == {**_stats_of(kernels.add_kernel), "misses": 1,
-                                             "hits": 5, "fallbacks": 0}
+    assert _stats_of(kernels.add_kernel) == {
+        **_stats_of(kernels.add_kernel),
+        "misses": 1,
+        "hits": 5,
+        "fallbacks": 0,
+    }
     assert _stats_of(made_after)["hits"] == 2 and _stats_of(made_after)["fallbacks"] == 0
     assert len(stand_in.launches()) == 9
     names = fastkernel.stats()
@@ -143,8 +149,9 @@ def test_patched_launches_equal_triton_launches(style, stand_in):
 
 
 @pytest.mark.parametrize("name", list(corpus.CASES))
-def test_every_corpus_case_launches_the_same_bytes_under_the_patch(name, stand_in,
-                                                                   triton_allocator_for_scratch):
+def test_every_corpus_case_launches_the_same_bytes_under_the_patch(
+    name, stand_in, triton_allocator_for_scratch
+):
     case = corpus.CASES[name]
     calls: list = []
 
@@ -156,6 +163,7 @@ def test_every_corpus_case_launches_the_same_bytes_under_the_patch(name, stand_i
             def launch(*args, **kwargs):
                 calls.append((self.kernel, grid, args, kwargs))
                 reference.launch(self.kernel, grid, *args, **kwargs)
+
             return launch
 
     with TritonReference(stand_in, TEST_STREAM) as reference:
@@ -195,6 +203,7 @@ def _timer(timings):
         kernel_call()
         t = next(it)
         return [t] * len(quantiles) if quantiles else t
+
     return do_bench
 
 
@@ -203,8 +212,9 @@ CONFIGS = [triton.Config({"BLOCK": 1024}, num_warps=4), triton.Config({"BLOCK": 
 
 def _autotuned(timings, key=("n",), configs=CONFIGS, **kwargs):
     """Triton's own autotuner over a fresh JITFunction of add_kernel."""
-    return triton.autotune(configs=configs, key=list(key), do_bench=_timer(timings),
-                           **kwargs)(_fresh_add_kernel())
+    return triton.autotune(configs=configs, key=list(key), do_bench=_timer(timings), **kwargs)(
+        _fresh_add_kernel()
+    )
 
 
 # Kernels made by a test live as long as the module's kernels do: a Triton CompiledKernel freed
@@ -239,8 +249,10 @@ def test_a_tuned_call_of_triton_autotune_is_one_native_hit(stand_in):
         names = fastkernel.stats()
     # Triton tuned each key once and chose what its timer said; every later call was a hit,
     # and best_config is, after every call, the config Triton's run would have set.
-    assert tuned.cache == {_triton_key(N, x, y, out): CONFIGS[1],
-                           _triton_key(N // 2, x, y, out): CONFIGS[0]}
+    assert tuned.cache == {
+        _triton_key(N, x, y, out): CONFIGS[1],
+        _triton_key(N // 2, x, y, out): CONFIGS[0],
+    }
     assert best == [CONFIGS[i] for i in (1, 1, 1, 0, 0, 1, 0)]
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 5, 0)
     assert names["kernels.add_kernel [triton.autotune]"]["hits"] == 5
@@ -268,8 +280,10 @@ def test_triton_autotune_retunes_a_new_dtype_as_triton_does(stand_in):
         tuned[(4,)](x.double(), y.double(), out.double(), N)
         stats = tuned.__dict__[PATCH_ATTR].stats()
     x64 = x.double()
-    assert tuned.cache == {_triton_key(N, x, y, out): CONFIGS[0],
-                           _triton_key(N, x64, x64, x64): CONFIGS[1]}
+    assert tuned.cache == {
+        _triton_key(N, x, y, out): CONFIGS[0],
+        _triton_key(N, x64, x64, x64): CONFIGS[1],
+    }
     assert tuned.best_config == CONFIGS[1]
     assert (stats["misses"], stats["hits"]) == (2, 1)
 
@@ -279,8 +293,11 @@ def test_a_call_triton_keys_otherwise_stays_on_triton_autotune(stand_in, caplog)
     # which re-tunes for each new tensor; the launches underneath are still native.
     tuned = _autotuned([1.0, 2.0] * 3, key=("x_ptr",))
     x, y, out = _tensors()
-    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM), \
-            caplog.at_level("WARNING", logger="fastkernel"):
+    with (
+        fastkernel.patched(),
+        TritonReference(stand_in, TEST_STREAM),
+        caplog.at_level("WARNING", logger="fastkernel"),
+    ):
         tuned[(4,)](x, y, out, N)
         tuned[(4,)](x, y, out, N)
         tuned[(4,)](x.clone(), y, out, N)
@@ -294,8 +311,11 @@ def test_a_call_triton_keys_otherwise_stays_on_triton_autotune(stand_in, caplog)
 
 def test_a_config_pre_hook_runs_on_every_call(stand_in):
     seen = []
-    configs = [triton.Config({"BLOCK": 1024}, num_warps=4, pre_hook=lambda nargs: seen.append(
-        nargs["BLOCK"]))]
+    configs = [
+        triton.Config(
+            {"BLOCK": 1024}, num_warps=4, pre_hook=lambda nargs: seen.append(nargs["BLOCK"])
+        )
+    ]
     tuned = _autotuned([], configs=configs)
     x, y, out = _tensors()
     with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
@@ -311,8 +331,10 @@ def test_passing_a_tuned_parameter_raises_what_triton_raises(stand_in):
     x, y, out = _tensors()
     errors = []
     for on in (False, True):
-        with fastkernel.patched() if on else contextlib.nullcontext(), \
-                TritonReference(stand_in, TEST_STREAM):
+        with (
+            fastkernel.patched() if on else contextlib.nullcontext(),
+            TritonReference(stand_in, TEST_STREAM),
+        ):
             with pytest.raises(Exception) as info:
                 tuned[(4,)](x, y, out, N, BLOCK=128)
             errors.append((type(info.value), str(info.value)))
@@ -328,8 +350,14 @@ def test_an_autotuner_subclass_with_its_own_run_keeps_it(stand_in):
             return super().run(*args, **kwargs)
 
     jit_fn = _fresh_add_kernel()
-    tuned = CachedAutotuner(jit_fn, jit_fn.arg_names, configs=CONFIGS[:1], key=["n"],
-                            reset_to_zero=None, restore_value=None)
+    tuned = CachedAutotuner(
+        jit_fn,
+        jit_fn.arg_names,
+        configs=CONFIGS[:1],
+        key=["n"],
+        reset_to_zero=None,
+        restore_value=None,
+    )
     x, y, out = _tensors()
     with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
         for _ in range(3):
@@ -342,7 +370,8 @@ def test_an_autotuner_subclass_with_its_own_run_keeps_it(stand_in):
 def test_autotune_over_heuristics_launches_natively_underneath(stand_in):
     jit_fn = _fresh_add_kernel()
     tuned = triton.autotune(configs=[triton.Config({}, num_warps=4)], key=["n"])(
-        triton.heuristics({"BLOCK": lambda args: 512})(jit_fn))
+        triton.heuristics({"BLOCK": lambda args: 512})(jit_fn)
+    )
     x, y, out = _tensors()
     with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
         for _ in range(3):
@@ -387,8 +416,10 @@ def test_warmup_compiles_without_launching(stand_in, patch_on):
 
 def test_a_launch_of_the_handle_warmup_returns_is_a_counted_fallback(stand_in, patch_on, caplog):
     x, y, out = _tensors()
-    with TritonReference(stand_in, TEST_STREAM) as reference, \
-            caplog.at_level("INFO", logger="fastkernel"):
+    with (
+        TritonReference(stand_in, TEST_STREAM) as reference,
+        caplog.at_level("INFO", logger="fastkernel"),
+    ):
         theirs = reference.launch(kernels.add_kernel, (4,), x, y, out, N, BLOCK=1024)
         compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
         before = _stats_of(kernels.add_kernel)
@@ -410,9 +441,11 @@ def test_a_fastkernel_warmup_handle_counts_each_launch_once(stand_in, patched, c
     binary it holds, each launch one counted fallback of the @fastkernel kernel."""
     k = fk(kernels.add_kernel)
     x, y, out = _tensors()
-    with TritonReference(stand_in, TEST_STREAM) as reference, \
-            caplog.at_level("INFO", logger="fastkernel"), \
-            (fastkernel.patched() if patched else contextlib.nullcontext()):
+    with (
+        TritonReference(stand_in, TEST_STREAM) as reference,
+        caplog.at_level("INFO", logger="fastkernel"),
+        fastkernel.patched() if patched else contextlib.nullcontext(),
+    ):
         theirs = reference.launch(kernels.add_kernel, (4,), x, y, out, N, BLOCK=1024)
         handle = k.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
         assert isinstance(handle, WarmupHandle) and isinstance(handle.compiled, CompiledKernel)
@@ -444,9 +477,12 @@ def test_patch_is_a_logged_no_op_when_disabled(variable, monkeypatch, caplog):
 
 def test_an_unsupported_triton_is_refused_and_nothing_is_patched(monkeypatch):
     from fastkernel import _triton_abi
+
     before = _triton_attributes()
     monkeypatch.setattr(_triton_abi, "TRITON_VERSION", (3, 4))
-    with pytest.raises(RuntimeError, match=r"Triton .* is not supported \(supported: 3\.5 to 3\.9\)"):
+    with pytest.raises(
+        RuntimeError, match=r"Triton .* is not supported \(supported: 3\.5 to 3\.9\)"
+    ):
         fastkernel.patch()
     assert not fastkernel.is_patched()
     after = _triton_attributes()
@@ -499,13 +535,15 @@ def test_fallbacks_name_the_kernel_argument_type_and_reason(stand_in, patch_on, 
 
 def _run_python(*args, env=None, cwd=None):
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env,
-                          cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600
+    )
 
 
 def test_fastkernel_patch_variable_patches_at_import():
-    result = _run_python("-c", "import fastkernel; print(fastkernel.is_patched())",
-                         env={"FASTKERNEL_PATCH": "1"})
+    result = _run_python(
+        "-c", "import fastkernel; print(fastkernel.is_patched())", env={"FASTKERNEL_PATCH": "1"}
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
 
@@ -515,13 +553,22 @@ def test_run_passes_argv_main_and_exit_status(tmp_path):
     script.write_text(
         "import sys, fastkernel\n"
         "print(__name__, sys.argv, fastkernel.is_patched())\n"
-        "sys.exit(int(sys.argv[-1]))\n")
+        "sys.exit(int(sys.argv[-1]))\n"
+    )
     result = _run_python("-m", "fastkernel", "run", str(script), "-h", "--x", "7")
     assert result.returncode == 7, result.stderr
     assert result.stdout.strip() == f"__main__ ['{script}', '-h', '--x', '7'] True"
     (tmp_path / "progmod.py").write_text(script.read_text())
-    result = _run_python("-m", "fastkernel", "run", "-m", "progmod", "0", cwd=tmp_path,
-                         env={"PYTHONPATH": str(tmp_path)})
+    result = _run_python(
+        "-m",
+        "fastkernel",
+        "run",
+        "-m",
+        "progmod",
+        "0",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("__main__ [") and result.stdout.strip().endswith("'0'] True")
 
@@ -538,7 +585,8 @@ def test_run_stats_lists_every_kernel_that_launched(tmp_path):
         "import kernels\n"
         "x = torch.randn(4096)\n"
         "for _ in range(3):\n"
-        "    kernels.add_kernel[(4,)](x, x, x, 4096, BLOCK=1024)\n")
+        "    kernels.add_kernel[(4,)](x, x, x, 4096, BLOCK=1024)\n"
+    )
     result = _run_python("-m", "fastkernel", "run", "--stats", str(script))
     assert result.returncode == 0, result.stderr
     line = next(l for l in result.stderr.splitlines() if l.startswith("kernels.add_kernel"))
@@ -561,16 +609,31 @@ def _outcome(fn, *args, **kwargs):
 
 
 HELPER_CALLS = [
-    (triton.cdiv, (4096, 1024), {}), (triton.cdiv, (4097, 1024), {}), (triton.cdiv, (-7, 2), {}),
-    (triton.cdiv, (7, -2), {}), (triton.cdiv, (0, 5), {}), (triton.cdiv, (1, 0), {}),
-    (triton.cdiv, (2**70, 3), {}), (triton.cdiv, (True, 1), {}), (triton.cdiv, (7.0, 2), {}),
-    (triton.cdiv, (tl.constexpr(4096), 1024), {}), (triton.cdiv, (), {"x": 10, "y": 3}),
-    (triton.cdiv, ("a", 2), {}), (triton.cdiv, (1,), {}), (triton.cdiv, (1, 2, 3), {}),
-    (triton.next_power_of_2, (1000,), {}), (triton.next_power_of_2, (1,), {}),
-    (triton.next_power_of_2, (0,), {}), (triton.next_power_of_2, (-5,), {}),
-    (triton.next_power_of_2, (2**62,), {}), (triton.next_power_of_2, (2**62 + 1,), {}),
-    (triton.next_power_of_2, (tl.constexpr(33),), {}), (triton.next_power_of_2, (3.5,), {}),
-    (triton.next_power_of_2, (), {"n": 17}), (_scaled, (3,), {}), (_scaled, (3,), {"scale": 5}),
+    (triton.cdiv, (4096, 1024), {}),
+    (triton.cdiv, (4097, 1024), {}),
+    (triton.cdiv, (-7, 2), {}),
+    (triton.cdiv, (7, -2), {}),
+    (triton.cdiv, (0, 5), {}),
+    (triton.cdiv, (1, 0), {}),
+    (triton.cdiv, (2**70, 3), {}),
+    (triton.cdiv, (True, 1), {}),
+    (triton.cdiv, (7.0, 2), {}),
+    (triton.cdiv, (tl.constexpr(4096), 1024), {}),
+    (triton.cdiv, (), {"x": 10, "y": 3}),
+    (triton.cdiv, ("a", 2), {}),
+    (triton.cdiv, (1,), {}),
+    (triton.cdiv, (1, 2, 3), {}),
+    (triton.next_power_of_2, (1000,), {}),
+    (triton.next_power_of_2, (1,), {}),
+    (triton.next_power_of_2, (0,), {}),
+    (triton.next_power_of_2, (-5,), {}),
+    (triton.next_power_of_2, (2**62,), {}),
+    (triton.next_power_of_2, (2**62 + 1,), {}),
+    (triton.next_power_of_2, (tl.constexpr(33),), {}),
+    (triton.next_power_of_2, (3.5,), {}),
+    (triton.next_power_of_2, (), {"n": 17}),
+    (_scaled, (3,), {}),
+    (_scaled, (3,), {"scale": 5}),
     (_scaled, (tl.constexpr(3),), {"scale": tl.constexpr(4)}),
 ]
 
@@ -602,15 +665,27 @@ def test_host_helpers_keep_the_code_generators_constexpr():
     assert cf.__dict__["__call__"] is original
 
 
-@pytest.mark.parametrize("version, ok", [("3.5.1", True), ("3.9.0", True), ("3.6.0+git1", True),
-                                         ("3.4.0", False), ("3.10.0", False), ("4.0.0", False),
-                                         ("nightly", False)])
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("3.5.1", True),
+        ("3.9.0", True),
+        ("3.6.0+git1", True),
+        ("3.4.0", False),
+        ("3.10.0", False),
+        ("4.0.0", False),
+        ("nightly", False),
+    ],
+)
 def test_an_unsupported_triton_is_named_at_import(version, ok):
     if ok:
         fastkernel._check_triton_version(version)
     else:
-        expected = ("cannot read Triton's version" if version == "nightly" else
-                    rf"supports Triton 3\.5 to 3\.9, but Triton {re.escape(version)} is installed")
+        expected = (
+            "cannot read Triton's version"
+            if version == "nightly"
+            else rf"supports Triton 3\.5 to 3\.9, but Triton {re.escape(version)} is installed"
+        )
         with pytest.raises(ImportError, match=expected):
             fastkernel._check_triton_version(version)
 
@@ -630,17 +705,42 @@ class _Mode(str, enum.Enum):
 _VALUE_CASES = {
     "intenum_runtime": (kernels.add_kernel, (4,), lambda: (*_tensors(), _Size.N), {"BLOCK": 1024}),
     "numpy_float64_runtime": (
-        kernels.fused_add_rmsnorm_kernel, (2,),
-        lambda: (torch.randn(128), torch.randn(128), torch.randn(64), torch.empty(128),
-                 _Size.COLS, np.float64(1e-6)), {"BLOCK": 64}),
-    "numpy_int_constexpr": (kernels.flag_kernel, (1,), lambda: (torch.empty(16),),
-                            {"FLAG": np.int64(3), "BLOCK": 16}),
-    "numpy_float_constexpr": (kernels.flag_kernel, (1,), lambda: (torch.empty(16),),
-                              {"FLAG": np.float32(1.5), "BLOCK": 16}),
-    "float_subclass_constexpr": (kernels.constexpr_kernel, (1,), lambda: (torch.empty(16),),
-                                 {"SCALE": np.float64(1.5), "MODE": "double", "BLOCK": 16}),
-    "intenum_constexpr": (kernels.constexpr_kernel, (1,), lambda: (torch.empty(64),),
-                          {"SCALE": 2, "MODE": "single", "BLOCK": _Size.COLS}),
+        kernels.fused_add_rmsnorm_kernel,
+        (2,),
+        lambda: (
+            torch.randn(128),
+            torch.randn(128),
+            torch.randn(64),
+            torch.empty(128),
+            _Size.COLS,
+            np.float64(1e-6),
+        ),
+        {"BLOCK": 64},
+    ),
+    "numpy_int_constexpr": (
+        kernels.flag_kernel,
+        (1,),
+        lambda: (torch.empty(16),),
+        {"FLAG": np.int64(3), "BLOCK": 16},
+    ),
+    "numpy_float_constexpr": (
+        kernels.flag_kernel,
+        (1,),
+        lambda: (torch.empty(16),),
+        {"FLAG": np.float32(1.5), "BLOCK": 16},
+    ),
+    "float_subclass_constexpr": (
+        kernels.constexpr_kernel,
+        (1,),
+        lambda: (torch.empty(16),),
+        {"SCALE": np.float64(1.5), "MODE": "double", "BLOCK": 16},
+    ),
+    "intenum_constexpr": (
+        kernels.constexpr_kernel,
+        (1,),
+        lambda: (torch.empty(64),),
+        {"SCALE": 2, "MODE": "single", "BLOCK": _Size.COLS},
+    ),
 }
 
 

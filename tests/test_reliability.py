@@ -41,9 +41,13 @@ def test_generated_calls_launch_tritons_bytes_or_raise_typed_errors():
 def test_writers_killed_mid_write_leave_nothing_that_loads_wrong(tmp_path):
     """25 writers of cache entries, index and tuning records and bundle exports killed with
     SIGKILL at random points: every entry loads intact, a mixed bundle is refused."""
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "crash_writers.py"), "--kills", "25",
-                           "--seed", "3"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "crash_writers.py"), "--kills", "25", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^  failures +0$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^  entry loaded intact +25$", proc.stdout, re.M), proc.stdout

@@ -9,14 +9,13 @@ import sys
 import textwrap
 import threading
 
+import kernels
 import pytest
 import torch
-
-from fastkernel import fastkernel
-
-import kernels
 from conftest import TEST_STREAM
 from triton_reference import TritonReference
+
+from fastkernel import fastkernel
 
 THREADS = 8
 CALLS_PER_THREAD = 100_000
@@ -26,8 +25,8 @@ def test_concurrent_hits_and_misses_from_many_threads(stand_in):
     """8 threads x 100k calls with a changing mix of alignments, int classes and constexprs."""
     k = fastkernel(kernels.add_kernel)
     base = torch.randn(4096)
-    pointers = [base, base[1:], base[4:]]           # aligned, unaligned, aligned again
-    sizes = [1024, 1023, 1, 2048]                   # D, other, == 1 (constexpr), D
+    pointers = [base, base[1:], base[4:]]  # aligned, unaligned, aligned again
+    sizes = [1024, 1023, 1, 2048]  # D, other, == 1 (constexpr), D
     blocks = [64, 128]
     combos = [(p, n, b) for p in pointers for n in sizes for b in blocks]
     errors = []
@@ -63,9 +62,14 @@ def test_concurrent_hits_and_misses_from_many_threads(stand_in):
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env={**os.environ, **env},
-                          cwd=os.path.dirname(os.path.abspath(__file__)), timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        timeout=300,
+    )
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -95,21 +99,26 @@ def test_forked_child_never_reuses_parent_cuda_handles(stand_in):
 
 
 def test_kill_switch_returns_tritons_own_kernel():
-    result = _run("""
+    result = _run(
+        """
         import fastkernel, kernels
         from triton.runtime.jit import JITFunction
         k = fastkernel.fastkernel(kernels.add_kernel)
         print(type(k).__name__, isinstance(k, JITFunction))
-    """, FASTKERNEL_DISABLE="1")
+    """,
+        FASTKERNEL_DISABLE="1",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "JITFunction True"
 
 
-def test_a_cubin_the_driver_rejects_falls_back_to_triton_with_one_warning(stand_in, monkeypatch,
-                                                                           caplog):
+def test_a_cubin_the_driver_rejects_falls_back_to_triton_with_one_warning(
+    stand_in, monkeypatch, caplog
+):
     """A registration failure is Triton's to handle, never a crash or a wrong launch."""
     import fastkernel as fk
     from fastkernel import _triton_abi as abi
+
     k = fastkernel(kernels.add_kernel)
     real = abi.launch_metadata
 
@@ -133,6 +142,7 @@ def test_a_cubin_the_driver_rejects_falls_back_to_triton_with_one_warning(stand_
 
 def test_refused_specializations_are_remembered_within_the_capacity(stand_in, monkeypatch):
     from fastkernel import _triton_abi as abi
+
     monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "2")
     monkeypatch.setenv("FASTKERNEL_CACHE", "0")
     k = fastkernel(kernels.add_kernel)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import struct
 
+import kernels
 import pytest
 import torch
 import triton
@@ -18,8 +19,6 @@ import triton.language as tl
 
 from fastkernel import _C, fastkernel
 from fastkernel import _triton_abi as abi
-
-import kernels
 
 BACKEND = abi.backend_for(abi.cuda_target(9, 0))
 
@@ -29,8 +28,9 @@ except ImportError:  # Triton < 3.6: the specializer is Python (triton/runtime/j
     from triton.runtime.jit import create_specialize_impl
 
     def native_specialize_impl(backend, value, is_const, specialize, align):
-        return create_specialize_impl(backend.get_arg_specialization)(value, is_const, specialize,
-                                                                       align)
+        return create_specialize_impl(backend.get_arg_specialization)(
+            value, is_const, specialize, align
+        )
 
 # ---- the readable spec --------------------------------------------------------------------------
 
@@ -42,9 +42,9 @@ def reference_specialize(value, specialize: bool = True, align: bool = True):
     if isinstance(value, int):
         if specialize and value == 1:
             return ("constexpr", 1)
-        if -2**31 <= value < 2**31:
+        if -(2**31) <= value < 2**31:
             ty = "i32"
-        elif -2**63 <= value < 2**63:
+        elif -(2**63) <= value < 2**63:
             ty = "i64"
         elif value < 2**64:
             ty = "u64"
@@ -98,16 +98,40 @@ def native_class(word: int, value):
 
 def _scalar_type(dtype):
     # c10::ScalarType numbering, as torch exposes it through the dtype's index in this list.
-    order = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-             torch.float32, torch.float64, None, None, None, torch.bool, None, None, None,
-             torch.bfloat16]
+    order = [
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        None,
+        None,
+        None,
+        torch.bool,
+        None,
+        None,
+        None,
+        torch.bfloat16,
+    ]
     return order.index(dtype)
 
 
 # ---- the value grid -----------------------------------------------------------------------------
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32,
-          torch.int64, torch.uint8, torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
 _BASES = {dtype: torch.zeros(64, dtype=dtype) for dtype in DTYPES}
 
 
@@ -117,8 +141,30 @@ def _tensor(dtype, element_offset):
 
 
 TENSORS = [_tensor(d, off) for d in DTYPES for off in (0, 1, 16)]
-INTS = [0, 1, 2, 15, 16, 17, 32, -1, -16, -17, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**32,
-        2**32 + 1, 2**63 - 1, 2**63 - 16, 2**63, 2**63 + 16, 2**64 - 1, 2**64 - 16]
+INTS = [
+    0,
+    1,
+    2,
+    15,
+    16,
+    17,
+    32,
+    -1,
+    -16,
+    -17,
+    2**31 - 1,
+    2**31,
+    -(2**31),
+    -(2**31) - 1,
+    2**32,
+    2**32 + 1,
+    2**63 - 1,
+    2**63 - 16,
+    2**63,
+    2**63 + 16,
+    2**64 - 1,
+    2**64 - 16,
+]
 OTHERS = [True, False, 0.0, 1.0, -2.5, None]
 VALUES = TENSORS + INTS + OTHERS
 FLAGS = [(True, True), (False, True), (True, False)]
@@ -153,8 +199,11 @@ def host_tensors():
     _C._testing.set_host_testing(False)
 
 
-PROBES = {(True, True): fastkernel(probe), (False, True): fastkernel(probe_no_specialize),
-          (True, False): fastkernel(probe_no_align)}
+PROBES = {
+    (True, True): fastkernel(probe),
+    (False, True): fastkernel(probe_no_specialize),
+    (True, False): fastkernel(probe_no_align),
+}
 
 
 def native_key(kernel, args, kwargs=None, device=0):
@@ -167,8 +216,9 @@ def native_key(kernel, args, kwargs=None, device=0):
 @pytest.mark.parametrize("value", VALUES, ids=_id)
 def test_reference_matches_triton(value, flags):
     specialize, align = flags
-    assert reference_specialize(value, specialize, align) == \
-        tuple(native_specialize_impl(BACKEND, value, False, specialize, align))
+    assert reference_specialize(value, specialize, align) == tuple(
+        native_specialize_impl(BACKEND, value, False, specialize, align)
+    )
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=["specialize", "no_specialize", "no_align"])
@@ -194,11 +244,15 @@ def test_same_native_key_iff_same_triton_specialization(flags):
 def test_constexpr_values_are_keyed_by_type_and_value():
     k = fastkernel(kernels.constexpr_kernel)
     out = torch.zeros(16)
-    keys = [native_key(k, [out], {"SCALE": s, "MODE": m, "BLOCK": 16})
-            for s in (1, 1.0, True, 2, 2.5, None) for m in ("single", "double")]
+    keys = [
+        native_key(k, [out], {"SCALE": s, "MODE": m, "BLOCK": 16})
+        for s in (1, 1.0, True, 2, 2.5, None)
+        for m in ("single", "double")
+    ]
     assert len(set(keys)) == len(keys)
-    assert native_key(k, [out], {"SCALE": 2, "MODE": "single", "BLOCK": 16}) == \
-        native_key(k, [out], {"SCALE": 2, "MODE": "single", "BLOCK": 16})
+    assert native_key(k, [out], {"SCALE": 2, "MODE": "single", "BLOCK": 16}) == native_key(
+        k, [out], {"SCALE": 2, "MODE": "single", "BLOCK": 16}
+    )
 
 
 def test_dtype_jit_function_and_wrapped_constexprs():
@@ -216,16 +270,22 @@ def test_dtype_jit_function_and_wrapped_constexprs():
     assert key(tl.constexpr("a")) != key(tl.constexpr("b"))
     # A tl.constexpr around an object that is not keyed by value falls back.
     fallback, reason = _C._testing.build_key(
-        k, (out,), {"SCALE": tl.constexpr([1]), "MODE": "m", "BLOCK": 16}, 0)
+        k, (out,), {"SCALE": tl.constexpr([1]), "MODE": "m", "BLOCK": 16}, 0
+    )
     assert fallback is None and "constexpr" in reason
 
 
 def test_keyword_order_does_not_change_the_key():
     k = fastkernel(kernels.constexpr_kernel)
     out = torch.zeros(16)
-    a = native_key(k, [out], {"SCALE": 2, "MODE": "x", "BLOCK": 16, "num_warps": 2, "num_stages": 1})
-    b = native_key(k, [], {"num_stages": 1, "BLOCK": 16, "out_ptr": out, "num_warps": 2, "MODE": "x",
-                           "SCALE": 2})
+    a = native_key(
+        k, [out], {"SCALE": 2, "MODE": "x", "BLOCK": 16, "num_warps": 2, "num_stages": 1}
+    )
+    b = native_key(
+        k,
+        [],
+        {"num_stages": 1, "BLOCK": 16, "out_ptr": out, "num_warps": 2, "MODE": "x", "SCALE": 2},
+    )
     assert a == b
 
 
@@ -234,8 +294,9 @@ def test_compile_options_and_device_are_in_the_key():
     x = torch.zeros(64)
     base = native_key(k, [x, x, x, 64], {"BLOCK": 64})
     assert native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_warps": 8}) != base
-    assert native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_warps": 8}) != \
-        native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_warps": 2})
+    assert native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_warps": 8}) != native_key(
+        k, [x, x, x, 64], {"BLOCK": 64, "num_warps": 2}
+    )
     assert native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_stages": 2}) != base
     assert native_key(k, [x, x, x, 64], {"BLOCK": 64}, device=1) != base
     assert native_key(k, [x, x, x, 64], {"BLOCK": 128}) != base
@@ -252,9 +313,15 @@ def test_defaults_fill_missing_arguments():
     assert native_key(k, [x]) != native_key(k, [x, 17])
 
 
-@pytest.mark.parametrize("value", [__import__("collections").namedtuple("P", "a b")(1, 2),
-                                   object(), torch.nn.Parameter(torch.zeros(2))],
-                         ids=["namedtuple", "plain_object", "tensor_subclass_parameter"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        __import__("collections").namedtuple("P", "a b")(1, 2),
+        object(),
+        torch.nn.Parameter(torch.zeros(2)),
+    ],
+    ids=["namedtuple", "plain_object", "tensor_subclass_parameter"],
+)
 def test_uncovered_kinds_take_the_fallback(value):
     result = _C._testing.build_key(PROBES[(True, True)], (value,), {}, 0)
     if isinstance(value, torch.nn.Parameter):
@@ -268,8 +335,15 @@ def _tuple_values():
     base = torch.zeros(64)
     leaves = [base, base[1:], 1, 16, 17, 2**40, 1.5, None, True]
     values = [(a, b) for a in leaves for b in leaves]
-    values += [(base, (16, None)), (base, (17, None)), (base[1:], (16, None)), ((1, 2.0),),
-               ((base,),), (base, 16, 17), ()]
+    values += [
+        (base, (16, None)),
+        (base, (17, None)),
+        (base[1:], (16, None)),
+        ((1, 2.0),),
+        ((base,),),
+        (base, 16, 17),
+        (),
+    ]
     return values
 
 
@@ -280,21 +354,25 @@ def test_tuples_key_like_tritons_specialization_of_each_element(flags):
     kernel = PROBES[flags]
     values = _tuple_values()
     native = [native_key(kernel, [v]) for v in values]
-    specs = [repr(native_specialize_impl(BACKEND, v, False, *flags)) +
-             repr(tuple(type(x) is bool for x in v)) for v in values]
+    specs = [
+        repr(native_specialize_impl(BACKEND, v, False, *flags))
+        + repr(tuple(type(x) is bool for x in v))
+        for v in values
+    ]
     for (i, a), (j, b) in itertools.combinations(enumerate(values), 2):
         assert (native[i] == native[j]) == (specs[i] == specs[j]), (a, b)
 
 
 def test_fake_tensors_take_the_fallback():
     from torch._subclasses.fake_tensor import FakeTensorMode
+
     with FakeTensorMode():
         fake = torch.empty(8)
     key, reason = _C._testing.build_key(PROBES[(True, True)], (fake,), {}, 0)
     assert key is None and "does not cover" in reason
 
 
-@pytest.mark.parametrize("value", [2**64, -2**63 - 1, 2**100])
+@pytest.mark.parametrize("value", [2**64, -(2**63) - 1, 2**100])
 def test_ints_beyond_64_bits_raise_overflow_naming_the_argument(value):
     with pytest.raises(OverflowError, match="argument 'x'"):
         _C._testing.build_key(PROBES[(True, True)], (value,), {}, 0)
@@ -308,5 +386,6 @@ def test_tuple_constexprs_are_keyed_by_value():
         return native_key(k, [out], {"SCALE": scale, "MODE": "x", "BLOCK": 4})
 
     assert key((1, 2)) == key((1, 2))
-    assert len({key((1, 2)), key((2, 1)), key((1, 2, 3)), key(((1, 2),)), key((1.0, 2)),
-                key(())}) == 6
+    assert (
+        len({key((1, 2)), key((2, 1)), key((1, 2, 3)), key(((1, 2),)), key((1.0, 2)), key(())}) == 6
+    )

@@ -60,8 +60,12 @@ class CUlaunchAttribute(ctypes.Structure):
 
 class CUlaunchConfig(ctypes.Structure):
     _fields_ = [
-        ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-        ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
         ("sharedMemBytes", ctypes.c_uint),
         ("hStream", ctypes.c_void_p),
         ("attrs", ctypes.POINTER(CUlaunchAttribute)),
@@ -95,7 +99,19 @@ def _declare_driver_api(lib):
         "cuFuncGetAttribute": [ip, c_int, vp],
         "cuFuncSetAttribute": [vp, c_int, c_int],
         "cuFuncSetCacheConfig": [vp, c_int],
-        "cuLaunchKernel": [vp, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, vp, vpp, vpp],
+        "cuLaunchKernel": [
+            vp,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            vp,
+            vpp,
+            vpp,
+        ],
         "cuLaunchKernelEx": [ctypes.POINTER(CUlaunchConfig), vp, vpp, vpp],
         "cuGetErrorName": [c_int, ctypes.POINTER(ctypes.c_char_p)],
         "cuGetErrorString": [c_int, ctypes.POINTER(ctypes.c_char_p)],
@@ -143,7 +159,9 @@ def kernel():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    src = ASTSource(scale_kernel, {"x_ptr": "*fp32", "n": "i32", "s": "fp32", "BLOCK": "constexpr"}, {(3,): 128})
+    src = ASTSource(
+        scale_kernel, {"x_ptr": "*fp32", "n": "i32", "s": "fp32", "BLOCK": "constexpr"}, {(3,): 128}
+    )
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     return k.asm["cubin"], k.name, k.metadata.num_warps * 32
 
@@ -185,10 +203,16 @@ class Args:
     own arguments, then the global_scratch and profile_scratch pointers."""
 
     def __init__(self, x_ptr=0x1000, n=7, s=1.5, global_scratch=0x2000, profile_scratch=0x3000):
-        self.values = [ctypes.c_uint64(x_ptr), ctypes.c_int32(n), ctypes.c_float(s),
-                       ctypes.c_uint64(global_scratch), ctypes.c_uint64(profile_scratch)]
+        self.values = [
+            ctypes.c_uint64(x_ptr),
+            ctypes.c_int32(n),
+            ctypes.c_float(s),
+            ctypes.c_uint64(global_scratch),
+            ctypes.c_uint64(profile_scratch),
+        ]
         self.array = (ctypes.c_void_p * len(self.values))(
-            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.values])
+            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.values]
+        )
 
     def expected(self):
         return [bytes(v) for v in self.values]
@@ -209,17 +233,19 @@ def _cuobjdump():
 
 def _section(cubin, wanted):
     """(offset, size) of the ELF64 section called `wanted`."""
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
 
     def header(i):
-        name, _type, _flags, _addr, off, size = struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize)
+        name, _type, _flags, _addr, off, size = struct.unpack_from(
+            "<IIQQQQ", cubin, shoff + i * shentsize
+        )
         return name, off, size
 
     str_off = header(shstrndx)[1]
     for i in range(shnum):
         name, off, size = header(i)
-        if cubin[str_off + name:].split(b"\0", 1)[0] == wanted.encode():
+        if cubin[str_off + name :].split(b"\0", 1)[0] == wanted.encode():
             return off, size
     raise KeyError(wanted)
 
@@ -250,7 +276,10 @@ def test_contexts_are_per_device_and_thread_local(drv):
     ctx0, ctx1 = _primary_ctx(drv, 0), _primary_ctx(drv, 1)
     assert ctx0.value and ctx1.value and ctx0.value != ctx1.value
     assert _primary_ctx(drv, 0).value == ctx0.value
-    assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctypes.c_void_p()), 2) == CUDA_ERROR_INVALID_DEVICE
+    assert (
+        lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctypes.c_void_p()), 2)
+        == CUDA_ERROR_INVALID_DEVICE
+    )
 
     dev = ctypes.c_int()
     assert lib.cuCtxGetDevice(ctypes.byref(dev)) == CUDA_ERROR_INVALID_CONTEXT
@@ -270,7 +299,9 @@ def test_contexts_are_per_device_and_thread_local(drv):
     popped = ctypes.c_void_p()
     assert lib.cuCtxPopCurrent(ctypes.byref(popped)) == CUDA_SUCCESS and popped.value == ctx0.value
     assert _current(drv) == ctx1.value
-    assert lib.cuCtxPopCurrent_v2(ctypes.byref(popped)) == CUDA_SUCCESS and popped.value == ctx1.value
+    assert (
+        lib.cuCtxPopCurrent_v2(ctypes.byref(popped)) == CUDA_SUCCESS and popped.value == ctx1.value
+    )
     assert _current(drv) is None
     assert lib.cuCtxPopCurrent(ctypes.byref(popped)) == CUDA_ERROR_INVALID_CONTEXT
     assert lib.cuCtxSetCurrent(ctypes.c_void_p(0x1234)) == CUDA_ERROR_INVALID_CONTEXT
@@ -281,30 +312,49 @@ def test_contexts_are_per_device_and_thread_local(drv):
 
 def test_error_names_and_strings(drv):
     lib, s = drv.lib, ctypes.c_char_p()
-    names = {0: b"CUDA_SUCCESS", 1: b"CUDA_ERROR_INVALID_VALUE", 2: b"CUDA_ERROR_OUT_OF_MEMORY",
-             100: b"CUDA_ERROR_NO_DEVICE", 101: b"CUDA_ERROR_INVALID_DEVICE", 200: b"CUDA_ERROR_INVALID_IMAGE",
-             201: b"CUDA_ERROR_INVALID_CONTEXT", 400: b"CUDA_ERROR_INVALID_HANDLE", 500: b"CUDA_ERROR_NOT_FOUND",
-             700: b"CUDA_ERROR_ILLEGAL_ADDRESS", 719: b"CUDA_ERROR_LAUNCH_FAILED",
-             801: b"CUDA_ERROR_NOT_SUPPORTED", 999: b"CUDA_ERROR_UNKNOWN"}
+    names = {
+        0: b"CUDA_SUCCESS",
+        1: b"CUDA_ERROR_INVALID_VALUE",
+        2: b"CUDA_ERROR_OUT_OF_MEMORY",
+        100: b"CUDA_ERROR_NO_DEVICE",
+        101: b"CUDA_ERROR_INVALID_DEVICE",
+        200: b"CUDA_ERROR_INVALID_IMAGE",
+        201: b"CUDA_ERROR_INVALID_CONTEXT",
+        400: b"CUDA_ERROR_INVALID_HANDLE",
+        500: b"CUDA_ERROR_NOT_FOUND",
+        700: b"CUDA_ERROR_ILLEGAL_ADDRESS",
+        719: b"CUDA_ERROR_LAUNCH_FAILED",
+        801: b"CUDA_ERROR_NOT_SUPPORTED",
+        999: b"CUDA_ERROR_UNKNOWN",
+    }
     for code, name in names.items():
         assert lib.cuGetErrorName(code, ctypes.byref(s)) == CUDA_SUCCESS and s.value == name
         assert lib.cuGetErrorString(code, ctypes.byref(s)) == CUDA_SUCCESS and s.value
     s.value = b"stale"
-    assert lib.cuGetErrorName(12345, ctypes.byref(s)) == CUDA_ERROR_INVALID_VALUE and s.value is None
+    assert (
+        lib.cuGetErrorName(12345, ctypes.byref(s)) == CUDA_ERROR_INVALID_VALUE and s.value is None
+    )
     s.value = b"stale"
-    assert lib.cuGetErrorString(12345, ctypes.byref(s)) == CUDA_ERROR_INVALID_VALUE and s.value is None
+    assert (
+        lib.cuGetErrorString(12345, ctypes.byref(s)) == CUDA_ERROR_INVALID_VALUE and s.value is None
+    )
 
 
 def test_pointer_and_capture_queries(drv):
     lib, status = drv.lib, ctypes.c_int(-1)
-    assert lib.cuPointerGetAttribute(ctypes.byref(ctypes.c_int()), 1, 0x1000) == CUDA_ERROR_NOT_SUPPORTED
+    assert (
+        lib.cuPointerGetAttribute(ctypes.byref(ctypes.c_int()), 1, 0x1000)
+        == CUDA_ERROR_NOT_SUPPORTED
+    )
     assert lib.cuStreamIsCapturing(None, ctypes.byref(status)) == CUDA_SUCCESS and status.value == 0
 
 
 def test_bad_image_is_rejected(drv):
     lib, mod = drv.lib, ctypes.c_void_p()
     image = b"not an ELF image" + bytes(64)
-    assert lib.cuModuleLoadData(ctypes.byref(mod), image) == CUDA_ERROR_INVALID_CONTEXT  # nothing current
+    assert (
+        lib.cuModuleLoadData(ctypes.byref(mod), image) == CUDA_ERROR_INVALID_CONTEXT
+    )  # nothing current
     assert lib.cuCtxSetCurrent(_primary_ctx(drv, 0)) == CUDA_SUCCESS
     assert lib.cuModuleLoadData(ctypes.byref(mod), image) == CUDA_ERROR_INVALID_IMAGE
     elf32 = b"\x7fELF\x01\x01\x01" + bytes(57)
@@ -323,11 +373,17 @@ def test_launch_records_parameter_bank(drv, kernel):
     again = ctypes.c_void_p()
     assert drv.lib.cuModuleGetFunction(ctypes.byref(again), mod, name.encode()) == CUDA_SUCCESS
     assert again.value == fn.value
-    assert drv.lib.cuModuleGetFunction(ctypes.byref(again), mod, b"no_such_kernel") == CUDA_ERROR_NOT_FOUND
+    assert (
+        drv.lib.cuModuleGetFunction(ctypes.byref(again), mod, b"no_such_kernel")
+        == CUDA_ERROR_NOT_FOUND
+    )
 
     args = Args()
     stream = ctypes.c_void_p(0xABC0)
-    assert _launch(drv, fn, args, grid=(3, 2, 1), block=(threads, 1, 1), smem=1024, stream=stream) == CUDA_SUCCESS
+    assert (
+        _launch(drv, fn, args, grid=(3, 2, 1), block=(threads, 1, 1), smem=1024, stream=stream)
+        == CUDA_SUCCESS
+    )
     assert drv.launch_count() == 1
     (rec,) = drv.launches()
     assert rec.name == name == "scale_kernel"
@@ -370,16 +426,22 @@ def test_param_layout_matches_cuobjdump(drv, kernel, tmp_path):
         pytest.skip("cuobjdump not available")
     path = tmp_path / "kernel.cubin"
     path.write_bytes(cubin)
-    listing = subprocess.run([tool, "-elf", str(path)], capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        [tool, "-elf", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     # The dump of the section starts on its own line (the section table
     # mentions the name too, indented), and ends at a blank-line gap.
     section = listing.split(f"\n.nv.info.{name}\n", 1)[1].split("\n\n\n", 1)[0]
-    entries = re.findall(r"Ordinal\s*:\s*0x([0-9a-f]+)\s+Offset\s*:\s*0x([0-9a-f]+)\s+Size\s*:\s*0x([0-9a-f]+)",
-                         section)
+    entries = re.findall(
+        r"Ordinal\s*:\s*0x([0-9a-f]+)\s+Offset\s*:\s*0x([0-9a-f]+)\s+Size\s*:\s*0x([0-9a-f]+)",
+        section,
+    )
     by_ordinal = sorted((int(o, 16), int(off, 16), int(sz, 16)) for o, off, sz in entries)
     assert [o for o, _, _ in by_ordinal] == list(range(len(by_ordinal)))
     assert rec.param_layout == [(off, sz) for _, off, sz in by_ordinal]
-    cbank = re.search(r"EIATTR_CBANK_PARAM_SIZE\s+Format:\s+EIFMT_HVAL\s+Value:\s+0x([0-9a-f]+)", section)
+    cbank = re.search(
+        r"EIATTR_CBANK_PARAM_SIZE\s+Format:\s+EIFMT_HVAL\s+Value:\s+0x([0-9a-f]+)", section
+    )
     assert cbank and len(rec.raw) == int(cbank.group(1), 16)
     assert drv.lib.cuModuleUnload(mod) == CUDA_SUCCESS
 
@@ -413,7 +475,10 @@ def test_short_attribute_formats_take_four_bytes(drv, kernel):
     image[off] = 0x07
     _, mod = _load_module(drv, bytes(image))
     fn = ctypes.c_void_p()
-    assert drv.lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()) == CUDA_ERROR_INVALID_IMAGE
+    assert (
+        drv.lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode())
+        == CUDA_ERROR_INVALID_IMAGE
+    )
     assert drv.lib.cuModuleUnload(mod) == CUDA_SUCCESS
 
 
@@ -446,8 +511,13 @@ def test_launch_validates_arguments(drv, kernel):
     packed = struct.pack("<QifQQ", 0x5000, 3, 2.0, 0, 0)
     buf = ctypes.create_string_buffer(packed, len(packed))
     size = ctypes.c_size_t(len(packed))
-    extra = (ctypes.c_void_p * 5)(1, ctypes.cast(buf, ctypes.c_void_p), 2,
-                                  ctypes.cast(ctypes.pointer(size), ctypes.c_void_p), 0)
+    extra = (ctypes.c_void_p * 5)(
+        1,
+        ctypes.cast(buf, ctypes.c_void_p),
+        2,
+        ctypes.cast(ctypes.pointer(size), ctypes.c_void_p),
+        0,
+    )
     assert _launch(drv, fn, Args(), extra=extra) == CUDA_ERROR_INVALID_VALUE  # both given
     assert _launch(drv, fn, None, extra=extra) == CUDA_SUCCESS
     (rec,) = drv.launches()
@@ -472,13 +542,19 @@ def test_launch_ex_records_attributes(drv, kernel):
     (rec,) = drv.launches()
     assert rec.is_ex and rec.grid == (4, 1, 1) and rec.block == (threads, 1, 1)
     assert rec.shared_mem == 512 and rec.stream == 0x77
-    assert [a for a, _ in rec.attrs] == [CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, CU_LAUNCH_ATTRIBUTE_COOPERATIVE]
+    assert [a for a, _ in rec.attrs] == [
+        CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+    ]
     assert rec.attrs[0][1] == struct.pack("<III", 2, 1, 1) + bytes(52)
     assert rec.attrs[1][1] == struct.pack("<i", 1) + bytes(60)
     assert rec.params == args.expected()
 
     cfg.numAttrs, cfg.attrs = 1, None
-    assert drv.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, args.array, None) == CUDA_ERROR_INVALID_VALUE
+    assert (
+        drv.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, args.array, None)
+        == CUDA_ERROR_INVALID_VALUE
+    )
     assert drv.lib.cuLaunchKernelEx(None, fn, args.array, None) == CUDA_ERROR_INVALID_VALUE
     assert drv.lib.cuModuleUnload(mod) == CUDA_SUCCESS
 
@@ -489,7 +565,10 @@ def test_injected_launch_failure(drv, kernel, monkeypatch):
     drv.set_launch_result(CUDA_ERROR_LAUNCH_FAILED)
     assert _launch(drv, fn, Args()) == CUDA_ERROR_LAUNCH_FAILED
     cfg = CUlaunchConfig(1, 1, 1, 128, 1, 1, 0, None, None, 0)
-    assert drv.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, Args().array, None) == CUDA_ERROR_LAUNCH_FAILED
+    assert (
+        drv.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, Args().array, None)
+        == CUDA_ERROR_LAUNCH_FAILED
+    )
     assert drv.launches() == [] and drv.launch_count() == 0
     drv.set_launch_result(0)
     assert _launch(drv, fn, Args()) == CUDA_SUCCESS
@@ -509,16 +588,29 @@ def test_function_attributes(drv, kernel):
     _, mod, fn = _load(drv, cubin, name)
     lib, out = drv.lib, ctypes.c_int()
     for attr, value in {0: 1024, 1: 0, 3: 0, 4: 32}.items():
-        assert lib.cuFuncGetAttribute(ctypes.byref(out), attr, fn) == CUDA_SUCCESS and out.value == value
+        assert (
+            lib.cuFuncGetAttribute(ctypes.byref(out), attr, fn) == CUDA_SUCCESS
+            and out.value == value
+        )
     assert drv.func_attribute(name, 9) == -1
     assert lib.cuFuncSetCacheConfig(fn, 1) == CUDA_SUCCESS
 
     # More than 48 KiB of dynamic shared memory needs the opt-in, as on a GPU.
     assert _launch(drv, fn, Args(), smem=100_000) == CUDA_ERROR_INVALID_VALUE
-    assert lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 300_000) == \
-        CUDA_ERROR_INVALID_VALUE
-    assert lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100_000) == CUDA_SUCCESS
-    assert lib.cuFuncGetAttribute(ctypes.byref(out), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn) == 0
+    assert (
+        lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 300_000)
+        == CUDA_ERROR_INVALID_VALUE
+    )
+    assert (
+        lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100_000)
+        == CUDA_SUCCESS
+    )
+    assert (
+        lib.cuFuncGetAttribute(
+            ctypes.byref(out), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn
+        )
+        == 0
+    )
     assert out.value == 100_000
     assert drv.func_attribute(name, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) == 100_000
     assert _launch(drv, fn, Args(), smem=100_000) == CUDA_SUCCESS

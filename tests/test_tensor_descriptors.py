@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import struct
 
+import kernels
 import pytest
 import torch
+from conftest import TEST_STREAM
 from triton.tools.tensor_descriptor import TensorDescriptor
+from triton_reference import TritonReference, assert_same_launch
 
 from fastkernel import CudaError, fastkernel
 from fastkernel import _triton_abi as abi
-
-import kernels
-from conftest import TEST_STREAM
-from triton_reference import TritonReference, assert_same_launch
 
 HAS_TF32_FIELD = "round_f32_to_tf32" in TensorDescriptor.__dataclass_fields__
 
@@ -38,19 +37,26 @@ def decode_tensor_map(raw: bytes) -> dict:
     assert len(raw) == 128 and raw[:4] == b"FKTM", raw[:16].hex()
     rank = raw[5]
     return {
-        "data_type": raw[4], "rank": rank, "interleave": raw[6], "swizzle": raw[7],
-        "l2_promotion": raw[8], "oob_fill": raw[9],
+        "data_type": raw[4],
+        "rank": rank,
+        "interleave": raw[6],
+        "swizzle": raw[7],
+        "l2_promotion": raw[8],
+        "oob_fill": raw[9],
         "address": struct.unpack_from("<Q", raw, 16)[0],
         "dims": list(struct.unpack_from(f"<{rank}Q", raw, 24)),
         "byte_strides": list(struct.unpack_from(f"<{rank - 1}Q", raw, 64)) if rank > 1 else [],
         "box": list(struct.unpack_from(f"<{rank}I", raw, 96)),
-        "element_strides": list(raw[116:116 + rank]),
+        "element_strides": list(raw[116 : 116 + rank]),
     }
 
 
 def _copy_args(src, dst, block=(16, 32), **kw):
-    return (TensorDescriptor.from_tensor(src, list(block), **kw),
-            TensorDescriptor.from_tensor(dst, list(block)), 2.0)
+    return (
+        TensorDescriptor.from_tensor(src, list(block), **kw),
+        TensorDescriptor.from_tensor(dst, list(block)),
+        2.0,
+    )
 
 
 def _both(reference, stand_in, kernel_fn, grid, *args, fk=None, **kwargs):
@@ -64,8 +70,9 @@ def _both(reference, stand_in, kernel_fn, grid, *args, fk=None, **kwargs):
 def test_descriptors_launch_the_bytes_triton_launches(stand_in, reference, capability):
     src, dst = torch.randn(64, 96), torch.empty(64, 96)
     args = _copy_args(src, dst)
-    theirs, ours, k = _both(reference, stand_in, kernels.descriptor_copy_kernel, (4, 3), *args,
-                            BLOCK_M=16, BLOCK_N=32)
+    theirs, ours, k = _both(
+        reference, stand_in, kernels.descriptor_copy_kernel, (4, 3), *args, BLOCK_M=16, BLOCK_N=32
+    )
     assert_same_launch(ours, theirs)
     assert k.stats()["fallbacks"] == 0
     if capability >= 90:
@@ -84,6 +91,7 @@ def test_descriptors_launch_the_bytes_triton_launches(stand_in, reference, capab
 
 def test_a_repeated_descriptor_is_a_hit_and_is_not_encoded_again(stand_in, reference):
     from fastkernel import _C
+
     _C._testing.clear_tensor_map_cache()
     src, dst = torch.randn(64, 96), torch.empty(64, 96)
     args = _copy_args(src, dst)
@@ -97,8 +105,9 @@ def test_a_repeated_descriptor_is_a_hit_and_is_not_encoded_again(stand_in, refer
     # New descriptors over other tensors of the same dtype and block: the same binary (a hit),
     # new tensor maps; the first pair again is still cached.
     other = _copy_args(torch.randn(32, 64), torch.empty(32, 64))
-    theirs = reference.launch(kernels.descriptor_copy_kernel, (2, 2), *other, BLOCK_M=16,
-                              BLOCK_N=32)
+    theirs = reference.launch(
+        kernels.descriptor_copy_kernel, (2, 2), *other, BLOCK_M=16, BLOCK_N=32
+    )
     before = stand_in.tensor_map_encodes()
     k[(2, 2)](*other, BLOCK_M=16, BLOCK_N=32)
     assert_same_launch(stand_in.launches()[-1], theirs)
@@ -115,8 +124,16 @@ def test_block_shape_and_dtype_select_the_binary(stand_in, reference):
     k[(4, 2)](*_copy_args(src, dst, (16, 32)), BLOCK_M=16, BLOCK_N=32)
     k[(2, 2)](*_copy_args(src, dst, (32, 32)), BLOCK_M=32, BLOCK_N=32)
     half = _copy_args(src.half(), dst.half(), (16, 32))
-    theirs, ours, _ = _both(reference, stand_in, kernels.descriptor_copy_kernel, (4, 2), *half,
-                            fk=k, BLOCK_M=16, BLOCK_N=32)
+    theirs, ours, _ = _both(
+        reference,
+        stand_in,
+        kernels.descriptor_copy_kernel,
+        (4, 2),
+        *half,
+        fk=k,
+        BLOCK_M=16,
+        BLOCK_N=32,
+    )
     assert_same_launch(ours, theirs)
     assert k.stats()["specializations"] == 3
 
@@ -126,35 +143,54 @@ def test_nan_padding_is_a_runtime_value(stand_in, reference, capability):
     k = fastkernel(kernels.descriptor_copy_kernel)
     for padding in ("zero", "nan", "zero"):
         args = _copy_args(src, dst, padding=padding)
-        theirs, ours, _ = _both(reference, stand_in, kernels.descriptor_copy_kernel, (4, 2),
-                                *args, fk=k, BLOCK_M=16, BLOCK_N=32)
+        theirs, ours, _ = _both(
+            reference,
+            stand_in,
+            kernels.descriptor_copy_kernel,
+            (4, 2),
+            *args,
+            fk=k,
+            BLOCK_M=16,
+            BLOCK_N=32,
+        )
         assert_same_launch(ours, theirs)
         if capability >= 90:
             assert decode_tensor_map(ours.params[0])["oob_fill"] == (padding == "nan")
     assert k.stats()["specializations"] == 1
 
 
-@pytest.mark.skipif(not HAS_TF32_FIELD, reason="this Triton's TensorDescriptor has no "
-                    "round_f32_to_tf32")
+@pytest.mark.skipif(
+    not HAS_TF32_FIELD, reason="this Triton's TensorDescriptor has no round_f32_to_tf32"
+)
 def test_tf32_rounding_matches_triton(stand_in, reference, capability):
     src, dst = torch.randn(64, 64), torch.empty(64, 64)
     k = fastkernel(kernels.descriptor_copy_kernel)
     for rounding in (True, False):
         args = _copy_args(src, dst, round_f32_to_tf32=rounding)
-        theirs, ours, _ = _both(reference, stand_in, kernels.descriptor_copy_kernel, (4, 2),
-                                *args, fk=k, BLOCK_M=16, BLOCK_N=32)
+        theirs, ours, _ = _both(
+            reference,
+            stand_in,
+            kernels.descriptor_copy_kernel,
+            (4, 2),
+            *args,
+            fk=k,
+            BLOCK_M=16,
+            BLOCK_N=32,
+        )
         assert_same_launch(ours, theirs)
         if capability >= 90:
             assert decode_tensor_map(ours.params[0])["data_type"] == (11 if rounding else 7)
 
 
-@pytest.mark.skipif(abi.TRITON_VERSION <= (3, 7),
-                    reason="Triton <= 3.7 expands top-level descriptors only")
+@pytest.mark.skipif(
+    abi.TRITON_VERSION <= (3, 7), reason="Triton <= 3.7 expands top-level descriptors only"
+)
 def test_a_descriptor_inside_a_tuple(stand_in, reference, capability):
     src, out = torch.randn(64, 16), torch.empty(16, 16)
     pair = (TensorDescriptor.from_tensor(src, [16, 16]), 32)
-    theirs, ours, k = _both(reference, stand_in, kernels.descriptor_tuple_kernel, (1,), pair,
-                            out, BLOCK=16)
+    theirs, ours, k = _both(
+        reference, stand_in, kernels.descriptor_tuple_kernel, (1,), pair, out, BLOCK=16
+    )
     assert_same_launch(ours, theirs)
     assert k.stats()["fallbacks"] == 0
 
@@ -164,11 +200,25 @@ def test_persistent_matmul_over_descriptors(stand_in, reference, capability):
     a = torch.randn(m, kdim).half()
     b = torch.randn(n, kdim).half()
     c = torch.empty(m, n).half()
-    descs = (TensorDescriptor.from_tensor(a, [64, 32]), TensorDescriptor.from_tensor(b, [64, 32]),
-             TensorDescriptor.from_tensor(c, [64, 64]))
-    theirs, ours, k = _both(reference, stand_in, kernels.matmul_descriptor_persistent_kernel, (4,),
-                            *descs, m, n, kdim, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32,
-                            NUM_PROGRAMS=4)
+    descs = (
+        TensorDescriptor.from_tensor(a, [64, 32]),
+        TensorDescriptor.from_tensor(b, [64, 32]),
+        TensorDescriptor.from_tensor(c, [64, 64]),
+    )
+    theirs, ours, k = _both(
+        reference,
+        stand_in,
+        kernels.matmul_descriptor_persistent_kernel,
+        (4,),
+        *descs,
+        m,
+        n,
+        kdim,
+        BLOCK_M=64,
+        BLOCK_N=64,
+        BLOCK_K=32,
+        NUM_PROGRAMS=4,
+    )
     assert_same_launch(ours, theirs)
     assert k.stats()["fallbacks"] == 0
 
@@ -178,8 +228,11 @@ def test_a_descriptor_subclass_goes_through_triton(stand_in, reference):
         pass
 
     src, dst = torch.randn(64, 64), torch.empty(64, 64)
-    args = (Described(src, src.shape, src.stride(), [16, 32]),
-            Described(dst, dst.shape, dst.stride(), [16, 32]), 2.0)
+    args = (
+        Described(src, src.shape, src.stride(), [16, 32]),
+        Described(dst, dst.shape, dst.stride(), [16, 32]),
+        2.0,
+    )
     k = fastkernel(kernels.descriptor_copy_kernel)
     k[(4, 2)](*args, BLOCK_M=16, BLOCK_N=32)
     stats = k.stats()
@@ -206,8 +259,8 @@ def test_a_non_contiguous_last_dimension_is_refused(stand_in):
         bad = TensorDescriptor.from_tensor(src, [16, 32])
         bad.strides = [64, 2]  # TensorDescriptor checks this at construction only
         return bad
-    _assert_refused(stand_in, make_bad, TypeError,
-                    "argument 'in_desc'.*innermost stride must be 1")
+
+    _assert_refused(stand_in, make_bad, TypeError, "argument 'in_desc'.*innermost stride must be 1")
 
 
 def test_a_descriptor_the_driver_refuses_raises_and_launches_nothing(stand_in):
@@ -215,6 +268,7 @@ def test_a_descriptor_the_driver_refuses_raises_and_launches_nothing(stand_in):
         bad = TensorDescriptor.from_tensor(src, [16, 32])
         bad.base = src.view(-1)[1:].view(63, 65)[:, :64]  # 4 bytes past a 16-byte boundary
         return bad
+
     _assert_refused(stand_in, make_bad, CudaError, "tensor map")
 
 
@@ -225,10 +279,17 @@ def test_expanded_plans_match_tritons_signature_expansion():
     if abi.TRITON_VERSION <= (3, 7):  # descriptors inside tuples: Triton >= 3.8
         signature.pop("t")
     plan = abi.launch_plan(signature)
-    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 6, "block_size": [64, 32],
-            "fp4_padded": False, "is_im2col": False}
+    meta = {
+        "swizzle": 3,
+        "elem_size": 2,
+        "elem_type": 6,
+        "block_size": [64, 32],
+        "fp4_padded": False,
+        "is_im2col": False,
+    }
     metas = [meta, dict(meta, block_size=[8], elem_type=7, elem_size=4, swizzle=0)][
-        :len(signature) - 1]
+        : len(signature) - 1
+    ]
     for tensordesc_meta in ([], metas):
         expanded, maps = abi.expand_descriptors(plan, tensordesc_meta)
         assert [ty for _, ty in expanded] == _tritons_expansion(signature, tensordesc_meta)
@@ -238,9 +299,11 @@ def test_expanded_plans_match_tritons_signature_expansion():
 def _tritons_expansion(signature, tensordesc_meta):
     try:  # Triton >= 3.8
         from triton.backends.driver import expand_signature
+
         expanded = expand_signature(signature.values(), tensordesc_meta, "nvTmaDesc")
     except ImportError:
         from triton.backends.nvidia import driver as nvidia
+
         if hasattr(nvidia, "expand_signature"):  # 3.7
             expanded = nvidia.expand_signature(signature.values(), tensordesc_meta)
         else:  # 3.5, 3.6: make_launcher's inner expansion is not importable; rebuild it
@@ -252,10 +315,15 @@ def _tritons_expansion(signature, tensordesc_meta):
                 yield from flat(item)
             else:
                 yield item
+
     return list(flat(expanded))
 
 
 def test_a_shape_beyond_int32_raises_naming_the_descriptor(stand_in, capability):
     # The kernel takes the shape as i32 (after the tensor map, or the i64 decomposed copy).
-    _assert_refused(stand_in, lambda src: TensorDescriptor(src, [2**31, 64], [64, 1], [16, 32]),
-                    OverflowError, "argument 'in_desc'.*out of range for i32")
+    _assert_refused(
+        stand_in,
+        lambda src: TensorDescriptor(src, [2**31, 64], [64, 1], [16, 32]),
+        OverflowError,
+        "argument 'in_desc'.*out of range for i32",
+    )

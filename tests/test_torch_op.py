@@ -12,10 +12,9 @@ import sys
 
 import pytest
 import torch
+from test_cpp_bundle import _tool
 
 import fastkernel
-
-from test_cpp_bundle import _tool
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -23,13 +22,30 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def ops():
     build = ROOT / "build" / "test-torch-op"
-    env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    subprocess.run([_tool("cmake"), "-S", str(ROOT / "examples" / "torch_op"), "-B", str(build),
-                    "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
-                    f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}"],
-                   check=True, capture_output=True, text=True, env=env)
-    subprocess.run([_tool("cmake"), "--build", str(build)], check=True, capture_output=True,
-                   text=True, env=env)
+    env = {
+        **os.environ,
+        "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    subprocess.run(
+        [
+            _tool("cmake"),
+            "-S",
+            str(ROOT / "examples" / "torch_op"),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+            f"-Dfastkernel_DIR={fastkernel.get_cmake_dir()}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    subprocess.run(
+        [_tool("cmake"), "--build", str(build)], check=True, capture_output=True, text=True, env=env
+    )
     torch.ops.load_library(str(next(build.glob("libfastkernel_example_ops*.so"))))
     return torch.ops.fastkernel_example
 
@@ -60,6 +76,7 @@ def test_the_op_reports_bad_inputs_and_a_missing_bundle(ops, tmp_path):
 def test_the_op_launches_the_bundle_kernel_eager_and_compiled(ops, tmp_path):
     sys.path.insert(0, str(ROOT / "examples" / "torch_op"))
     import add_kernel as example
+
     example.export_bundle(tmp_path / "add")
     ops.load_bundle(str(tmp_path / "add"))
     for dtype in (torch.float32, torch.bfloat16):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 
+import kernels
 import pytest
 import torch
 import triton
@@ -12,8 +13,6 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from fastkernel import FastKernel, fastkernel
-
-import kernels
 
 
 def test_fastkernel_is_a_jit_function_sharing_the_wrapped_state():
@@ -31,8 +30,11 @@ def test_heuristics_above_fastkernel_stays_native(stand_in):
     def add_heuristic(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
         mask = offs < n
-        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
-                 mask=mask)
+        tl.store(
+            out_ptr + offs,
+            tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+            mask=mask,
+        )
 
     x = torch.randn(100)
     for _ in range(3):
@@ -53,8 +55,11 @@ def test_single_config_autotune_above_fastkernel_stays_native(stand_in):
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
-                 mask=mask)
+        tl.store(
+            out_ptr + offs,
+            tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+            mask=mask,
+        )
 
     x = torch.randn(256)
     for _ in range(3):
@@ -66,10 +71,14 @@ def test_single_config_autotune_above_fastkernel_stays_native(stand_in):
     assert launches[0].block == (64, 1, 1)  # the config's num_warps=2
 
 
-@pytest.mark.parametrize("decorator", [
-    lambda f: triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=["n"])(f),
-    lambda f: triton.heuristics({"BLOCK": lambda args: 64})(f),
-], ids=["autotune", "heuristics"])
+@pytest.mark.parametrize(
+    "decorator",
+    [
+        lambda f: triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=["n"])(f),
+        lambda f: triton.heuristics({"BLOCK": lambda args: 64})(f),
+    ],
+    ids=["autotune", "heuristics"],
+)
 def test_fastkernel_above_triton_decorators_says_what_to_write(decorator):
     wrapped = decorator(kernels.add_kernel)
     with pytest.raises(TypeError, match=r"put @fastkernel directly above @triton.jit"):
@@ -83,9 +92,11 @@ def test_fastkernel_as_a_constexpr_of_another_kernel(stand_in):
     k[(1,)](out, src, 64, OUT_DTYPE=tl.float32, FN=helper, BLOCK=64)
     k[(1,)](out, src, 64, OUT_DTYPE=tl.float32, FN=helper, BLOCK=64)
     assert k.stats()["hits"] == 1 and k.stats()["fallbacks"] == 0
-    assert stand_in.launches()[0].params[:3] == [struct.pack("<Q", out.data_ptr()),
-                                                 struct.pack("<Q", src.data_ptr()),
-                                                 struct.pack("<i", 64)]
+    assert stand_in.launches()[0].params[:3] == [
+        struct.pack("<Q", out.data_ptr()),
+        struct.pack("<Q", src.data_ptr()),
+        struct.pack("<i", 64),
+    ]
 
 
 @pytest.mark.gpu
@@ -108,6 +119,7 @@ def test_torch_compile_fullgraph_captures_the_kernel():
 @pytest.mark.gpu
 def test_wrap_triton_accepts_fastkernel():
     from torch.library import wrap_triton
+
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(4096, device="cuda")
     out = torch.empty_like(x)
@@ -119,8 +131,10 @@ def test_wrap_triton_accepts_fastkernel():
 @pytest.mark.gpu
 def test_torch_compile_fullgraph_captures_an_autotuned_kernel():
     import fastkernel as fkmod
-    k = fkmod.autotune(configs=[triton.Config({"BLOCK": 256}), triton.Config({"BLOCK": 1024})],
-                       key=["n"])(fastkernel(kernels.add_kernel))
+
+    k = fkmod.autotune(
+        configs=[triton.Config({"BLOCK": 256}), triton.Config({"BLOCK": 1024})], key=["n"]
+    )(fastkernel(kernels.add_kernel))
 
     def f(x, y):
         out = torch.empty_like(x)

@@ -20,20 +20,20 @@ import pathlib
 import weakref
 
 import triton
-
 from stand_in_driver.recording import Launch, RecordingDriver
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_driver(stand_in_path: pathlib.Path):
     os.environ["TRITON_LIBCUDA_PATH"] = str(stand_in_path.parent)
     from triton.backends.nvidia import driver as nvidia
+
     for cached in ("libcuda_dirs", "library_dirs"):
         getattr(getattr(nvidia, cached, None), "cache_clear", lambda: None)()
     return nvidia.CudaDriver()  # builds Triton's launcher module, linked to the stand-in
 
 
-_SEEN_CAPABILITY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_SEEN_CAPABILITY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _other_libcuda(stand_in: pathlib.Path):
@@ -55,19 +55,24 @@ class TritonReference:
         other = _other_libcuda(recording.path)
         if other is not None:  # FASTKERNEL_TEST_STAND_IN=1 on a machine whose torch loaded CUDA
             import pytest
-            pytest.skip(f"the real driver {other} is loaded in this process: Triton's launcher "
-                        f"would bind to it rather than to the stand-in")
+
+            pytest.skip(
+                f"the real driver {other} is loaded in this process: Triton's launcher "
+                f"would bind to it rather than to the stand-in"
+            )
         self.driver = _cuda_driver(recording.path)
         self.stream = stream
         self.device = device
 
-    def __enter__(self) -> "TritonReference":
+    def __enter__(self) -> TritonReference:
         from fastkernel import _C
+
         d = self.driver
         d.get_current_device = lambda: self.device
         d.get_current_stream = lambda device=None: self.stream
         d.get_device_capability = lambda device=None: _C.device_capability(
-            self.device if device is None else device)
+            self.device if device is None else device
+        )
         d.set_current_device = lambda device: None
         # Restored as it was on exit (reset_active would probe for a real driver and fail).
         self._saved = triton.runtime.driver._active
@@ -80,6 +85,7 @@ class TritonReference:
     def launch(self, jit_fn, grid, *args, **kwargs) -> Launch:
         """Launch ``jit_fn[grid](*args, **kwargs)`` through Triton; its one recorded launch."""
         from fastkernel import _C
+
         jit_fn = getattr(jit_fn, "jit_function", jit_fn)
         # A JITFunction fixes its compile target per device on first use (device_caches); the
         # stand-in's capability can change between tests (FKSTUB_CAPABILITY).

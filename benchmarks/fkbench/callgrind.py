@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from . import common
 from .host import StandInUnavailable, use_stand_in_driver
@@ -34,7 +34,7 @@ _TOGGLE = "fastkernel_bench_call_loop"
 
 #: Function groups of a hit, by the symbol whose inclusive count measures them (in call order).
 #: "fastkernel::launch" includes the driver call; the breakdown subtracts it.
-GROUP_SYMBOLS: List[Tuple[str, str]] = [
+GROUP_SYMBOLS: list[tuple[str, str]] = [
     ("key build", "fastkernel::bind_and_build_key("),
     ("lookup", "fastkernel::LaunchTable::find("),
     ("stream query", "fastkernel::current_launch_context("),
@@ -62,7 +62,7 @@ sys.exit(callgrind.callgrind_child(sys.argv[3:]))
 """
 
 
-def _tool(name: str) -> Optional[str]:
+def _tool(name: str) -> str | None:
     """``name`` on PATH or beside this interpreter (a virtual environment's bin)."""
     found = shutil.which(name)
     if found:
@@ -98,18 +98,26 @@ def build_profile_extension(repo: pathlib.Path) -> pathlib.Path:
     try:
         import pybind11
     except ImportError as exc:
-        raise RuntimeError("--callgrind needs pybind11 (a build dependency) to build the "
-                           "profiling copy of the extension") from exc
+        raise RuntimeError(
+            "--callgrind needs pybind11 (a build dependency) to build the "
+            "profiling copy of the extension"
+        ) from exc
     build_dir = repo / "build" / "callgrind-profile"
     env = dict(os.environ)
     env["PATH"] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    configure = [cmake, "-S", str(repo), "-B", str(build_dir),
-                 "-DCMAKE_BUILD_TYPE=None",
-                 "-DCMAKE_CXX_FLAGS=-O3 -DNDEBUG",
-                 "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF",
-                 "-DFASTKERNEL_TESTING=ON",
-                 f"-DPython_EXECUTABLE={sys.executable}",
-                 f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"]
+    configure = [
+        cmake,
+        "-S",
+        str(repo),
+        "-B",
+        str(build_dir),
+        "-DCMAKE_BUILD_TYPE=None",
+        "-DCMAKE_CXX_FLAGS=-O3 -DNDEBUG",
+        "-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF",
+        "-DFASTKERNEL_TESTING=ON",
+        f"-DPython_EXECUTABLE={sys.executable}",
+        f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+    ]
     if _tool("ninja"):
         configure += ["-G", "Ninja"]
     stamp = build_dir / "fastkernel-configure.txt"
@@ -120,8 +128,10 @@ def build_profile_extension(repo: pathlib.Path) -> pathlib.Path:
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            raise RuntimeError(f"building the profiling extension failed ({' '.join(cmd)}):\n"
-                               f"{(proc.stdout + proc.stderr)[-4000:]}")
+            raise RuntimeError(
+                f"building the profiling extension failed ({' '.join(cmd)}):\n"
+                f"{(proc.stdout + proc.stderr)[-4000:]}"
+            )
         if cmd is configure:
             stamp.write_text("\n".join(configure))
     built = sorted(build_dir.glob("_C*.so"))
@@ -130,7 +140,7 @@ def build_profile_extension(repo: pathlib.Path) -> pathlib.Path:
     return built[0]
 
 
-def parse_annotate_output(text: str) -> Tuple[Optional[int], Dict[str, int]]:
+def parse_annotate_output(text: str) -> tuple[int | None, dict[str, int]]:
     """Parse ``callgrind_annotate --inclusive=yes`` output.
 
     Parameters
@@ -146,7 +156,7 @@ def parse_annotate_output(text: str) -> Tuple[Optional[int], Dict[str, int]]:
         Inclusive instruction count per function name (file and object stripped).
     """
     total = None
-    functions: Dict[str, int] = {}
+    functions: dict[str, int] = {}
     line_re = re.compile(r"^\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?(.+?)\s*$")
     for line in text.splitlines():
         m = line_re.match(line)
@@ -163,17 +173,18 @@ def parse_annotate_output(text: str) -> Tuple[Optional[int], Dict[str, int]]:
     return total, functions
 
 
-def _inclusive(functions: Dict[str, int], symbol: str) -> Optional[int]:
+def _inclusive(functions: dict[str, int], symbol: str) -> int | None:
     """The inclusive count of ``symbol`` (a name prefix; an exact name when it has no '(')."""
     if "(" in symbol:
         counts = [c for name, c in functions.items() if name.startswith(symbol)]
     else:
-        counts = [c for name, c in functions.items()
-                  if name == symbol or name.startswith(symbol + "'")]
+        counts = [
+            c for name, c in functions.items() if name == symbol or name.startswith(symbol + "'")
+        ]
     return max(counts) if counts else None
 
 
-def breakdown(total: int, functions: Dict[str, int], hits: int) -> Dict[str, Optional[float]]:
+def breakdown(total: int, functions: dict[str, int], hits: int) -> dict[str, float | None]:
     """Instructions per hit, in total and by function group.
 
     ``entry`` (Python to native: ``kernel[grid]``, vectorcall dispatch, grid, counters and the
@@ -200,7 +211,7 @@ def breakdown(total: int, functions: Dict[str, int], hits: int) -> Dict[str, Opt
     return per
 
 
-def callgrind_child(argv: List[str]) -> int:
+def callgrind_child(argv: list[str]) -> int:
     """Under valgrind: register each shape, then one collected loop of hits per grid kind."""
     parser = argparse.ArgumentParser(prog="fastkernel callgrind child")
     parser.add_argument("--hits", type=int, required=True)
@@ -209,9 +220,10 @@ def callgrind_child(argv: List[str]) -> int:
     opts = parser.parse_args(argv)
 
     from fastkernel import _C, _host_helpers
-    from .kernels import SHAPES, tutorial_grid
     from fastkernel.kernel import PATCH_ATTR, FastKernel
     from fastkernel.patch import patched
+
+    from .kernels import SHAPES, tutorial_grid
 
     drv = use_stand_in_driver(pathlib.Path(opts.repo))
     loops = []
@@ -226,8 +238,10 @@ def callgrind_child(argv: List[str]) -> int:
         grids = [("tuple", shape.grid, None), ("callable", callable_grid, None)]
         tutorial = tutorial_grid(shape)
         if tutorial is not None:  # Triton's own triton.cdiv, then fastkernel's host helpers
-            grids += [("tutorial", tutorial, _host_helpers.uninstall),
-                      ("tutorial+helpers", tutorial, _host_helpers.install)]
+            grids += [
+                ("tutorial", tutorial, _host_helpers.uninstall),
+                ("tutorial+helpers", tutorial, _host_helpers.install),
+            ]
         for grid_kind, grid, switch in grids:
             if switch is not None:
                 switch()
@@ -237,9 +251,16 @@ def callgrind_child(argv: List[str]) -> int:
             hits_before = fk.stats()["hits"]
             _C.bench_call_loop(fk, grid, args, opts.hits)  # collected, then dumped
             hits = fk.stats()["hits"] - hits_before
-            loops.append({"shape": shape.name, "grid": grid_kind, "num_args": shape.num_args,
-                          "num_tensors": shape.num_tensors, "hits": hits,
-                          "launches": drv.launch_count()})
+            loops.append(
+                {
+                    "shape": shape.name,
+                    "grid": grid_kind,
+                    "num_args": shape.num_args,
+                    "num_tensors": shape.num_tensors,
+                    "hits": hits,
+                    "launches": drv.launch_count(),
+                }
+            )
         _host_helpers.uninstall()
         # The same kernel as a plain Triton JITFunction under fastkernel.patch(), tuple grid.
         with patched():
@@ -250,10 +271,16 @@ def callgrind_child(argv: List[str]) -> int:
             drv.reset()
             hits_before = dispatch.stats()["hits"]
             _C.bench_call_loop(shape.kernel, shape.grid, args, opts.hits)
-            loops.append({"shape": shape.name, "grid": "patched", "num_args": shape.num_args,
-                          "num_tensors": shape.num_tensors,
-                          "hits": dispatch.stats()["hits"] - hits_before,
-                          "launches": drv.launch_count()})
+            loops.append(
+                {
+                    "shape": shape.name,
+                    "grid": "patched",
+                    "num_args": shape.num_args,
+                    "num_tensors": shape.num_tensors,
+                    "hits": dispatch.stats()["hits"] - hits_before,
+                    "launches": drv.launch_count(),
+                }
+            )
     _C._testing.set_host_testing(False, 0, 0)
     with open(opts.manifest, "w") as f:
         json.dump({"loops": loops, "hits_requested": opts.hits}, f)
@@ -267,8 +294,9 @@ def _dump_index(path: pathlib.Path) -> int:
 
 def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     """Instructions per hit per shape under callgrind, with the function-group breakdown."""
-    from .kernels import SHAPES
     from fastkernel.kernel import FastKernel
+
+    from .kernels import SHAPES
 
     valgrind, annotate = _tool("valgrind"), _tool("callgrind_annotate")
     if valgrind is None or annotate is None:
@@ -280,8 +308,11 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     hits = opts.iterations if opts.iterations is not None else _CALLGRIND_HITS
-    print("callgrind: building an unstripped, non-LTO copy of the extension (same sources, -O3) "
-          "in build/callgrind-profile, so that function names survive", flush=True)
+    print(
+        "callgrind: building an unstripped, non-LTO copy of the extension (same sources, -O3) "
+        "in build/callgrind-profile, so that function names survive",
+        flush=True,
+    )
     try:
         extension = build_profile_extension(repo)
     except RuntimeError as exc:
@@ -295,37 +326,64 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     with tempfile.TemporaryDirectory(prefix="fastkernel-callgrind-") as tmp:
         tmp_dir = pathlib.Path(tmp)
         manifest_path = tmp_dir / "manifest.json"
-        cmd = [valgrind, "--tool=callgrind", "--collect-atstart=no",
-               f"--toggle-collect={_TOGGLE}", f"--dump-after={_TOGGLE}",
-               f"--callgrind-out-file={tmp_dir / 'callgrind.out'}",
-               sys.executable, "-c", _CHILD_BOOTSTRAP, str(extension), str(repo / "benchmarks"),
-               "--hits", str(hits), "--manifest", str(manifest_path), "--repo", str(repo)]
-        print(f"callgrind: {hits} hits per shape and grid kind under valgrind (importing torch "
-              f"under valgrind takes about a minute)", flush=True)
+        cmd = [
+            valgrind,
+            "--tool=callgrind",
+            "--collect-atstart=no",
+            f"--toggle-collect={_TOGGLE}",
+            f"--dump-after={_TOGGLE}",
+            f"--callgrind-out-file={tmp_dir / 'callgrind.out'}",
+            sys.executable,
+            "-c",
+            _CHILD_BOOTSTRAP,
+            str(extension),
+            str(repo / "benchmarks"),
+            "--hits",
+            str(hits),
+            "--manifest",
+            str(manifest_path),
+            "--repo",
+            str(repo),
+        ]
+        print(
+            f"callgrind: {hits} hits per shape and grid kind under valgrind (importing torch "
+            f"under valgrind takes about a minute)",
+            flush=True,
+        )
         start = time.monotonic()
         # A fixed hash seed keeps dict layouts, hence the callable-grid counts, the same run to run.
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0 or not manifest_path.is_file():
-            print(f"error: the callgrind run failed (exit {proc.returncode}):\n"
-                  f"{(proc.stdout + proc.stderr)[-4000:]}", file=sys.stderr)
+            print(
+                f"error: the callgrind run failed (exit {proc.returncode}):\n"
+                f"{(proc.stdout + proc.stderr)[-4000:]}",
+                file=sys.stderr,
+            )
             return 1
         print(f"callgrind: done in {time.monotonic() - start:.0f} s")
         manifest = json.loads(manifest_path.read_text())
-        dumps = sorted((p for p in tmp_dir.glob("callgrind.out.*") if _dump_index(p) > 0),
-                       key=_dump_index)
+        dumps = sorted(
+            (p for p in tmp_dir.glob("callgrind.out.*") if _dump_index(p) > 0), key=_dump_index
+        )
         loops = manifest["loops"]
         if len(dumps) != len(loops):
-            print(f"error: expected {len(loops)} callgrind dumps, found {len(dumps)}",
-                  file=sys.stderr)
+            print(
+                f"error: expected {len(loops)} callgrind dumps, found {len(dumps)}", file=sys.stderr
+            )
             return 1
         for loop, dump in zip(loops, dumps):
-            out = subprocess.run([annotate, "--inclusive=yes", "--threshold=100", str(dump)],
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [annotate, "--inclusive=yes", "--threshold=100", str(dump)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             total, functions = parse_annotate_output(out)
             if total is None or loop["hits"] <= 0:
-                print(f"error: no counts for {loop['shape']} ({loop['grid']} grid)",
-                      file=sys.stderr)
+                print(
+                    f"error: no counts for {loop['shape']} ({loop['grid']} grid)", file=sys.stderr
+                )
                 return 1
             loop["instructions_per_hit"] = breakdown(total, functions, loop["hits"])
 
@@ -333,10 +391,14 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     env = common.environment("callgrind", None)
     report = {
         "environment": env,
-        "method": {"tool": "valgrind --tool=callgrind", "collected_in": _TOGGLE,
-                   "extension": "profiling build: -O3, no LTO, unstripped",
-                   "driver": "recording stand-in (tests/stand_in_driver)",
-                   "hits_per_loop": hits, "groups": dict(GROUP_SYMBOLS)},
+        "method": {
+            "tool": "valgrind --tool=callgrind",
+            "collected_in": _TOGGLE,
+            "extension": "profiling build: -O3, no LTO, unstripped",
+            "driver": "recording stand-in (tests/stand_in_driver)",
+            "hits_per_loop": hits,
+            "groups": dict(GROUP_SYMBOLS),
+        },
         "loops": loops,
     }
     out_dir = common.results_dir(opts.out, repo)
@@ -349,31 +411,53 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     return 0 if ok else 1
 
 
-def _print_callgrind(loops: List[Dict[str, Any]]) -> None:
-    columns = ["total", "fastkernel", "entry", "key build", "lookup", "stream query", "packing",
-               "driver call"]
-    print("\ninstructions per hit (callgrind; driver call = the stand-in's cuLaunchKernel; "
-          "fastkernel = total less the driver call; entry = Python to native, grid and glue):")
+def _print_callgrind(loops: list[dict[str, Any]]) -> None:
+    columns = [
+        "total",
+        "fastkernel",
+        "entry",
+        "key build",
+        "lookup",
+        "stream query",
+        "packing",
+        "driver call",
+    ]
+    print(
+        "\ninstructions per hit (callgrind; driver call = the stand-in's cuLaunchKernel; "
+        "fastkernel = total less the driver call; entry = Python to native, grid and glue):"
+    )
     head = f"  {'shape':<12}{'grid':<18}" + "".join(f"{c:>14}" for c in columns)
     print(head)
     print("  " + "-" * (len(head) - 2))
     for loop in loops:
         per = loop["instructions_per_hit"]
-        cells = "".join(f"{'n/a' if per[c] is None else format(per[c], '.0f'):>14}"
-                        for c in columns)
+        cells = "".join(
+            f"{'n/a' if per[c] is None else format(per[c], '.0f'):>14}" for c in columns
+        )
         print(f"  {loop['shape']:<12}{loop['grid']:<18}{cells}")
-    own = {(l["shape"], l["grid"]): l["instructions_per_hit"]["fastkernel"] for l in loops}
-    for kind, label in (("callable", "a callable grid"),
-                        ("tutorial", "a tutorial grid with Triton's triton.cdiv"),
-                        ("tutorial+helpers", "a tutorial grid with the host helpers")):
-        extra = [f"{shape}: {own[(shape, kind)] - own[(shape, 'tuple')]:.0f}"
-                 for shape, grid in own if grid == "tuple" and (shape, kind) in own]
+    own = {(lp["shape"], lp["grid"]): lp["instructions_per_hit"]["fastkernel"] for lp in loops}
+    for kind, label in (
+        ("callable", "a callable grid"),
+        ("tutorial", "a tutorial grid with Triton's triton.cdiv"),
+        ("tutorial+helpers", "a tutorial grid with the host helpers"),
+    ):
+        extra = [
+            f"{shape}: {own[(shape, kind)] - own[(shape, 'tuple')]:.0f}"
+            for shape, grid in own
+            if grid == "tuple" and (shape, kind) in own
+        ]
         if extra:
-            print(f"{label} adds (fastkernel's instructions per hit, over the tuple grid): "
-                  + "  ".join(extra))
-    ratios = [f"{shape}: {own[(shape, 'patched')] / own[(shape, 'tuple')]:.3f}"
-              for shape, grid in own if grid == "tuple" and (shape, "patched") in own
-              and own[(shape, "tuple")]]
+            print(
+                f"{label} adds (fastkernel's instructions per hit, over the tuple grid): "
+                + "  ".join(extra)
+            )
+    ratios = [
+        f"{shape}: {own[(shape, 'patched')] / own[(shape, 'tuple')]:.3f}"
+        for shape, grid in own
+        if grid == "tuple" and (shape, "patched") in own and own[(shape, "tuple")]
+    ]
     if ratios:
-        print("patched Triton kernel / @fastkernel kernel (fastkernel's own instructions per hit, "
-              "tuple grid; the stand-in driver's share varies run to run): " + "  ".join(ratios))
+        print(
+            "patched Triton kernel / @fastkernel kernel (fastkernel's own instructions per hit, "
+            "tuple grid; the stand-in driver's share varies run to run): " + "  ".join(ratios)
+        )

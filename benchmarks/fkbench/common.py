@@ -18,10 +18,11 @@ import statistics
 import struct
 import subprocess
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 #: Systems in table and plot order, with their labels.
-SYSTEM_LABELS: Dict[str, str] = {
+SYSTEM_LABELS: dict[str, str] = {
     "floor": "floor: C++ cuLaunchKernel loop",
     "triton_run": "Triton CompiledKernel.run",
     "triton": "Triton kernel[grid]",
@@ -53,6 +54,7 @@ def testing_build() -> bool:
     """Whether the installed ``fastkernel._C`` has the benchmark loops and the host-testing
     switch (a build configured with ``-DFASTKERNEL_TESTING=ON``)."""
     from fastkernel import _C
+
     return hasattr(_C, "bench_call_loop") and hasattr(_C, "_testing")
 
 
@@ -73,8 +75,12 @@ class Timed:
         Run before each loop of this system, outside the timing.
     """
 
-    def __init__(self, loop: Callable[[int], Any], launches_per_iteration: int = 1,
-                 prepare: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        loop: Callable[[int], Any],
+        launches_per_iteration: int = 1,
+        prepare: Callable[[], None] | None = None,
+    ):
         self.loop = loop
         self.launches_per_iteration = launches_per_iteration
         #: Runs before each of this system's loops, outside the timing (for instance, switching
@@ -86,9 +92,13 @@ class Timed:
         return max(1, launches // self.launches_per_iteration)
 
 
-def time_systems(systems: Dict[str, Timed], launches: int, repeats: int,
-                 sync: Callable[[], None],
-                 before_repeat: Optional[Callable[[], None]] = None) -> Dict[str, List[float]]:
+def time_systems(
+    systems: dict[str, Timed],
+    launches: int,
+    repeats: int,
+    sync: Callable[[], None],
+    before_repeat: Callable[[], None] | None = None,
+) -> dict[str, list[float]]:
     """Time each system's steady-state loop; returns microseconds per launch, one per repeat.
 
     Every system is warmed up first; then each repeat times every system once, in turn, so
@@ -113,7 +123,7 @@ def time_systems(systems: Dict[str, Timed], launches: int, repeats: int,
         Per system, microseconds per launch of each repeat.
     """
     warmup = max(50, launches // 5)
-    samples: Dict[str, List[float]] = {name: [] for name in systems}
+    samples: dict[str, list[float]] = {name: [] for name in systems}
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -144,8 +154,9 @@ def time_systems(systems: Dict[str, Timed], launches: int, repeats: int,
     return samples
 
 
-def time_single_calls(prepare: Callable[[], Callable[[], Any]], repeats: int,
-                      sync: Callable[[], None]) -> List[float]:
+def time_single_calls(
+    prepare: Callable[[], Callable[[], Any]], repeats: int, sync: Callable[[], None]
+) -> list[float]:
     """Microseconds of single cold calls: ``prepare()`` (untimed) returns the call to time."""
     samples = []
     for _ in range(repeats):
@@ -168,13 +179,23 @@ def median(values: Sequence[float]) -> float:
 
 # struct formats of Triton's scalar signature types (driver.c packs i1/u1 in 4-byte slots).
 _SCALAR_FORMATS = {
-    "i1": "<i", "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q",
-    "u1": "<I", "u8": "<B", "u16": "<H", "u32": "<I", "u64": "<Q",
-    "fp32": "<f", "f32": "<f", "fp64": "<d",
+    "i1": "<i",
+    "i8": "<b",
+    "i16": "<h",
+    "i32": "<i",
+    "i64": "<q",
+    "u1": "<I",
+    "u8": "<B",
+    "u16": "<H",
+    "u32": "<I",
+    "u64": "<Q",
+    "fp32": "<f",
+    "f32": "<f",
+    "fp64": "<d",
 }
 
 
-def triton_param_bytes(compiled, args: Sequence[Any]) -> List[bytes]:
+def triton_param_bytes(compiled, args: Sequence[Any]) -> list[bytes]:
     """The parameter bytes Triton's launcher passes to ``cuLaunchKernel`` for ``args``.
 
     Walks the compiled kernel's signature (``CompiledKernel.src.signature``: one Triton type per
@@ -199,6 +220,7 @@ def triton_param_bytes(compiled, args: Sequence[Any]) -> List[bytes]:
         For parameter types the benchmark does not pack, or a kernel that needs scratch memory.
     """
     from fastkernel import _triton_abi as abi
+
     signature = list(compiled.src.signature.values())
     if len(signature) != len(args):
         raise ValueError(f"{compiled.name}: {len(args)} arguments for {len(signature)} parameters")
@@ -219,16 +241,24 @@ def triton_param_bytes(compiled, args: Sequence[Any]) -> List[bytes]:
     return params
 
 
-def floor_timed(compiled, args: Sequence[Any], grid: Tuple[int, ...], device: int,
-                stream: int) -> Timed:
+def floor_timed(
+    compiled, args: Sequence[Any], grid: tuple[int, ...], device: int, stream: int
+) -> Timed:
     """The floor for one shape: ``_C.BenchFloor`` on Triton's cubin and parameter bytes.
 
     The cubin is loaded here, once; the timed loop is only ``cuLaunchKernel`` calls.
     """
     from fastkernel import _C
+
     md = compiled.metadata
-    launcher = _C.BenchFloor(compiled.asm["cubin"], md.name, device, 32 * md.num_warps,
-                             md.shared, triton_param_bytes(compiled, args))
+    launcher = _C.BenchFloor(
+        compiled.asm["cubin"],
+        md.name,
+        device,
+        32 * md.num_warps,
+        md.shared,
+        triton_param_bytes(compiled, args),
+    )
     grid3 = (tuple(grid) + (1, 1))[:3]
 
     def loop(n: int) -> None:
@@ -237,8 +267,14 @@ def floor_timed(compiled, args: Sequence[Any], grid: Tuple[int, ...], device: in
     return Timed(loop)
 
 
-def bundle_timed(fk, args: Sequence[Any], grid: Tuple[int, ...], device: int, stream: int,
-                 directory: pathlib.Path) -> Timed:
+def bundle_timed(
+    fk,
+    args: Sequence[Any],
+    grid: tuple[int, ...],
+    device: int,
+    stream: int,
+    directory: pathlib.Path,
+) -> Timed:
     """The C++ row: ``fk``'s registered specializations exported as a bundle
     (``fastkernel.export``) and launched by a C++ loop of ``fastkernel::Bundle::launch`` with
     the call's runtime arguments (``_C.BenchBundle``)."""
@@ -246,6 +282,7 @@ def bundle_timed(fk, args: Sequence[Any], grid: Tuple[int, ...], device: int, st
 
     from fastkernel import _C
     from fastkernel.bundle import export
+
     export(fk, directory)
     spec = []
     for param, value in zip(fk.jit_function.params, args):
@@ -266,40 +303,46 @@ def bundle_timed(fk, args: Sequence[Any], grid: Tuple[int, ...], device: int, st
     return Timed(loop)
 
 
-def tutorial_grid_systems(fk, shape, args: tuple) -> Dict[str, "Timed"]:
+def tutorial_grid_systems(fk, shape, args: tuple) -> dict[str, Timed]:
     """The shape's kernel with the grid Triton's tutorials write,
     ``lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)``, with Triton's own
     ``triton.cdiv`` and with fastkernel's host helpers installed (switched before each loop,
     outside the timing; left off). Empty for shapes without ``n`` and ``BLOCK``."""
     from fastkernel import _host_helpers
+
     from .kernels import tutorial_grid
+
     grid = tutorial_grid(shape)
     if grid is None:
         return {}
     return {
         "fastkernel_tutorial": Timed(call_loop(fk, grid, args), prepare=_host_helpers.uninstall),
-        "fastkernel_tutorial_helpers": Timed(call_loop(fk, grid, args),
-                                             prepare=_host_helpers.install),
+        "fastkernel_tutorial_helpers": Timed(
+            call_loop(fk, grid, args), prepare=_host_helpers.install
+        ),
     }
 
 
 def call_loop(launcher, grid, args: tuple) -> Callable[[int], None]:
     """``n`` calls of ``launcher[grid](*args)``, the way user code writes them."""
+
     def loop(n: int) -> None:
         for _ in range(n):
             launcher[grid](*args)
+
     return loop
 
 
-def triton_systems(jit, compiled, grid, args: tuple, stream: int) -> Dict[str, "Timed"]:
+def triton_systems(jit, compiled, grid, args: tuple, stream: int) -> dict[str, Timed]:
     """Triton's own dispatch: ``kernel[grid](*args)`` (``triton``) and the compiled kernel's
     ``run`` with the launch facts already in hand (``triton_run``), for a kernel ``jit`` whose
     ``compiled`` specialization a first ``jit[grid](*args)`` returned."""
     g = (tuple(grid) + (1, 1))[:3]
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
 
-    def triton_run_loop(n: int, run=run, function=function, packed=packed, args=args,
-                        g0=g[0], g1=g[1], g2=g[2]) -> None:
+    def triton_run_loop(
+        n: int, run=run, function=function, packed=packed, args=args, g0=g[0], g1=g[1], g2=g[2]
+    ) -> None:
         for _ in range(n):
             run(g0, g1, g2, stream, function, packed, None, None, None, *args)
 
@@ -321,7 +364,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def driver_api_version(library: str) -> Optional[str]:
+def driver_api_version(library: str) -> str | None:
     """``cuDriverGetVersion`` of the driver library at ``library`` as "major.minor", or None."""
     try:
         lib = ctypes.CDLL(library)
@@ -333,27 +376,32 @@ def driver_api_version(library: str) -> Optional[str]:
     return f"{version.value // 1000}.{version.value % 1000 // 10}"
 
 
-def nvidia_driver_release() -> Optional[str]:
+def nvidia_driver_release() -> str | None:
     """The NVIDIA kernel driver release (``nvidia-smi``), or None where it cannot be read."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = out.stdout.strip().splitlines()
     return lines[0].strip() if out.returncode == 0 and lines else None
 
 
-def environment(mode: str, device: Optional[int]) -> Dict[str, Any]:
+def environment(mode: str, device: int | None) -> dict[str, Any]:
     """What a result depends on: device, driver, CUDA, library versions, CPU and date."""
     import torch
     import triton
 
     from fastkernel import _C, __version__
-    env: Dict[str, Any] = {
+
+    env: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mode": mode,
         "torch": torch.__version__,
@@ -368,7 +416,7 @@ def environment(mode: str, device: Optional[int]) -> Dict[str, Any]:
     }
     if mode == "gpu" and device is not None:
         env["device"] = torch.cuda.get_device_name(device)
-        env["capability"] = "%d.%d" % torch.cuda.get_device_capability(device)
+        env["capability"] = "{}.{}".format(*torch.cuda.get_device_capability(device))
         env["nvidia_driver"] = nvidia_driver_release()
     else:
         env["device"] = "none: host-side run against the recording stand-in driver"
@@ -383,22 +431,27 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def results_dir(out: Optional[str], repo: pathlib.Path) -> pathlib.Path:
+def results_dir(out: str | None, repo: pathlib.Path) -> pathlib.Path:
     """``--out``, else ``benchmarks/results`` of the checkout."""
     path = pathlib.Path(out) if out else repo / "benchmarks" / "results"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def format_table(rows: List[Dict[str, Any]], shapes: List[str], systems: List[str],
-                 labels: Dict[str, str], unit: str = "us") -> str:
+def format_table(
+    rows: list[dict[str, Any]],
+    shapes: list[str],
+    systems: list[str],
+    labels: dict[str, str],
+    unit: str = "us",
+) -> str:
     """A systems x shapes table of median time per call and its ratio to the floor.
 
     ``rows`` are result records (``shape``, ``system``, ``us_per_call``, ``ratio_to_floor``);
     ``unit`` is ``"us"`` or ``"ns"``.
     """
     scale = 1e3 if unit == "ns" else 1.0
-    cell: Dict[Tuple[str, str], Dict[str, Any]] = {(r["system"], r["shape"]): r for r in rows}
+    cell: dict[tuple[str, str], dict[str, Any]] = {(r["system"], r["shape"]): r for r in rows}
     label_width = max(len(labels.get(s, s)) for s in systems)
     col = 17
     head = f"{unit + '/call (x floor)':<{label_width}}" + "".join(f"{s:>{col}}" for s in shapes)
@@ -418,34 +471,43 @@ def format_table(rows: List[Dict[str, Any]], shapes: List[str], systems: List[st
     return "\n".join(lines)
 
 
-def result_rows(shape_results: Dict[str, Dict[str, List[float]]],
-                shape_info: Dict[str, Dict[str, int]]) -> List[Dict[str, Any]]:
+def result_rows(
+    shape_results: dict[str, dict[str, list[float]]], shape_info: dict[str, dict[str, int]]
+) -> list[dict[str, Any]]:
     """Flatten per-shape samples into records with medians and ratios to the floor."""
     rows = []
     for shape, samples in shape_results.items():
         floor = median(samples["floor"]) if "floor" in samples else None
         for system, values in samples.items():
             us = median(values)
-            rows.append({
-                "shape": shape,
-                **shape_info[shape],
-                "system": system,
-                "us_per_call": us,
-                "ratio_to_floor": us / floor if floor else None,
-                "samples_us": values,
-            })
+            rows.append(
+                {
+                    "shape": shape,
+                    **shape_info[shape],
+                    "system": system,
+                    "us_per_call": us,
+                    "ratio_to_floor": us / floor if floor else None,
+                    "samples_us": values,
+                }
+            )
     return rows
 
 
-def write_json(path: pathlib.Path, report: Dict[str, Any]) -> None:
+def write_json(path: pathlib.Path, report: dict[str, Any]) -> None:
     """Write ``report`` as indented JSON."""
     with open(path, "w") as f:
         json.dump(report, f, indent=2, sort_keys=False)
         f.write("\n")
 
 
-def write_plot(path: pathlib.Path, rows: List[Dict[str, Any]], systems: List[str],
-               labels: Dict[str, str], title: str, unit: str = "us") -> bool:
+def write_plot(
+    path: pathlib.Path,
+    rows: list[dict[str, Any]],
+    systems: list[str],
+    labels: dict[str, str],
+    title: str,
+    unit: str = "us",
+) -> bool:
     """Plot time per call against the shapes in argument-count order, one line per system;
     False without matplotlib (it is not a dependency of fastkernel)."""
     try:
@@ -455,18 +517,24 @@ def write_plot(path: pathlib.Path, rows: List[Dict[str, Any]], systems: List[str
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     scale = 1e3 if unit == "ns" else 1.0
     # Shapes evenly spaced in argument-count order: 18 and 19 arguments would otherwise collide.
     shapes = sorted({(r["num_args"], r["shape"]) for r in rows})
     position = {shape: i for i, (_, shape) in enumerate(shapes)}
     fig, ax = plt.subplots(figsize=(8, 5))
     for system in systems:
-        points = sorted((position[r["shape"]], r["us_per_call"] * scale)
-                        for r in rows if r["system"] == system)
+        points = sorted(
+            (position[r["shape"]], r["us_per_call"] * scale) for r in rows if r["system"] == system
+        )
         if not points:
             continue
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                label=labels.get(system, system))
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker="o",
+            label=labels.get(system, system),
+        )
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels([f"{s}\n{a} args" for a, s in shapes], fontsize=8)
     ax.set_xlabel("call shape (arguments per call)")
@@ -481,7 +549,7 @@ def write_plot(path: pathlib.Path, rows: List[Dict[str, Any]], systems: List[str
     return True
 
 
-def check_targets(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def check_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The dispatch targets, each with the measured value and whether met.
 
     Ratios: fastkernel tuple grid <= 1.20 x floor at 0-2 tensors and <= 1.35 x at 16 tensors and
@@ -491,39 +559,69 @@ def check_targets(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
     targets = []
 
-    def add(text: str, value: Optional[float], limit: float, at_most: bool) -> None:
+    def add(text: str, value: float | None, limit: float, at_most: bool) -> None:
         if value is None:
             return
         met = value <= limit if at_most else value >= limit
         targets.append({"target": text, "measured": value, "met": met})
 
-    def ratio(shape: str, a: str, b: str) -> Optional[float]:
+    def ratio(shape: str, a: str, b: str) -> float | None:
         if (shape, a) in us and (shape, b) in us:
             return us[(shape, a)] / us[(shape, b)]
         return None
 
     for shape, limit in (("nop-0", 1.20), ("add-2", 1.20), ("add-16", 1.35), ("overhead-19", 1.35)):
-        add(f"fastkernel / floor at {shape} <= {limit:.2f}", ratio(shape, "fastkernel", "floor"),
-            limit, True)
-    add("Triton kernel[grid] / fastkernel at add-2 >= 4", ratio("add-2", "triton", "fastkernel"),
-        4.0, False)
+        add(
+            f"fastkernel / floor at {shape} <= {limit:.2f}",
+            ratio(shape, "fastkernel", "floor"),
+            limit,
+            True,
+        )
+    add(
+        "Triton kernel[grid] / fastkernel at add-2 >= 4",
+        ratio("add-2", "triton", "fastkernel"),
+        4.0,
+        False,
+    )
     for shape in dict.fromkeys(shape for shape, _ in us):
-        add(f"fastkernel / CompiledKernel.run at {shape} < 1",
-            ratio(shape, "fastkernel", "triton_run"), 1.0, True)
+        add(
+            f"fastkernel / CompiledKernel.run at {shape} < 1",
+            ratio(shape, "fastkernel", "triton_run"),
+            1.0,
+            True,
+        )
         if (shape, "fastkernel_cpp") in us and (shape, "floor") in us:
-            add(f"C++ Bundle::launch - floor at {shape} <= 0.15 us",
-                us[(shape, "fastkernel_cpp")] - us[(shape, "floor")], 0.15, True)
+            add(
+                f"C++ Bundle::launch - floor at {shape} <= 0.15 us",
+                us[(shape, "fastkernel_cpp")] - us[(shape, "floor")],
+                0.15,
+                True,
+            )
         if (shape, "fastkernel_autotuned") in us and (shape, "fastkernel") in us:
-            add(f"autotuned hit / plain hit at {shape} <= 1.10",
-                ratio(shape, "fastkernel_autotuned", "fastkernel"), 1.10, True)
+            add(
+                f"autotuned hit / plain hit at {shape} <= 1.10",
+                ratio(shape, "fastkernel_autotuned", "fastkernel"),
+                1.10,
+                True,
+            )
         if (shape, "fastkernel_callable") in us and (shape, "fastkernel") in us:
-            add(f"callable grid - tuple grid at {shape} <= 0.30 us",
-                us[(shape, "fastkernel_callable")] - us[(shape, "fastkernel")], 0.30, True)
+            add(
+                f"callable grid - tuple grid at {shape} <= 0.30 us",
+                us[(shape, "fastkernel_callable")] - us[(shape, "fastkernel")],
+                0.30,
+                True,
+            )
     return targets
 
 
-def finish_report(report: Dict[str, Any], out_dir: pathlib.Path, stem: str,
-                  systems: List[str], labels: Dict[str, str], unit: str) -> pathlib.Path:
+def finish_report(
+    report: dict[str, Any],
+    out_dir: pathlib.Path,
+    stem: str,
+    systems: list[str],
+    labels: dict[str, str],
+    unit: str,
+) -> pathlib.Path:
     """Print the table, write the JSON and the plot; returns the JSON path."""
     rows = report["results"]
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
@@ -534,9 +632,11 @@ def finish_report(report: Dict[str, Any], out_dir: pathlib.Path, stem: str,
     write_json(json_path, report)
     print(f"\nresults: {json_path}")
     env = report["environment"]
-    title = (f"dispatch cost per call: {env['device']}\n"
-             f"torch {env['torch']}, Triton {env['triton']}, fastkernel {env['fastkernel']}, "
-             f"{env['date'][:10]}")
+    title = (
+        f"dispatch cost per call: {env['device']}\n"
+        f"torch {env['torch']}, Triton {env['triton']}, fastkernel {env['fastkernel']}, "
+        f"{env['date'][:10]}"
+    )
     png = out_dir / f"{stem}.png"
     if write_plot(png, rows, present, labels, title, unit):
         print(f"plot:    {png}")
@@ -549,10 +649,13 @@ def finish_report(report: Dict[str, Any], out_dir: pathlib.Path, stem: str,
 def _inductor_static_launcher():
     """torch Inductor's static CUDA launcher class, or (None, why it is absent)."""
     import importlib
+
     errors = []
     # The module was renamed from static_cuda_launcher when it grew an XPU variant.
-    for module in ("torch._inductor.runtime.static_triton_launcher",
-                   "torch._inductor.runtime.static_cuda_launcher"):
+    for module in (
+        "torch._inductor.runtime.static_triton_launcher",
+        "torch._inductor.runtime.static_cuda_launcher",
+    ):
         try:
             return importlib.import_module(module).StaticallyLaunchedCudaKernel, None
         except (ImportError, AttributeError) as exc:
@@ -560,8 +663,9 @@ def _inductor_static_launcher():
     return None, "; ".join(errors)
 
 
-def inductor_static_timed(compiled, args: tuple, grid: Tuple[int, ...], device: int,
-                          stream: int, scratch_dir: str) -> Tuple[Optional[Timed], Optional[str]]:
+def inductor_static_timed(
+    compiled, args: tuple, grid: tuple[int, ...], device: int, stream: int, scratch_dir: str
+) -> tuple[Timed | None, str | None]:
     """Inductor's static launcher for one compiled kernel, or (None, why it cannot be used).
 
     Follows ``CachingAutotuner``'s use in torch/_inductor/runtime/triton_heuristics.py: the
@@ -597,6 +701,7 @@ def inductor_static_timed(compiled, args: tuple, grid: Tuple[int, ...], device: 
 def graph_timed(launch: Callable[[], Any], launches: int) -> Timed:
     """A CUDA graph of ``launches`` calls of ``launch``; one iteration is one replay."""
     import torch
+
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(launches):
@@ -613,13 +718,13 @@ def graph_timed(launch: Callable[[], Any], launches: int) -> Timed:
 # ---- shared helpers ---------------------------------------------------------------------------
 
 
-def mode_counts(opts: argparse.Namespace, defaults: Tuple[int, int]) -> Tuple[int, int]:
+def mode_counts(opts: argparse.Namespace, defaults: tuple[int, int]) -> tuple[int, int]:
     iterations = opts.iterations if opts.iterations is not None else defaults[0]
     repeats = opts.repeats if opts.repeats is not None else defaults[1]
     return iterations, repeats
 
 
-def method_record(iterations: int, repeats: int) -> Dict[str, Any]:
+def method_record(iterations: int, repeats: int) -> dict[str, Any]:
     return {
         "statistic": "median over repeats of wall time per call",
         "calls_per_repeat": iterations,
@@ -629,7 +734,7 @@ def method_record(iterations: int, repeats: int) -> Dict[str, Any]:
     }
 
 
-def fast_path_record(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
+def fast_path_record(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """fastkernel's counters over a timed section: hits, misses and fallbacks it made."""
     return {
         "hits": after["hits"] - before["hits"],
@@ -639,20 +744,23 @@ def fast_path_record(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str,
     }
 
 
-def all_hits(fast_path: Dict[str, Dict[str, Any]]) -> bool:
-    return all(r["hits"] > 0 and r["misses"] == 0 and r["fallbacks"] == 0
-               for r in fast_path.values())
+def all_hits(fast_path: dict[str, dict[str, Any]]) -> bool:
+    return all(
+        r["hits"] > 0 and r["misses"] == 0 and r["fallbacks"] == 0 for r in fast_path.values()
+    )
 
 
-def print_fast_path(fast_path: Dict[str, Dict[str, Any]]) -> None:
+def print_fast_path(fast_path: dict[str, dict[str, Any]]) -> None:
     for shape, r in fast_path.items():
         if r["hits"] == 0 or r["misses"] or r["fallbacks"]:
-            print(f"WARNING: {shape}: the native path did not serve every timed fastkernel call "
-                  f"(hits {r['hits']}, misses {r['misses']}, fallbacks {r['fallbacks']}, "
-                  f"reasons {r['fallback_reasons']})")
+            print(
+                f"WARNING: {shape}: the native path did not serve every timed fastkernel call "
+                f"(hits {r['hits']}, misses {r['misses']}, fallbacks {r['fallbacks']}, "
+                f"reasons {r['fallback_reasons']})"
+            )
 
 
-def print_cold(cold: Dict[str, Dict[str, float]], unit: str) -> None:
+def print_cold(cold: dict[str, dict[str, float]], unit: str) -> None:
     if not cold:
         return
     names = list(dict.fromkeys(k for costs in cold.values() for k in costs))
@@ -660,15 +768,23 @@ def print_cold(cold: Dict[str, Dict[str, float]], unit: str) -> None:
     width = max(len(n) for n in names)
     print(f"  {'':<{width}}" + "".join(f"{s:>13}" for s in cold))
     for name in names:
-        print(f"  {name:<{width}}" + "".join(
-            f"{cold[s].get(name, float('nan')):>13.0f}" for s in cold))
+        print(
+            f"  {name:<{width}}"
+            + "".join(f"{cold[s].get(name, float('nan')):>13.0f}" for s in cold)
+        )
 
 
-def print_floor_vs_graph(rows: List[Dict[str, Any]]) -> None:
+def print_floor_vs_graph(rows: list[dict[str, Any]]) -> None:
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
-    close = [shape for (shape, system), value in us.items()
-             if system == "floor" and (shape, "cuda_graph") in us
-             and value <= 1.1 * us[(shape, "cuda_graph")]]
+    close = [
+        shape
+        for (shape, system), value in us.items()
+        if system == "floor"
+        and (shape, "cuda_graph") in us
+        and value <= 1.1 * us[(shape, "cuda_graph")]
+    ]
     if close:
-        print(f"note: the floor is within 10% of CUDA graph replay at {', '.join(close)}: there "
-              f"the GPU's run time, not the launch, may bound the floor, which compresses ratios")
+        print(
+            f"note: the floor is within 10% of CUDA graph replay at {', '.join(close)}: there "
+            f"the GPU's run time, not the launch, may bound the floor, which compresses ratios"
+        )

@@ -18,32 +18,38 @@ from __future__ import annotations
 import argparse
 import pathlib
 import tempfile
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from . import common
 
 
-def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
+def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
     """Time every system on every shape on the current CUDA device; write the report."""
     import torch
 
-    from .kernels import SHAPES, autotuned_call
     from fastkernel.kernel import FastKernel
 
-    iterations, repeats = common.mode_counts(opts, common.GPU_QUICK if opts.quick else common.GPU_DEFAULTS)
+    from .kernels import SHAPES, autotuned_call
+
+    iterations, repeats = common.mode_counts(
+        opts, common.GPU_QUICK if opts.quick else common.GPU_DEFAULTS
+    )
     cold_repeats = common.COLD_REPEATS_QUICK if opts.quick else common.COLD_REPEATS
     device = torch.cuda.current_device()
     stream = torch.cuda.current_stream(device).cuda_stream
     sync = torch.cuda.synchronize
     env = common.environment("gpu", device)
-    print(f"fastkernel dispatch benchmark on {env['device']} (driver {env['driver_version']}, "
-          f"CUDA {env['cuda_version']}); {iterations} calls x {repeats} repeats per system")
+    print(
+        f"fastkernel dispatch benchmark on {env['device']} (driver {env['driver_version']}, "
+        f"CUDA {env['cuda_version']}); {iterations} calls x {repeats} repeats per system"
+    )
 
-    shape_results: Dict[str, Dict[str, List[float]]] = {}
-    shape_info: Dict[str, Dict[str, int]] = {}
-    cold: Dict[str, Dict[str, float]] = {}
-    absent: Dict[str, str] = {}
-    fast_path: Dict[str, Dict[str, Any]] = {}
+    shape_results: dict[str, dict[str, list[float]]] = {}
+    shape_info: dict[str, dict[str, int]] = {}
+    cold: dict[str, dict[str, float]] = {}
+    absent: dict[str, str] = {}
+    fast_path: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="fastkernel-bench-") as scratch_dir:
         for shape in SHAPES:
             print(f"  {shape.name}: compiling and warming up", flush=True)
@@ -58,7 +64,7 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             def callable_grid(meta, _grid=grid):
                 return _grid
 
-            systems: Dict[str, common.Timed] = {
+            systems: dict[str, common.Timed] = {
                 "floor": common.floor_timed(compiled, args, grid, device, stream),
                 **common.triton_systems(jit, compiled, grid, args, stream),
                 "fastkernel": common.Timed(common.call_loop(fk, grid, args)),
@@ -67,16 +73,23 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
             }
             tuned = autotuned_call(shape, "cuda")
             if tuned is not None:
-                systems["fastkernel_autotuned"] = common.Timed(common.call_loop(tuned[0], grid, tuned[1]))
-            systems["fastkernel_cpp"] = common.bundle_timed(fk, args, grid, device, stream,
-                                                     pathlib.Path(scratch_dir) / shape.name)
-            static, why = common.inductor_static_timed(compiled, args, grid, device, stream, scratch_dir)
+                systems["fastkernel_autotuned"] = common.Timed(
+                    common.call_loop(tuned[0], grid, tuned[1])
+                )
+            systems["fastkernel_cpp"] = common.bundle_timed(
+                fk, args, grid, device, stream, pathlib.Path(scratch_dir) / shape.name
+            )
+            static, why = common.inductor_static_timed(
+                compiled, args, grid, device, stream, scratch_dir
+            )
             if static is not None:
                 systems["inductor_static"] = static
             else:
                 absent["inductor_static"] = why
             try:
-                systems["cuda_graph"] = common.graph_timed(lambda: jit[grid](*args), common.GRAPH_LAUNCHES)
+                systems["cuda_graph"] = common.graph_timed(
+                    lambda jit=jit, grid=grid, args=args: jit[grid](*args), common.GRAPH_LAUNCHES
+                )
             except Exception as exc:  # reported, and the other systems still run
                 absent["cuda_graph"] = f"capture failed: {type(exc).__name__}: {exc}"
 
@@ -90,6 +103,7 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     for system, why in absent.items():
         print(f"{common.SYSTEM_LABELS[system]}: absent ({why})")
     from . import warm as warm_start
+
     warm = warm_start.measure(host=False, repeats=1 if opts.quick else 3)
     rows = common.result_rows(shape_results, shape_info)
     report = {
@@ -104,12 +118,22 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
         "targets": common.check_targets(rows),
     }
     if warm["warm_speedup"] is not None:
-        report["targets"].append({"target": "Triton warm first call / fastkernel warm first call >= 10",
-                                  "measured": warm["warm_speedup"],
-                                  "met": warm["warm_speedup"] >= 10.0})
+        report["targets"].append(
+            {
+                "target": "Triton warm first call / fastkernel warm first call >= 10",
+                "measured": warm["warm_speedup"],
+                "met": warm["warm_speedup"] >= 10.0,
+            }
+        )
     stem = f"dispatch-{common.slug(env['device'])}-{env['date'][:10]}"
-    common.finish_report(report, common.results_dir(opts.out, repo), stem, list(common.SYSTEM_LABELS), common.SYSTEM_LABELS,
-                  "us")
+    common.finish_report(
+        report,
+        common.results_dir(opts.out, repo),
+        stem,
+        list(common.SYSTEM_LABELS),
+        common.SYSTEM_LABELS,
+        "us",
+    )
     common.print_cold(cold, "us")
     warm_start.print_report(warm)
     common.print_fast_path(fast_path)
@@ -120,13 +144,15 @@ def run_gpu(opts: argparse.Namespace, repo: Optional[pathlib.Path]) -> int:
     return 0 if common.all_hits(fast_path) else 1
 
 
-def _gpu_cold_costs(fk, jit, shape, args: tuple, repeats: int,
-                    sync: Callable[[], None]) -> Dict[str, float]:
+def _gpu_cold_costs(
+    fk, jit, shape, args: tuple, repeats: int, sync: Callable[[], None]
+) -> dict[str, float]:
     """Median microseconds of a miss served from Triton's on-disk cache and of a first call."""
     import triton
 
     from fastkernel import _C
     from fastkernel.kernel import FastKernel
+
     grid = shape.grid
 
     def fastkernel_miss():
@@ -143,13 +169,20 @@ def _gpu_cold_costs(fk, jit, shape, args: tuple, repeats: int,
 
     costs = {
         "fastkernel_miss_from_disk_cache": common.median(
-            common.time_single_calls(fastkernel_miss, repeats, sync)),
-        "fastkernel_first_call": common.median(common.time_single_calls(fastkernel_first, repeats, sync)),
+            common.time_single_calls(fastkernel_miss, repeats, sync)
+        ),
+        "fastkernel_first_call": common.median(
+            common.time_single_calls(fastkernel_first, repeats, sync)
+        ),
         "triton_first_call": common.median(common.time_single_calls(triton_first, repeats, sync)),
     }
     if hasattr(jit, "device_caches"):
+
         def triton_miss():
             jit.device_caches.clear()  # Triton's in-process caches; the binary stays on disk
             return lambda: jit[grid](*args)
-        costs["triton_miss_from_disk_cache"] = common.median(common.time_single_calls(triton_miss, repeats, sync))
+
+        costs["triton_miss_from_disk_cache"] = common.median(
+            common.time_single_calls(triton_miss, repeats, sync)
+        )
     return costs

@@ -22,14 +22,15 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 from . import common
 
 #: The stream the host-side run launches on (any value: the stand-in records it).
 HOST_STREAM = 0x1234
 
-HOST_LABELS: Dict[str, str] = {
+HOST_LABELS: dict[str, str] = {
     "floor": "floor: C++ cuLaunchKernel loop (stand-in)",
     "triton_run": "Triton CompiledKernel.run (stand-in)",
     "triton": "Triton kernel[grid] (stand-in)",
@@ -45,6 +46,7 @@ HOST_LABELS: Dict[str, str] = {
     "enter_hook": "fastkernel, a no-op launch_enter_hook set",
     "enter_exit_hooks": "fastkernel, no-op launch_enter_hook and launch_exit_hook set",
 }
+
 
 class StandInUnavailable(RuntimeError):
     """The host-side benchmark cannot use the recording stand-in driver."""
@@ -75,24 +77,27 @@ def use_stand_in_driver(repo: pathlib.Path):
         library.
     """
     from fastkernel import _C
+
     tests_dir = str(repo / "tests")
     if tests_dir not in sys.path:
         sys.path.insert(0, tests_dir)
     try:
         from stand_in_driver.recording import RecordingDriver, build_recording_driver
+
         path = build_recording_driver()
     except (ImportError, OSError, RuntimeError) as exc:
         raise StandInUnavailable(f"cannot build the stand-in driver in {repo}: {exc}") from exc
     if _C.driver_loaded() and _C.driver_library_path() != str(path):
         raise StandInUnavailable(
             f"this process already opened the driver {_C.driver_library_path()!r}; the "
-            f"host-side benchmark must run before any launch")
+            f"host-side benchmark must run before any launch"
+        )
     os.environ["FASTKERNEL_CUDA_DRIVER"] = str(path)
     _C._testing.set_host_testing(True, 0, HOST_STREAM)
     return RecordingDriver(path)
 
 
-def floor_params_match(drv, fk, shape, args: tuple, floor: "common.Timed") -> bool:
+def floor_params_match(drv, fk, shape, args: tuple, floor: common.Timed) -> bool:
     """Whether one fastkernel hit and one floor launch hand the driver the same bytes."""
     drv.reset()
     fk[shape.grid](*args)
@@ -102,7 +107,13 @@ def floor_params_match(drv, fk, shape, args: tuple, floor: "common.Timed") -> bo
         return False
     hit, ref = launches
     return (hit.name, hit.grid, hit.block, hit.shared_mem, hit.stream, hit.raw) == (
-        ref.name, ref.grid, ref.block, ref.shared_mem, ref.stream, ref.raw)
+        ref.name,
+        ref.grid,
+        ref.block,
+        ref.shared_mem,
+        ref.stream,
+        ref.raw,
+    )
 
 
 # ---- wall clock -------------------------------------------------------------------------------
@@ -119,8 +130,9 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     import triton
 
     from fastkernel import _C
-    from .kernels import SHAPES, autotuned_call
     from fastkernel.kernel import FastKernel
+
+    from .kernels import SHAPES, autotuned_call
 
     try:
         drv = use_stand_in_driver(repo)
@@ -128,12 +140,16 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     iterations, repeats = common.mode_counts(
-        opts, common.HOST_QUICK if opts.quick else common.HOST_DEFAULTS)
+        opts, common.HOST_QUICK if opts.quick else common.HOST_DEFAULTS
+    )
     cold_repeats = common.COLD_REPEATS_QUICK if opts.quick else common.COLD_REPEATS
     env = common.environment("host", None)
-    print(f"host-side cost per hit on {env['cpu']} ({env['cpu_count']} CPUs), stand-in driver "
-          f"{env['driver_library']}; {iterations} calls x {repeats} repeats per system")
+    print(
+        f"host-side cost per hit on {env['cpu']} ({env['cpu_count']} CPUs), stand-in driver "
+        f"{env['driver_library']}; {iterations} calls x {repeats} repeats per system"
+    )
     from triton_reference import TritonReference
+
     absent = {"inductor_static": "needs a GPU", "cuda_graph": "needs a GPU"}
     try:
         reference = TritonReference(drv, HOST_STREAM)
@@ -146,11 +162,11 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     def no_sync() -> None:
         pass
 
-    shape_results: Dict[str, Dict[str, List[float]]] = {}
-    shape_info: Dict[str, Dict[str, int]] = {}
-    cold: Dict[str, Dict[str, float]] = {}
-    fast_path: Dict[str, Dict[str, Any]] = {}
-    params_match: Dict[str, bool] = {}
+    shape_results: dict[str, dict[str, list[float]]] = {}
+    shape_info: dict[str, dict[str, int]] = {}
+    cold: dict[str, dict[str, float]] = {}
+    fast_path: dict[str, dict[str, Any]] = {}
+    params_match: dict[str, bool] = {}
     bundles = tempfile.mkdtemp(prefix="fastkernel-bench-bundles-")
     try:
         for shape in SHAPES:
@@ -170,38 +186,51 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             systems = {"floor": floor}
             if reference is not None:
                 triton_compiled = shape.kernel[grid](*args)  # Triton's own path: compile, launch
-                systems.update(common.triton_systems(shape.kernel, triton_compiled, grid, args,
-                                                    HOST_STREAM))
-            systems.update({
-                "fastkernel": common.Timed(common.call_loop(fk, grid, args)),
-                "fastkernel_callable": common.Timed(common.call_loop(fk, callable_grid, args)),
-                **common.tutorial_grid_systems(fk, shape, args),
-            })
+                systems.update(
+                    common.triton_systems(shape.kernel, triton_compiled, grid, args, HOST_STREAM)
+                )
+            systems.update(
+                {
+                    "fastkernel": common.Timed(common.call_loop(fk, grid, args)),
+                    "fastkernel_callable": common.Timed(common.call_loop(fk, callable_grid, args)),
+                    **common.tutorial_grid_systems(fk, shape, args),
+                }
+            )
             # No GPU to time configs on: the first config is taken (the hit path is the same).
             tuned = autotuned_call(shape, "cpu", do_bench=_first_config_wins)
             if tuned is not None:
                 systems["fastkernel_autotuned"] = common.Timed(
-                    common.call_loop(tuned[0], grid, tuned[1]))
+                    common.call_loop(tuned[0], grid, tuned[1])
+                )
             systems["fastkernel_cpp"] = common.bundle_timed(
-                fk, args, grid, 0, HOST_STREAM, pathlib.Path(bundles) / shape.name)
+                fk, args, grid, 0, HOST_STREAM, pathlib.Path(bundles) / shape.name
+            )
             triton_tuned = triton_autotuned_call(shape) if reference is not None else None
             if triton_tuned is not None:
                 systems["triton_autotuned"] = common.Timed(
-                    common.call_loop(triton_tuned[0], grid, triton_tuned[1]))
+                    common.call_loop(triton_tuned[0], grid, triton_tuned[1])
+                )
             before = fk.stats()
-            shape_results[shape.name] = common.time_systems(systems, iterations, repeats, no_sync,
-                                                           before_repeat=drv.reset)
+            shape_results[shape.name] = common.time_systems(
+                systems, iterations, repeats, no_sync, before_repeat=drv.reset
+            )
             fast_path[shape.name] = common.fast_path_record(before, fk.stats())
             if shape.name == "add-2":
                 shape_results[shape.name + HOOKS_GROUP] = time_hooks(
-                    fk, shape, args, iterations, repeats, no_sync, drv.reset)
-                shape_info[shape.name + HOOKS_GROUP] = {"num_args": shape.num_args,
-                                                        "num_tensors": shape.num_tensors}
+                    fk, shape, args, iterations, repeats, no_sync, drv.reset
+                )
+                shape_info[shape.name + HOOKS_GROUP] = {
+                    "num_args": shape.num_args,
+                    "num_tensors": shape.num_tensors,
+                }
             if reference is not None:
                 shape_results[shape.name + PATCHED_GROUP] = time_patched(
-                    shape, fk, triton_tuned, iterations, repeats, no_sync, drv.reset)
-                shape_info[shape.name + PATCHED_GROUP] = {"num_args": shape.num_args,
-                                                          "num_tensors": shape.num_tensors}
+                    shape, fk, triton_tuned, iterations, repeats, no_sync, drv.reset
+                )
+                shape_info[shape.name + PATCHED_GROUP] = {
+                    "num_args": shape.num_args,
+                    "num_tensors": shape.num_tensors,
+                }
             shape_info[shape.name] = {"num_args": shape.num_args, "num_tensors": shape.num_tensors}
 
             def miss(fk=fk, grid=grid, args=args):
@@ -216,9 +245,11 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 # The first compile of the process also imports Triton's compiler stack.
                 "fastkernel_first_call_this_process": first_us,
                 "fastkernel_miss_from_disk_cache": common.median(
-                    common.time_single_calls(miss, cold_repeats, no_sync)),
+                    common.time_single_calls(miss, cold_repeats, no_sync)
+                ),
                 "fastkernel_first_call": common.median(
-                    common.time_single_calls(first, cold_repeats, no_sync)),
+                    common.time_single_calls(first, cold_repeats, no_sync)
+                ),
             }
             drv.reset()
         library = {}
@@ -232,13 +263,21 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         shutil.rmtree(bundles, ignore_errors=True)
 
     from . import warm as warm_start
-    warm = warm_start.measure(host=True, repeats=1 if opts.quick else 3, stream=HOST_STREAM,
-                               driver_library=os.environ.get("FASTKERNEL_CUDA_DRIVER"))
+
+    warm = warm_start.measure(
+        host=True,
+        repeats=1 if opts.quick else 3,
+        stream=HOST_STREAM,
+        driver_library=os.environ.get("FASTKERNEL_CUDA_DRIVER"),
+    )
     rows = common.result_rows(shape_results, shape_info)
     report = {
         "environment": env,
-        "method": {**common.method_record(iterations, repeats), "sync_before_clock": False,
-                   "driver": "recording stand-in (tests/stand_in_driver)"},
+        "method": {
+            **common.method_record(iterations, repeats),
+            "sync_before_clock": False,
+            "driver": "recording stand-in (tests/stand_in_driver)",
+        },
         "systems": HOST_LABELS,
         "absent": absent,
         "results": rows,
@@ -250,61 +289,102 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         "host_helpers_ns": helpers,
     }
     stem = f"host-{common.slug(env['cpu'])}-{env['date'][:10]}"
-    common.finish_report(report, common.results_dir(opts.out, repo), stem, list(HOST_LABELS),
-                        HOST_LABELS, "ns")
+    common.finish_report(
+        report, common.results_dir(opts.out, repo), stem, list(HOST_LABELS), HOST_LABELS, "ns"
+    )
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
     plain = [s for s in shape_results if not s.endswith((PATCHED_GROUP, HOOKS_GROUP))]
     print("\nfastkernel's own cost per hit (tuple grid minus the floor), ns:")
-    print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel')] - us[(s, 'floor')]):.0f}"
-                           for s in plain))
+    print(
+        "  "
+        + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel')] - us[(s, 'floor')]):.0f}" for s in plain)
+    )
     if reference is not None:
         print("Triton kernel[grid] / fastkernel (host-side cost against the same stand-in):")
-        print("  " + "  ".join(f"{s}: {us[(s, 'triton')] / us[(s, 'fastkernel')]:.1f}x"
-                               for s in plain))
+        print(
+            "  "
+            + "  ".join(f"{s}: {us[(s, 'triton')] / us[(s, 'fastkernel')]:.1f}x" for s in plain)
+        )
     print("C++ Bundle::launch minus the floor, ns:")
-    print("  " + "  ".join(f"{s}: {1e3 * (us[(s, 'fastkernel_cpp')] - us[(s, 'floor')]):.0f}"
-                           for s in plain))
+    print(
+        "  "
+        + "  ".join(
+            f"{s}: {1e3 * (us[(s, 'fastkernel_cpp')] - us[(s, 'floor')]):.0f}" for s in plain
+        )
+    )
     print("autotuned hit minus plain hit, ns:")
-    print("  " + "  ".join(
-        f"{s}: {1e3 * (us[(s, 'fastkernel_autotuned')] - us[(s, 'fastkernel')]):.0f}"
-        for s in plain if (s, "fastkernel_autotuned") in us))
+    print(
+        "  "
+        + "  ".join(
+            f"{s}: {1e3 * (us[(s, 'fastkernel_autotuned')] - us[(s, 'fastkernel')]):.0f}"
+            for s in plain
+            if (s, "fastkernel_autotuned") in us
+        )
+    )
     patched_rows = [s for s in shape_results if s.endswith(PATCHED_GROUP)]
     if patched_rows:
-        print("patched Triton kernel / @fastkernel kernel, and patched triton.autotune tuned hit "
-              "/ patched plain hit (timed in one interleaved group, patch on):")
-        print("  " + "  ".join(
-            f"{s[:-len(PATCHED_GROUP)]}: {us[(s, 'patched')] / us[(s, 'fastkernel')]:.3f}"
-            + (f", {us[(s, 'patched_autotuned')] / us[(s, 'patched')]:.3f}"
-               if (s, "patched_autotuned") in us else "")
-            for s in patched_rows))
+        print(
+            "patched Triton kernel / @fastkernel kernel, and patched triton.autotune tuned hit "
+            "/ patched plain hit (timed in one interleaved group, patch on):"
+        )
+        print(
+            "  "
+            + "  ".join(
+                f"{s[: -len(PATCHED_GROUP)]}: {us[(s, 'patched')] / us[(s, 'fastkernel')]:.3f}"
+                + (
+                    f", {us[(s, 'patched_autotuned')] / us[(s, 'patched')]:.3f}"
+                    if (s, "patched_autotuned") in us
+                    else ""
+                )
+                for s in patched_rows
+            )
+        )
         print("Triton's own triton.autotune tuned call / the same call patched:")
-        print("  " + "  ".join(
-            f"{s}: {us[(s, 'triton_autotuned')] / us[(s + PATCHED_GROUP, 'patched_autotuned')]:.1f}x"
-            for s in shape_results if (s, "triton_autotuned") in us
-            and (s + PATCHED_GROUP, "patched_autotuned") in us))
+        print(
+            "  "
+            + "  ".join(
+                f"{s}: {us[(s, 'triton_autotuned')] / us[(s + PATCHED_GROUP, 'patched_autotuned')]:.1f}x"
+                for s in shape_results
+                if (s, "triton_autotuned") in us and (s + PATCHED_GROUP, "patched_autotuned") in us
+            )
+        )
     for name, row in library.items():
-        print(f"{name}, through its own Python function: unpatched {row['unpatched']:.2f} us, "
-              f"patched {row['patched']:.2f} us per call ({row['ratio']:.2f}x); patched without "
-              f"the host helpers {row['patched_without_helpers']:.2f} us")
-    print("host calls, ns (median; Triton's ConstexprFunction.__call__ / fastkernel's host "
-          "helpers):")
+        print(
+            f"{name}, through its own Python function: unpatched {row['unpatched']:.2f} us, "
+            f"patched {row['patched']:.2f} us per call ({row['ratio']:.2f}x); patched without "
+            f"the host helpers {row['patched_without_helpers']:.2f} us"
+        )
+    print(
+        "host calls, ns (median; Triton's ConstexprFunction.__call__ / fastkernel's host helpers):"
+    )
     for name, row in helpers.items():
         print(f"  {name}: " + " / ".join(f"{v:.0f}" for v in row.values()))
     for group in (s for s in shape_results if s.endswith(HOOKS_GROUP)):
-        print(f"launch hooks at {group[:-len(HOOKS_GROUP)]}, ns more than no hook: enter "
-              f"{1e3 * (us[(group, 'enter_hook')] - us[(group, 'fastkernel')]):.0f}, enter and "
-              f"exit {1e3 * (us[(group, 'enter_exit_hooks')] - us[(group, 'fastkernel')]):.0f}")
+        print(
+            f"launch hooks at {group[: -len(HOOKS_GROUP)]}, ns more than no hook: enter "
+            f"{1e3 * (us[(group, 'enter_hook')] - us[(group, 'fastkernel')]):.0f}, enter and "
+            f"exit {1e3 * (us[(group, 'enter_exit_hooks')] - us[(group, 'fastkernel')]):.0f}"
+        )
     tutorial = [s for s in plain if (s, "fastkernel_tutorial_helpers") in us]
     if tutorial:
         print("tutorial grid minus tuple grid, ns (Triton's cdiv / host helpers):")
-        print("  " + "  ".join(
-            f"{s}: {1e3 * (us[(s, 'fastkernel_tutorial')] - us[(s, 'fastkernel')]):.0f} / "
-            f"{1e3 * (us[(s, 'fastkernel_tutorial_helpers')] - us[(s, 'fastkernel')]):.0f}"
-            for s in tutorial))
+        print(
+            "  "
+            + "  ".join(
+                f"{s}: {1e3 * (us[(s, 'fastkernel_tutorial')] - us[(s, 'fastkernel')]):.0f} / "
+                f"{1e3 * (us[(s, 'fastkernel_tutorial_helpers')] - us[(s, 'fastkernel')]):.0f}"
+                for s in tutorial
+            )
+        )
     print("callable grid minus tuple grid, ns:")
-    print("  " + "  ".join(
-        f"{s}: {1e3 * (us[(s, 'fastkernel_callable')] - us[(s, 'fastkernel')]):.0f}"
-        for s in shape_results if (s, "fastkernel_callable") in us))
+    print(
+        "  "
+        + "  ".join(
+            f"{s}: {1e3 * (us[(s, 'fastkernel_callable')] - us[(s, 'fastkernel')]):.0f}"
+            for s in shape_results
+            if (s, "fastkernel_callable") in us
+        )
+    )
     common.print_cold(cold, "us")
     warm_start.print_report(warm)
     common.print_fast_path(fast_path)
@@ -322,8 +402,9 @@ PATCHED_GROUP = " (patched)"
 HOOKS_GROUP = " (hooks)"
 
 
-def time_hooks(fk, shape, args, iterations: int, repeats: int, sync, reset
-               ) -> Dict[str, List[float]]:
+def time_hooks(
+    fk, shape, args, iterations: int, repeats: int, sync, reset
+) -> dict[str, list[float]]:
     """A tuple-grid hit with no launch hook, with a no-op ``knobs.runtime.launch_enter_hook``,
     and with no-op enter and exit hooks (each set before its own loop, outside the timing, and
     removed at the end): what a hook costs per launch beyond the hook's own body (Triton's
@@ -339,64 +420,75 @@ def time_hooks(fk, shape, args, iterations: int, repeats: int, sync, reset
         def switch() -> None:
             (enter.add if on_enter else enter.remove)(noop)
             (exit_.add if on_exit else exit_.remove)(noop)
+
         return switch
 
     loop = common.call_loop(fk, shape.grid, args)
-    systems = {"fastkernel": common.Timed(loop, prepare=hooks(False, False)),
-               "enter_hook": common.Timed(loop, prepare=hooks(True, False)),
-               "enter_exit_hooks": common.Timed(loop, prepare=hooks(True, True))}
+    systems = {
+        "fastkernel": common.Timed(loop, prepare=hooks(False, False)),
+        "enter_hook": common.Timed(loop, prepare=hooks(True, False)),
+        "enter_exit_hooks": common.Timed(loop, prepare=hooks(True, True)),
+    }
     try:
         return common.time_systems(systems, iterations, repeats, sync, before_repeat=reset)
     finally:
         hooks(False, False)()
 
 
-def triton_autotuned_call(shape) -> Optional[Tuple[Any, tuple]]:
+def triton_autotuned_call(shape) -> tuple[Any, tuple] | None:
     """The shape's kernel under Triton's own ``triton.autotune`` (two BLOCK configs, key
     ``["n"]``), tuned by one first call (the first config wins: no GPU to time on), and its
     call arguments without BLOCK; None for shapes without a BLOCK constexpr."""
     import triton
     from triton.runtime.jit import JITFunction
+
     if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
         return None
     block = shape.make_args("cpu")[-1]
     configs = [triton.Config({"BLOCK": block}), triton.Config({"BLOCK": 2 * block})]
     kernel = triton.autotune(configs, key=["n"], do_bench=_first_config_wins)(
-        JITFunction(shape.kernel.fn))
+        JITFunction(shape.kernel.fn)
+    )
     args = shape.make_args("cpu")[:-1]
     kernel[shape.grid](*args)
     return kernel, args
 
 
-def time_patched(shape, fk, triton_tuned, iterations: int, repeats: int, sync, reset
-                 ) -> Dict[str, List[float]]:
+def time_patched(
+    shape, fk, triton_tuned, iterations: int, repeats: int, sync, reset
+) -> dict[str, list[float]]:
     """With fastkernel.patch() on: a Triton kernel's ``kernel[grid]`` and Triton's autotuned
     kernel's tuned call, interleaved with the ``@fastkernel`` kernel's hit."""
     from triton.runtime.jit import JITFunction
 
     from fastkernel.patch import patched
+
     args = shape.make_args("cpu")
     jit = JITFunction(shape.kernel.fn)  # a kernel of its own: its dispatch is made here
     with patched():
-        systems = {"fastkernel": common.Timed(common.call_loop(fk, shape.grid, args)),
-                   "patched": common.Timed(common.call_loop(jit, shape.grid, args))}
+        systems = {
+            "fastkernel": common.Timed(common.call_loop(fk, shape.grid, args)),
+            "patched": common.Timed(common.call_loop(jit, shape.grid, args)),
+        }
         if triton_tuned is not None:
             systems["patched_autotuned"] = common.Timed(
-                common.call_loop(triton_tuned[0], shape.grid, triton_tuned[1]))
+                common.call_loop(triton_tuned[0], shape.grid, triton_tuned[1])
+            )
         return common.time_systems(systems, iterations, repeats, sync, before_repeat=reset)
 
 
-def _liger_rms_norm() -> Optional[Callable[[], Any]]:
+def _liger_rms_norm() -> Callable[[], Any] | None:
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except ImportError:
         return None
     import torch
+
     x, w = torch.randn(1, 2048), torch.randn(2048)
     return lambda: LigerRMSNormFunction.apply(x, w, 1e-6)
 
 
-def time_host_helpers(repeats: int) -> Dict[str, Dict[str, float]]:
+def time_host_helpers(repeats: int) -> dict[str, dict[str, float]]:
     """Nanoseconds per host call (``timeit``, median of ``repeats``) of ``triton.cdiv`` and
     ``triton.next_power_of_2`` with Triton's own ``ConstexprFunction.__call__`` and with
     fastkernel's host helpers, beside the same arithmetic written inline."""
@@ -405,28 +497,36 @@ def time_host_helpers(repeats: int) -> Dict[str, Dict[str, float]]:
     import triton
 
     from fastkernel import _host_helpers
+
     cases = {
         "triton.cdiv(4096, 1024)": lambda: triton.cdiv(4096, 1024),
         "triton.next_power_of_2(4000)": lambda: triton.next_power_of_2(4000),
     }
-    out: Dict[str, Dict[str, float]] = {}
+    out: dict[str, dict[str, float]] = {}
     try:
         for name, fn in cases.items():
             out[name] = {}
-            for mode, switch in (("triton", _host_helpers.uninstall),
-                                 ("host helpers", _host_helpers.install)):
+            for mode, switch in (
+                ("triton", _host_helpers.uninstall),
+                ("host helpers", _host_helpers.install),
+            ):
                 switch()
                 out[name][mode] = common.median(
-                    [timeit.timeit(fn, number=20000) / 20000 * 1e9 for _ in range(repeats)])
+                    [timeit.timeit(fn, number=20000) / 20000 * 1e9 for _ in range(repeats)]
+                )
     finally:
         _host_helpers.uninstall()
-    inline = common.median([timeit.timeit(lambda: (4096 + 1023) // 1024, number=20000) / 20000
-                           * 1e9 for _ in range(repeats)])
+    inline = common.median(
+        [
+            timeit.timeit(lambda: (4096 + 1023) // 1024, number=20000) / 20000 * 1e9
+            for _ in range(repeats)
+        ]
+    )
     out["inline (4096 + 1023) // 1024"] = {"python": inline}
     return out
 
 
-def time_library_calls(drv, calls: int, repeats: int) -> Dict[str, Dict[str, float]]:
+def time_library_calls(drv, calls: int, repeats: int) -> dict[str, dict[str, float]]:
     """A library op called through its own Python function (Liger-Kernel's RMSNorm autograd
     function, batch 1, hidden 2048; its wrapper calls triton.next_power_of_2 on every call):
     unpatched, patched, and patched with the host helpers switched off, alternating per repeat
@@ -434,13 +534,17 @@ def time_library_calls(drv, calls: int, repeats: int) -> Dict[str, Dict[str, flo
     medians; the op's own Python and torch allocations are in every mode."""
     from fastkernel import _host_helpers
     from fastkernel.patch import patch, unpatch
+
     ops = {"Liger-Kernel RMSNorm": _liger_rms_norm()}
-    out: Dict[str, Dict[str, float]] = {}
+    out: dict[str, dict[str, float]] = {}
     for name, op in ops.items():
         if op is None:
             continue
-        samples: Dict[str, List[float]] = {"unpatched": [], "patched": [],
-                                           "patched_without_helpers": []}
+        samples: dict[str, list[float]] = {
+            "unpatched": [],
+            "patched": [],
+            "patched_without_helpers": [],
+        }
         for _ in range(repeats):
             for mode in samples:
                 if mode != "unpatched":
@@ -459,8 +563,14 @@ def time_library_calls(drv, calls: int, repeats: int) -> Dict[str, Dict[str, flo
                     if mode != "unpatched":
                         unpatch()
                 drv.reset()
-        unpatched, patched_us = common.median(samples["unpatched"]), common.median(samples["patched"])
-        out[name] = {"unpatched": unpatched, "patched": patched_us,
-                     "patched_without_helpers": common.median(samples["patched_without_helpers"]),
-                     "ratio": unpatched / patched_us}
+        unpatched, patched_us = (
+            common.median(samples["unpatched"]),
+            common.median(samples["patched"]),
+        )
+        out[name] = {
+            "unpatched": unpatched,
+            "patched": patched_us,
+            "patched_without_helpers": common.median(samples["patched_without_helpers"]),
+            "ratio": unpatched / patched_us,
+        }
     return out

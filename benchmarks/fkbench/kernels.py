@@ -15,7 +15,8 @@ each tensor count needs its own kernel, and generating source at run time would 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import triton
 import triton.language as tl
@@ -54,8 +55,9 @@ def add8_kernel(x0, x1, x2, x3, x4, x5, x6, x7, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def add16_kernel(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, n,
-                 BLOCK: tl.constexpr):
+def add16_kernel(
+    x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, n, BLOCK: tl.constexpr
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     acc = tl.load(x1 + offs, mask=mask)
@@ -77,9 +79,27 @@ def add16_kernel(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14
 
 
 @triton.jit
-def overhead19_kernel(a0, a1, a2, a3, a4, i0, i1, i2, i3, i4, i5, i6, i7, i8,
-                      c0: tl.constexpr, c1: tl.constexpr, c2: tl.constexpr, c3: tl.constexpr,
-                      c4: tl.constexpr):
+def overhead19_kernel(
+    a0,
+    a1,
+    a2,
+    a3,
+    a4,
+    i0,
+    i1,
+    i2,
+    i3,
+    i4,
+    i5,
+    i6,
+    i7,
+    i8,
+    c0: tl.constexpr,
+    c1: tl.constexpr,
+    c2: tl.constexpr,
+    c3: tl.constexpr,
+    c4: tl.constexpr,
+):
     # One store that reads every int and constexpr, so none of them is dead.
     total = i0 + i1 + i2 + i3 + i4 + i5 + i6 + i7 + i8 + c0 + c1 + c2 + c3 + c4
     tl.store(a0 + tl.program_id(0), total.to(tl.float32))
@@ -110,12 +130,13 @@ class Shape:
     kernel: Any
     num_tensors: int
     num_args: int
-    grid: Tuple[int, ...]
+    grid: tuple[int, ...]
     make_args: Callable[[str], tuple]
 
 
-def _zeros(count: int, device: str) -> List[Any]:
+def _zeros(count: int, device: str) -> list[Any]:
     import torch
+
     return [torch.zeros(N, dtype=torch.float32, device=device) for _ in range(count)]
 
 
@@ -126,6 +147,7 @@ def _nop_args(device: str) -> tuple:
 def _add_args(count: int) -> Callable[[str], tuple]:
     def make(device: str) -> tuple:
         return (*_zeros(count, device), N, BLOCK)
+
     return make
 
 
@@ -138,7 +160,7 @@ def _overhead_args(device: str) -> tuple:
 
 
 #: The shapes, in plot order (arguments per call ascending).
-SHAPES: List[Shape] = [
+SHAPES: list[Shape] = [
     Shape("nop-0", nop_kernel, 0, 0, (1,), _nop_args),
     Shape("add-2", add2_kernel, 2, 4, (triton.cdiv(N, BLOCK),), _add_args(2)),
     Shape("add-8", add8_kernel, 8, 10, (triton.cdiv(N, BLOCK),), _add_args(8)),
@@ -147,7 +169,7 @@ SHAPES: List[Shape] = [
 ]
 
 
-def tutorial_grid(shape: Shape) -> Optional[Callable[[dict], Tuple[int, ...]]]:
+def tutorial_grid(shape: Shape) -> Callable[[dict], tuple[int, ...]] | None:
     """The grid function Triton's tutorials (and flash-linear-attention, FlagGems) write, for a
     shape whose kernel takes ``n`` and ``BLOCK``: ``(triton.cdiv(meta["n"], meta["BLOCK"]),)``,
     the same grid as the shape's tuple. None for other shapes."""
@@ -156,8 +178,9 @@ def tutorial_grid(shape: Shape) -> Optional[Callable[[dict], Tuple[int, ...]]]:
     return lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)
 
 
-def autotuned_call(shape: Shape, device: str, do_bench: Optional[Callable] = None
-                   ) -> Optional[Tuple[Any, tuple]]:
+def autotuned_call(
+    shape: Shape, device: str, do_bench: Callable | None = None
+) -> tuple[Any, tuple] | None:
     """The shape's kernel under ``fastkernel.autotune`` (two BLOCK configs, key ``["n"]``) and
     its call arguments without BLOCK, tuned by one first call; None for shapes without a BLOCK
     constexpr. ``do_bench`` replaces Triton's timer (the host benchmark has no GPU to time on)."""
@@ -165,11 +188,13 @@ def autotuned_call(shape: Shape, device: str, do_bench: Optional[Callable] = Non
 
     from fastkernel._autotune import autotune
     from fastkernel.kernel import FastKernel
+
     if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
         return None
     configs = [_triton.Config({"BLOCK": BLOCK}), _triton.Config({"BLOCK": 2 * BLOCK})]
     kernel = autotune(configs, key=["n"], do_bench=do_bench, cache_results=False)(
-        FastKernel(shape.kernel))
+        FastKernel(shape.kernel)
+    )
     args = shape.make_args(device)[:-1]
     kernel[shape.grid](*args)
     return kernel, args

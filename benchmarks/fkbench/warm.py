@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, Optional
+from typing import Any
 
 # The child: imports, one launch of the add-2 benchmark kernel, a JSON line.
 _CHILD = r"""
@@ -54,20 +54,36 @@ print(json.dumps({"done_wall": time.time(), "first_call_s": first, "triton_compi
 """
 
 
-def _run_child(system: str, host: bool, stream: int, env: Dict[str, str]) -> Dict[str, Any]:
+def _run_child(system: str, host: bool, stream: int, env: dict[str, str]) -> dict[str, Any]:
     start = time.time()
-    done = subprocess.run([sys.executable, "-c", _CHILD, system, "1" if host else "0", str(stream),
-                           str(pathlib.Path(__file__).resolve().parents[1])],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            system,
+            "1" if host else "0",
+            str(stream),
+            str(pathlib.Path(__file__).resolve().parents[1]),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"warm-start child ({system}) failed:\n{done.stderr[-3000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"start_to_first_launch_s": report["done_wall"] - start,
-            "first_call_s": report["first_call_s"], "triton_compiles": report["triton_compiles"]}
+    return {
+        "start_to_first_launch_s": report["done_wall"] - start,
+        "first_call_s": report["first_call_s"],
+        "triton_compiles": report["triton_compiles"],
+    }
 
 
-def measure(host: bool, repeats: int = 3, stream: int = 0,
-            driver_library: Optional[str] = None) -> Dict[str, Any]:
+def measure(
+    host: bool, repeats: int = 3, stream: int = 0, driver_library: str | None = None
+) -> dict[str, Any]:
     """Run the three systems in fresh processes with private, initially empty caches.
 
     Parameters
@@ -88,40 +104,53 @@ def measure(host: bool, repeats: int = 3, stream: int = 0,
         call over (b)'s (None host-side).
     """
     with tempfile.TemporaryDirectory(prefix="fastkernel-warm-") as tmp:
-        env = dict(os.environ, FASTKERNEL_CACHE_DIR=str(pathlib.Path(tmp) / "fastkernel"),
-                   TRITON_CACHE_DIR=str(pathlib.Path(tmp) / "triton"), PYTHONHASHSEED="0")
+        env = dict(
+            os.environ,
+            FASTKERNEL_CACHE_DIR=str(pathlib.Path(tmp) / "fastkernel"),
+            TRITON_CACHE_DIR=str(pathlib.Path(tmp) / "triton"),
+            PYTHONHASHSEED="0",
+        )
         if host and driver_library:
             env["FASTKERNEL_CUDA_DRIVER"] = driver_library
-        runs: Dict[str, list] = {"fastkernel_cold": [_run_child("fastkernel", host, stream, env)]}
-        runs["fastkernel_warm"] = [_run_child("fastkernel", host, stream, env) for _ in range(repeats)]
+        runs: dict[str, list] = {"fastkernel_cold": [_run_child("fastkernel", host, stream, env)]}
+        runs["fastkernel_warm"] = [
+            _run_child("fastkernel", host, stream, env) for _ in range(repeats)
+        ]
         absent = {}
         if host:
             absent["triton_warm"] = "needs a GPU (Triton's launcher needs the CUDA runtime)"
         else:
             runs["triton_warm"] = [_run_child("triton", host, stream, env) for _ in range(repeats)]
-    result: Dict[str, Any] = {"absent": absent, "repeats": repeats}
+    result: dict[str, Any] = {"absent": absent, "repeats": repeats}
     for system, samples in runs.items():
         result[system] = {
-            "start_to_first_launch_s": statistics.median(s["start_to_first_launch_s"] for s in samples),
+            "start_to_first_launch_s": statistics.median(
+                s["start_to_first_launch_s"] for s in samples
+            ),
             "first_call_s": statistics.median(s["first_call_s"] for s in samples),
             "triton_compiles": [s["triton_compiles"] for s in samples],
         }
     warm, triton_warm = result.get("fastkernel_warm"), result.get("triton_warm")
-    result["warm_speedup"] = (triton_warm["first_call_s"] / warm["first_call_s"]
-                              if warm and triton_warm else None)
+    result["warm_speedup"] = (
+        triton_warm["first_call_s"] / warm["first_call_s"] if warm and triton_warm else None
+    )
     return result
 
 
-def print_report(result: Dict[str, Any]) -> None:
+def print_report(result: dict[str, Any]) -> None:
     print("\nwarm start (fresh processes; s = from process start, first call = the call alone):")
     for system in ("fastkernel_cold", "fastkernel_warm", "triton_warm"):
         if system in result:
             r = result[system]
-            print(f"  {system:18}  start->first launch {r['start_to_first_launch_s']:7.3f} s   "
-                  f"first call {1e3 * r['first_call_s']:9.2f} ms   Triton compiles "
-                  f"{r['triton_compiles']}")
+            print(
+                f"  {system:18}  start->first launch {r['start_to_first_launch_s']:7.3f} s   "
+                f"first call {1e3 * r['first_call_s']:9.2f} ms   Triton compiles "
+                f"{r['triton_compiles']}"
+            )
         else:
             print(f"  {system:18}  absent: {result['absent'][system]}")
     if result["warm_speedup"] is not None:
-        print(f"  Triton warm first call / fastkernel warm first call = "
-              f"{result['warm_speedup']:.1f} (target >= 10)")
+        print(
+            f"  Triton warm first call / fastkernel warm first call = "
+            f"{result['warm_speedup']:.1f} (target >= 10)"
+        )

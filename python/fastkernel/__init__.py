@@ -17,14 +17,17 @@ import torch
 def _check_torch_version() -> None:
     # The extension links against torch's C++ ABI; another torch would crash, not fail cleanly.
     from importlib import util
+
     spec = util.find_spec("fastkernel._build_info")
     if spec is None:
         return
     from ._build_info import TORCH_VERSION as built_with
+
     if built_with != torch.__version__:
         raise ImportError(
             f"fastkernel was built against torch {built_with} but torch {torch.__version__} is "
-            f"installed; rebuild it with: pip install --no-build-isolation .")
+            f"installed; rebuild it with: pip install --no-build-isolation ."
+        )
 
 
 _check_torch_version()
@@ -45,21 +48,22 @@ def _check_triton_version(version: str) -> None:
     if not low <= major_minor <= high:
         raise ImportError(
             f"fastkernel supports Triton {low[0]}.{low[1]} to {high[0]}.{high[1]}, but Triton "
-            f"{version} is installed")
+            f"{version} is installed"
+        )
 
 
-import triton as _triton  # noqa: E402
+import triton as _triton
 
 _check_triton_version(_triton.__version__)
 
-from . import _C  # noqa: E402
-from ._C import CudaError, DriverUnavailableError  # noqa: E402
-from .bundle import export  # noqa: E402
-from .kernel import FastKernel, fastkernel, stats  # noqa: E402
-from ._autotune import AutotuneError, Autotuned, Heuristics, autotune, heuristics  # noqa: E402
-from .patch import is_patched, patch, patched, unpatch  # noqa: E402
-from . import _host_helpers  # noqa: E402
-from . import _env  # noqa: E402
+# The native module loads first: it refuses a torch other than the one it was built against.
+from . import _C as _C
+from . import _env, _host_helpers
+from ._autotune import Autotuned, AutotuneError, Heuristics, autotune, heuristics
+from ._C import CudaError, DriverUnavailableError
+from .bundle import export
+from .kernel import FastKernel, fastkernel, stats
+from .patch import is_patched, patch, patched, unpatch
 
 
 def patch_host_helpers() -> bool:
@@ -77,16 +81,34 @@ def unpatch_host_helpers() -> None:
     (While :func:`patch` is in effect, :func:`unpatch` undoes both.)"""
     _host_helpers.uninstall()
 
+
 # ``from fastkernel import fastkernel`` users write ``@fastkernel.autotune(...)`` too.
 fastkernel.autotune = autotune
 fastkernel.heuristics = heuristics
 
 __version__ = "0.1.0"
-__all__ = ["fastkernel", "FastKernel", "autotune", "Autotuned", "AutotuneError", "heuristics",
-           "Heuristics", "CudaError", "patch", "unpatch", "patched", "is_patched",
-           "patch_host_helpers", "unpatch_host_helpers",
-           "DriverUnavailableError", "get_include", "get_cmake_dir", "export", "stats",
-           "__version__"]
+__all__ = [
+    "fastkernel",
+    "FastKernel",
+    "autotune",
+    "Autotuned",
+    "AutotuneError",
+    "heuristics",
+    "Heuristics",
+    "CudaError",
+    "patch",
+    "unpatch",
+    "patched",
+    "is_patched",
+    "patch_host_helpers",
+    "unpatch_host_helpers",
+    "DriverUnavailableError",
+    "get_include",
+    "get_cmake_dir",
+    "export",
+    "stats",
+    "__version__",
+]
 
 
 def get_cmake_dir() -> str:

@@ -25,7 +25,8 @@ import pickle
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import triton
 from triton.runtime.autotuner import Autotuner, Config
@@ -58,6 +59,7 @@ def stride_class(stride: int) -> int:
 
 def _is_tensor(value: Any) -> bool:
     import torch
+
     return isinstance(value, torch.Tensor)
 
 
@@ -78,9 +80,11 @@ def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
     return tqdm(items, desc=desc, unit="config", leave=False)
 
 
-def _config_doc(config: Config) -> Dict[str, Any]:
-    return {"kwargs": sorted([k, _cache._render(v)] for k, v in config.all_kwargs().items()),
-            "pre_hook": config.pre_hook is not None}
+def _config_doc(config: Config) -> dict[str, Any]:
+    return {
+        "kwargs": sorted([k, _cache._render(v)] for k, v in config.all_kwargs().items()),
+        "pre_hook": config.pre_hook is not None,
+    }
 
 
 def _describe(config: Config) -> str:
@@ -100,61 +104,91 @@ class Autotuned(NativeDispatch, Autotuner):
     ``configs_timings``, ``bench_time``) mean what they mean there.
     """
 
-    def __init__(self, kernel: FastKernel, configs: Sequence[Config], key: Sequence[str],
-                 prune_configs_by: Optional[Dict[str, Any]] = None,
-                 reset_to_zero: Optional[Sequence[str]] = None,
-                 restore_value: Optional[Sequence[str]] = None,
-                 pre_hook: Optional[Callable] = None, post_hook: Optional[Callable] = None,
-                 warmup: float = 25, rep: float = 100, do_bench: Optional[Callable] = None,
-                 cache_results: bool = True):
+    def __init__(
+        self,
+        kernel: FastKernel,
+        configs: Sequence[Config],
+        key: Sequence[str],
+        prune_configs_by: dict[str, Any] | None = None,
+        reset_to_zero: Sequence[str] | None = None,
+        restore_value: Sequence[str] | None = None,
+        pre_hook: Callable | None = None,
+        post_hook: Callable | None = None,
+        warmup: float = 25,
+        rep: float = 100,
+        do_bench: Callable | None = None,
+        cache_results: bool = True,
+    ):
         jit_fn = kernel.jit_function
         arg_names = [p.name for p in jit_fn.params]
         # Under it, a keyed fastkernel.heuristics: its values join each tuned config's.
-        self._heuristics: Optional[Heuristics] = kernel if isinstance(kernel, Heuristics) else None
+        self._heuristics: Heuristics | None = kernel if isinstance(kernel, Heuristics) else None
         configs = list(configs) if configs else [Config({}, num_warps=4, num_stages=3)]
         for c in configs:
             if not isinstance(c, Config):
-                raise TypeError(f"fastkernel.autotune: configs must be triton.Config objects, got "
-                                f"{type(c).__name__}")
-        for what, names in (("key", key), ("reset_to_zero", reset_to_zero or ()),
-                            ("restore_value", restore_value or ())):
+                raise TypeError(
+                    f"fastkernel.autotune: configs must be triton.Config objects, got "
+                    f"{type(c).__name__}"
+                )
+        for what, names in (
+            ("key", key),
+            ("reset_to_zero", reset_to_zero or ()),
+            ("restore_value", restore_value or ()),
+        ):
             if isinstance(names, str):
-                raise TypeError(f"fastkernel.autotune: {what} must be a list of argument names, "
-                                f"got the string {names!r}")
+                raise TypeError(
+                    f"fastkernel.autotune: {what} must be a list of argument names, "
+                    f"got the string {names!r}"
+                )
             unknown = [n for n in names if n not in arg_names]
             if unknown:
-                raise ValueError(f"fastkernel.autotune: {what} names {', '.join(map(repr, unknown))}, "
-                                 f"which {'is' if len(unknown) == 1 else 'are'} not arguments of "
-                                 f"{jit_fn.__name__} ({', '.join(arg_names)})")
+                raise ValueError(
+                    f"fastkernel.autotune: {what} names {', '.join(map(repr, unknown))}, "
+                    f"which {'is' if len(unknown) == 1 else 'are'} not arguments of "
+                    f"{jit_fn.__name__} ({', '.join(arg_names)})"
+                )
         by_name = {p.name: p for p in jit_fn.params}
         option_names = set(abi.option_names(abi.cuda_target(9, 0)))
-        self._config_params: List[str] = []
+        self._config_params: list[str] = []
         for c in configs:
             for name in c.kwargs:
                 if name not in by_name:
                     if name in option_names:
                         continue
-                    raise ValueError(f"fastkernel.autotune: a config sets {name!r}, which is not an "
-                                     f"argument of {jit_fn.__name__} ({', '.join(arg_names)})")
+                    raise ValueError(
+                        f"fastkernel.autotune: a config sets {name!r}, which is not an "
+                        f"argument of {jit_fn.__name__} ({', '.join(arg_names)})"
+                    )
                 if not by_name[name].is_constexpr:
                     raise TypeError(
                         f"fastkernel.autotune: a config sets {name!r}, which is not a tl.constexpr "
                         f"parameter of {jit_fn.__name__}; tuned values are compiled in, so "
-                        f"annotate it '{name}: tl.constexpr'")
+                        f"annotate it '{name}: tl.constexpr'"
+                    )
                 if name not in self._config_params:
                     self._config_params.append(name)
         if self._heuristics is not None:
             for name in self._heuristics.values:
                 if name in self._config_params:
-                    raise ValueError(f"fastkernel.autotune: {name!r} is set both by configs and "
-                                     f"by fastkernel.heuristics")
+                    raise ValueError(
+                        f"fastkernel.autotune: {name!r} is set both by configs and "
+                        f"by fastkernel.heuristics"
+                    )
             self._config_params.extend(self._heuristics.values)
         # Triton's constructor: validation, hooks, prune settings, and every attribute that
         # torch.compile reads. Its own disk cache and deprecated warmup/rep are not used.
-        init_kwargs = dict(fn=kernel, arg_names=arg_names, configs=configs, key=list(key),
-                           reset_to_zero=reset_to_zero, restore_value=restore_value,
-                           pre_hook=pre_hook, post_hook=post_hook,
-                           prune_configs_by=prune_configs_by, cache_results=False)
+        init_kwargs = dict(
+            fn=kernel,
+            arg_names=arg_names,
+            configs=configs,
+            key=list(key),
+            reset_to_zero=reset_to_zero,
+            restore_value=restore_value,
+            pre_hook=pre_hook,
+            post_hook=post_hook,
+            prune_configs_by=prune_configs_by,
+            cache_results=False,
+        )
         accepted = Autotuner.__init__.__code__.co_varnames
         Autotuner.__init__(self, **{k: v for k, v in init_kwargs.items() if k in accepted})
         self.__name__ = jit_fn.__name__
@@ -162,9 +196,9 @@ class Autotuned(NativeDispatch, Autotuner):
         self.rep_ms = rep
         self._timer = do_bench
         self.cache_results = cache_results
-        self.best_config: Optional[Config] = None
-        self.configs_timings: Optional[Dict[Config, Any]] = None
-        self.bench_time: Optional[float] = None
+        self.best_config: Config | None = None
+        self.configs_timings: dict[Config, Any] | None = None
+        self.bench_time: float | None = None
         self._user_pre_hook = pre_hook
         self._user_post_hook = post_hook
         self._tune_lock = threading.RLock()
@@ -189,8 +223,10 @@ class Autotuned(NativeDispatch, Autotuner):
         """``Autotuner.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``
         (how ``triton.heuristics`` stacked above calls it)."""
         if warmup:
-            raise NotImplementedError("fastkernel.autotune: warmup=True is not supported; call "
-                                      "the kernel once to tune and compile it")
+            raise NotImplementedError(
+                "fastkernel.autotune: warmup=True is not supported; call "
+                "the kernel once to tune and compile it"
+            )
         return self[grid](*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -198,11 +234,11 @@ class Autotuned(NativeDispatch, Autotuner):
 
     # -- the tuning key -----------------------------------------------------------------------
 
-    def tuning_key(self, named: Dict[str, Any]) -> Tuple[Any, ...]:
+    def tuning_key(self, named: dict[str, Any]) -> tuple[Any, ...]:
         """The autotune key of a bound call: each named argument's value (a tensor's sizes), then
         every tensor's dtype and stride classes (0, 1, other). Equal native keys give equal
         tuning keys (the native key holds every part)."""
-        parts: List[Any] = []
+        parts: list[Any] = []
         for name in self.keys:
             value = named.get(name)
             parts.append(tuple(value.shape) if _is_tensor(value) else value)
@@ -214,13 +250,16 @@ class Autotuned(NativeDispatch, Autotuner):
 
     # -- the miss path ------------------------------------------------------------------------
 
-    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
-                 reason: Optional[str]):
+    def _on_miss(
+        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
+    ):
         conflicts = [k for k in kwargs if k in self._config_names]
         if conflicts:
             # Triton's error (runtime/autotuner.py, Autotuner.run).
-            raise ValueError(f"Conflicting meta-parameters: {', '.join(conflicts)}. Make sure "
-                             f"that you don't re-define auto-tuned symbols.")
+            raise ValueError(
+                f"Conflicting meta-parameters: {', '.join(conflicts)}. Make sure "
+                f"that you don't re-define auto-tuned symbols."
+            )
         if self._heuristics is not None:
             self._heuristics.check_conflicts(kwargs)
         named = self.named_arguments(args, kwargs, provided=self._config_params)
@@ -232,8 +271,11 @@ class Autotuned(NativeDispatch, Autotuner):
             # Triton runs a config's pre_hook before every launch: Python on every call.
             config.pre_hook({**named, **config.all_kwargs()})
             if key is not None:
-                self._count_fallback("the tuned config has a pre_hook, which runs in Python "
-                                     "before every launch", logging.INFO, "runs Python per call")
+                self._count_fallback(
+                    "the tuned config has a pre_hook, which runs in Python before every launch",
+                    logging.INFO,
+                    "runs Python per call",
+                )
                 self._miss_fallbacks += 1
                 result = self.fn[grid](*args, **merged)
                 return result if result is not None else True
@@ -257,6 +299,7 @@ class Autotuned(NativeDispatch, Autotuner):
                 config = self._tune(named, grid, args, kwargs, device)
             else:
                 from filelock import FileLock
+
                 # One process benchmarks a key at a time (timings taken side by side on one GPU
                 # would disturb each other); the others wait and read its record.
                 with FileLock(str(path) + ".lock"):
@@ -270,7 +313,7 @@ class Autotuned(NativeDispatch, Autotuner):
 
     # -- tuning -------------------------------------------------------------------------------
 
-    def prune(self, named: Dict[str, Any], kwargs: Dict[str, Any]) -> List[Config]:
+    def prune(self, named: dict[str, Any], kwargs: dict[str, Any]) -> list[Config]:
         """The configs to benchmark: ``early_config_prune(configs, named_args, **kwargs)``, then
         the ``top_k`` best by ``perf_model(**named_args, **kwargs, **config.all_kwargs())``
         (Triton's ``prune_configs_by``; ``top_k`` a count, or a fraction of the configs)."""
@@ -288,26 +331,31 @@ class Autotuned(NativeDispatch, Autotuner):
             elif not isinstance(top_k, int):
                 raise TypeError("prune_configs_by['top_k'] must be an int or a float <= 1.0")
             if len(configs) > top_k > 0:
-                estimates = {c: self.perf_model(**named, **kwargs, **c.all_kwargs()) for c in configs}
+                estimates = {
+                    c: self.perf_model(**named, **kwargs, **c.all_kwargs()) for c in configs
+                }
                 configs = sorted(configs, key=lambda c: estimates[c])[:top_k]
         return configs
 
     def _tune(self, named, grid, args, kwargs, device: int) -> Config:
         import time
+
         configs = self.prune(named, kwargs)
         if len(configs) == 1:
             return configs[0]
         start = time.perf_counter()
         self._precompile(configs, args, kwargs, device)
-        snapshot = {name: named[name].clone() for name in self.restore_value
-                    if named.get(name) is not None}
-        timings: Dict[Config, Any] = {}
-        failures: List[str] = []
+        snapshot = {
+            name: named[name].clone() for name in self.restore_value if named.get(name) is not None
+        }
+        timings: dict[Config, Any] = {}
+        failures: list[str] = []
         try:
             for config in _progress(configs, f"autotuning {self.__name__}"):
                 try:
-                    timings[config] = self._bench_config(config, named, snapshot, grid, args,
-                                                         kwargs)
+                    timings[config] = self._bench_config(
+                        config, named, snapshot, grid, args, kwargs
+                    )
                 except Exception as exc:  # compile errors, out of resources, launch failures
                     message = f"{_describe(config)}: {type(exc).__name__}: {exc}"
                     log.info("fastkernel: %s: skipping config %s", self.__name__, message)
@@ -317,14 +365,22 @@ class Autotuned(NativeDispatch, Autotuner):
             # zeroed accumulators.
             self._restore_and_reset(named, snapshot)
         if not timings:
-            raise AutotuneError(f"{self.__name__}: every config failed for key "
-                                f"{self.tuning_key(named)}:\n  " + "\n  ".join(failures))
+            raise AutotuneError(
+                f"{self.__name__}: every config failed for key "
+                f"{self.tuning_key(named)}:\n  " + "\n  ".join(failures)
+            )
         best = min(timings, key=lambda c: _median(timings[c]))
         self.configs_timings = timings
         self.bench_time = time.perf_counter() - start
-        log.info("fastkernel: %s tuned for key %s: %s (%.4f ms; %d configs in %.1f s)",
-                 self.__name__, self.tuning_key(named), _describe(best), _median(timings[best]),
-                 len(configs), self.bench_time)
+        log.info(
+            "fastkernel: %s tuned for key %s: %s (%.4f ms; %d configs in %.1f s)",
+            self.__name__,
+            self.tuning_key(named),
+            _describe(best),
+            _median(timings[best]),
+            len(configs),
+            self.bench_time,
+        )
         return best
 
     def _restore_and_reset(self, named, snapshot) -> None:
@@ -358,11 +414,13 @@ class Autotuned(NativeDispatch, Autotuner):
             import triton.testing
 
             def bench(fn, quantiles):
-                return triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms,
-                                               quantiles=quantiles)
+                return triton.testing.do_bench(
+                    fn, warmup=self.warmup_ms, rep=self.rep_ms, quantiles=quantiles
+                )
+
         return bench(kernel_call, quantiles=_QUANTILES)
 
-    def _precompile(self, configs: List[Config], args, kwargs, device: int) -> None:
+    def _precompile(self, configs: list[Config], args, kwargs, device: int) -> None:
         """Compile the configs in worker processes (``python -m fastkernel._compile_worker``) into
         the on-disk kernel cache, so that the benchmarks that follow load them instead of
         compiling one after another. Whatever a worker could not compile is compiled here."""
@@ -372,15 +430,18 @@ class Autotuned(NativeDispatch, Autotuner):
         fn = self.jit_function.fn
         module, qualname = fn.__module__, fn.__qualname__
         if module == "__main__" or "<locals>" in qualname:
-            log.debug("fastkernel: %s is not importable by a worker; compiling in this process",
-                      self.__name__)
+            log.debug(
+                "fastkernel: %s is not importable by a worker; compiling in this process",
+                self.__name__,
+            )
             return
         target = self._target(device)
         specs = []
         for config in configs:
             try:
-                spec = abi.specialize(self.jit_function, target, args,
-                                      {**kwargs, **config.all_kwargs()})
+                spec = abi.specialize(
+                    self.jit_function, target, args, {**kwargs, **config.all_kwargs()}
+                )
                 if not _cache.is_cached(self.jit_function, target, spec):
                     specs.append(spec)
             except Exception:  # the benchmark reports this config's error
@@ -388,40 +449,58 @@ class Autotuned(NativeDispatch, Autotuner):
         if len(specs) < 2:
             return
         workers = min(workers, len(specs))
-        log.info("fastkernel: %s: compiling %d configs in %d worker processes", self.__name__,
-                 len(specs), workers)
+        log.info(
+            "fastkernel: %s: compiling %d configs in %d worker processes",
+            self.__name__,
+            len(specs),
+            workers,
+        )
         try:
-            batches = [pickle.dumps({"sys_path": sys.path,
-                                     "jobs": [(module, qualname, target, spec)
-                                              for spec in specs[i::workers]]})
-                       for i in range(workers)]
+            batches = [
+                pickle.dumps(
+                    {
+                        "sys_path": sys.path,
+                        "jobs": [(module, qualname, target, spec) for spec in specs[i::workers]],
+                    }
+                )
+                for i in range(workers)
+            ]
         except Exception as exc:  # a constexpr that does not pickle: compile here
             log.info("fastkernel: %s: configs compile in this process (%s)", self.__name__, exc)
             return
 
         def run(batch: bytes) -> None:
-            done = subprocess.run([sys.executable, "-m", "fastkernel._compile_worker"],
-                                  input=batch, capture_output=True, check=False)
+            done = subprocess.run(
+                [sys.executable, "-m", "fastkernel._compile_worker"],
+                input=batch,
+                capture_output=True,
+                check=False,
+            )
             if done.returncode != 0 or done.stderr:
-                log.debug("fastkernel: compile worker (exit %d): %s", done.returncode,
-                          done.stderr.decode(errors="replace")[-2000:])
+                log.debug(
+                    "fastkernel: compile worker (exit %d): %s",
+                    done.returncode,
+                    done.stderr.decode(errors="replace")[-2000:],
+                )
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(run, batches))
 
     # -- the tuning record on disk ------------------------------------------------------------
 
-    def record_document(self, tuning_key: Tuple[Any, ...], target) -> Dict[str, Any]:
+    def record_document(self, tuning_key: tuple[Any, ...], target) -> dict[str, Any]:
         """What decides a tuning result, as JSON data: the kernel (Triton's ``cache_key``: its
         source, the jit functions it calls and the constexpr globals it reads), the configs, the
         key names and the key, the target, the toolchain fingerprint (fastkernel/cache.py) and
         Triton's cache-invalidating environment variables. Raises ``cache.Uncacheable``."""
         from triton._C.libtriton import get_cache_invalidating_env_vars
+
         try:
             kernel_key = self.jit_function.cache_key
         except Exception as exc:
-            raise _cache.Uncacheable(f"its source cannot be hashed ({type(exc).__name__}: "
-                                     f"{exc})") from exc
+            raise _cache.Uncacheable(
+                f"its source cannot be hashed ({type(exc).__name__}: {exc})"
+            ) from exc
         return {
             "format": TUNING_FORMAT_VERSION,
             "kernel": kernel_key,
@@ -433,7 +512,7 @@ class Autotuned(NativeDispatch, Autotuner):
             "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
         }
 
-    def _record_path(self, tuning_key, target) -> Optional[pathlib.Path]:
+    def _record_path(self, tuning_key, target) -> pathlib.Path | None:
         """Where the tuning record of ``tuning_key`` lives, its directory created private to
         the user; None when results are not kept (``cache_results=False``, the cache off or not
         trusted, or the kernel uncacheable)."""
@@ -445,9 +524,13 @@ class Autotuned(NativeDispatch, Autotuner):
         try:
             doc = self.record_document(tuning_key, target)
         except _cache.Uncacheable as exc:
-            _cache._log_once(logging.WARNING, ("autotune-uncacheable", self.__name__, str(exc)),
-                             "fastkernel: tuning results of %s are not kept on disk: %s",
-                             self.__name__, exc)
+            _cache._log_once(
+                logging.WARNING,
+                ("autotune-uncacheable", self.__name__, str(exc)),
+                "fastkernel: tuning results of %s are not kept on disk: %s",
+                self.__name__,
+                exc,
+            )
             return None
         digest = hashlib.sha256(_cache._canonical(doc)).hexdigest()
         try:
@@ -457,7 +540,7 @@ class Autotuned(NativeDispatch, Autotuner):
             return None
         return directory / f"{digest}.json"
 
-    def _read_record(self, path: pathlib.Path) -> Optional[Config]:
+    def _read_record(self, path: pathlib.Path) -> Config | None:
         if _cache.always_compile():
             return None
         try:
@@ -471,8 +554,9 @@ class Autotuned(NativeDispatch, Autotuner):
         except (OSError, ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
             log.warning("fastkernel: ignoring the tuning record %s (%r); tuning again", path, exc)
             return None
-        log.info("fastkernel: %s: tuned config read from %s: %s", self.__name__, path,
-                 _describe(config))
+        log.info(
+            "fastkernel: %s: tuned config read from %s: %s", self.__name__, path, _describe(config)
+        )
         return config
 
     def _write_record(self, path: pathlib.Path, tuning_key, config: Config) -> None:
@@ -494,14 +578,16 @@ class _KeyedArgs(dict):
     """The arguments a keyed heuristic may read: reading any other raises, so a value never
     depends on something the native key does not hold."""
 
-    def __init__(self, visible: Dict[str, Any], kernel: str, value: str, key: Sequence[str]):
+    def __init__(self, visible: dict[str, Any], kernel: str, value: str, key: Sequence[str]):
         super().__init__(visible)
         self._where = (kernel, value, list(key))
 
     def __missing__(self, name):
         kernel, value, key = self._where
-        raise KeyError(f"{kernel}: the heuristic for {value!r} read argument {name!r}, which is "
-                       f"not in its key {key}; add it to fastkernel.heuristics(key=...)")
+        raise KeyError(
+            f"{kernel}: the heuristic for {value!r} read argument {name!r}, which is "
+            f"not in its key {key}; add it to fastkernel.heuristics(key=...)"
+        )
 
     def get(self, name, default=None):
         return self[name]
@@ -512,30 +598,40 @@ class Heuristics(NativeDispatch, TritonHeuristics):
     computed once per key and compiled into the launch record, so a call is one native hit.
     It is also a ``triton.runtime.autotuner.Heuristics`` (torch.compile applies its values)."""
 
-    def __init__(self, kernel: FastKernel, values: Dict[str, Callable], key: Sequence[str]):
+    def __init__(self, kernel: FastKernel, values: dict[str, Callable], key: Sequence[str]):
         jit_fn = kernel.jit_function
         arg_names = [p.name for p in jit_fn.params]
         by_name = {p.name: p for p in jit_fn.params}
         if isinstance(key, str):
-            raise TypeError(f"fastkernel.heuristics: key must be a list of argument names, got "
-                            f"the string {key!r}")
+            raise TypeError(
+                f"fastkernel.heuristics: key must be a list of argument names, got "
+                f"the string {key!r}"
+            )
         unknown = [n for n in key if n not in by_name]
         if unknown:
-            raise ValueError(f"fastkernel.heuristics: key names {', '.join(map(repr, unknown))}, "
-                             f"not arguments of {jit_fn.__name__} ({', '.join(arg_names)})")
+            raise ValueError(
+                f"fastkernel.heuristics: key names {', '.join(map(repr, unknown))}, "
+                f"not arguments of {jit_fn.__name__} ({', '.join(arg_names)})"
+            )
         for name in values:
             if name not in by_name or not by_name[name].is_constexpr:
-                raise TypeError(f"fastkernel.heuristics: {name!r} is not a tl.constexpr parameter "
-                                f"of {jit_fn.__name__}; computed values are compiled in")
+                raise TypeError(
+                    f"fastkernel.heuristics: {name!r} is not a tl.constexpr parameter "
+                    f"of {jit_fn.__name__}; computed values are compiled in"
+                )
             if name in key:
                 raise ValueError(f"fastkernel.heuristics: {name!r} is both computed and in the key")
         TritonHeuristics.__init__(self, kernel, arg_names, dict(values))
         self.__name__ = jit_fn.__name__
         self.keys = list(key)
-        self._constexprs = [p.name for p in jit_fn.params if p.is_constexpr and p.name not in values]
-        tune = {p.name: (_TUNE_CONFIG_PROVIDED if p.name in values else 0) |
-                        (_TUNE_VALUE | _TUNE_SIZES if p.name in self.keys else 0)
-                for p in jit_fn.params}
+        self._constexprs = [
+            p.name for p in jit_fn.params if p.is_constexpr and p.name not in values
+        ]
+        tune = {
+            p.name: (_TUNE_CONFIG_PROVIDED if p.name in values else 0)
+            | (_TUNE_VALUE | _TUNE_SIZES if p.name in self.keys else 0)
+            for p in jit_fn.params
+        }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
 
     def run(self, *args, grid, warmup: bool = False, **kwargs):
@@ -547,23 +643,28 @@ class Heuristics(NativeDispatch, TritonHeuristics):
     def __repr__(self) -> str:
         return f"Heuristics({self.fn!r}, {sorted(self.values)}, key={self.keys})"
 
-    def check_conflicts(self, kwargs: Dict[str, Any]) -> None:
+    def check_conflicts(self, kwargs: dict[str, Any]) -> None:
         conflicts = [k for k in kwargs if k in self.values]
         if conflicts:
-            raise ValueError(f"{self.__name__}: {', '.join(conflicts)} computed by "
-                             f"fastkernel.heuristics cannot be passed too")
+            raise ValueError(
+                f"{self.__name__}: {', '.join(conflicts)} computed by "
+                f"fastkernel.heuristics cannot be passed too"
+            )
 
-    def values_for(self, named: Dict[str, Any]) -> Dict[str, Any]:
+    def values_for(self, named: dict[str, Any]) -> dict[str, Any]:
         """The computed values for a bound call, each function seeing the key's arguments, the
         constexprs, the tuned config's values and the values computed before it."""
         visible = {k: named[k] for k in (*self.keys, *self._constexprs) if k in named}
-        visible.update({k: v for k, v in named.items() if k not in self.arg_names})  # config options
+        visible.update(
+            {k: v for k, v in named.items() if k not in self.arg_names}
+        )  # config options
         for name, fn in self.values.items():
             visible[name] = fn(_KeyedArgs(visible, self.__name__, name, self.keys))
         return {name: visible[name] for name in self.values}
 
-    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
-                 reason: Optional[str]):
+    def _on_miss(
+        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
+    ):
         self.check_conflicts(kwargs)
         named = self.named_arguments(args, kwargs, provided=self.values)
         merged = {**kwargs, **self.values_for(named)}
@@ -574,7 +675,7 @@ class Heuristics(NativeDispatch, TritonHeuristics):
         return self._register_miss(grid, args, merged, key, device, tuned_args)
 
 
-def heuristics(values: Dict[str, Callable], key: Optional[Sequence[str]] = None):
+def heuristics(values: dict[str, Callable], key: Sequence[str] | None = None):
     """Compute tl.constexpr parameters from the arguments; stack it above ``@fastkernel``
     (and below ``@fastkernel.autotune``).
 
@@ -598,10 +699,14 @@ def heuristics(values: Dict[str, Callable], key: Optional[Sequence[str]] = None)
         At decoration: a computed name that is not a tl.constexpr parameter, a key name that is
         not an argument. At a call: passing a computed parameter.
     """
+
     def decorator(kernel):
         if key is None or not isinstance(kernel, FastKernel):
-            if isinstance(kernel, JITFunction) and not isinstance(kernel, FastKernel) and \
-                    not _env.native_path_off():
+            if (
+                isinstance(kernel, JITFunction)
+                and not isinstance(kernel, FastKernel)
+                and not _env.native_path_off()
+            ):
                 raise TypeError("fastkernel.heuristics goes above @fastkernel")
             return triton.heuristics(values)(kernel)
         return Heuristics(kernel, values, key)
@@ -617,7 +722,7 @@ def _median(timing: Any) -> float:
     return value if not math.isnan(value) else float("inf")
 
 
-def _interpreter_timer() -> Optional[Callable]:
+def _interpreter_timer() -> Callable | None:
     """Under TRITON_INTERPRET=1, a do_bench of wall-clock milliseconds per call (Triton's needs a
     GPU driver); otherwise None (Triton's own)."""
     if not _env.triton_interpret():
@@ -625,6 +730,7 @@ def _interpreter_timer() -> Optional[Callable]:
 
     def wall_clock(kernel_call, quantiles=None, **_):
         import time
+
         times = []
         for _ in range(3):
             start = time.perf_counter()
@@ -642,13 +748,19 @@ def tuning_dir() -> pathlib.Path:
     return _cache.cache_dir() / "autotune"
 
 
-def autotune(configs: Sequence[Config], key: Sequence[str],
-             prune_configs_by: Optional[Dict[str, Any]] = None,
-             reset_to_zero: Optional[Sequence[str]] = None,
-             restore_value: Optional[Sequence[str]] = None,
-             pre_hook: Optional[Callable] = None, post_hook: Optional[Callable] = None,
-             warmup: float = 25, rep: float = 100, do_bench: Optional[Callable] = None,
-             cache_results: bool = True):
+def autotune(
+    configs: Sequence[Config],
+    key: Sequence[str],
+    prune_configs_by: dict[str, Any] | None = None,
+    reset_to_zero: Sequence[str] | None = None,
+    restore_value: Sequence[str] | None = None,
+    pre_hook: Callable | None = None,
+    post_hook: Callable | None = None,
+    warmup: float = 25,
+    rep: float = 100,
+    do_bench: Callable | None = None,
+    cache_results: bool = True,
+):
     """Autotune a ``@fastkernel`` kernel over ``configs``; stack it above ``@fastkernel``.
 
     Arguments mean what they mean for ``triton.autotune`` (triton/runtime/autotuner.py):
@@ -706,37 +818,60 @@ def autotune(configs: Sequence[Config], key: Sequence[str],
     terminal; the winner is logged on the ``fastkernel`` logger at INFO.
     """
     if callable(configs) and not isinstance(configs, (list, tuple)):
-        raise TypeError("fastkernel.autotune takes arguments: @fastkernel.autotune(configs=[...], "
-                        "key=[...])")
+        raise TypeError(
+            "fastkernel.autotune takes arguments: @fastkernel.autotune(configs=[...], key=[...])"
+        )
 
     def decorator(kernel):
         if _env.native_path_off() and not isinstance(kernel, (FastKernel, Heuristics)):
             # @fastkernel returned Triton's own object: tune with Triton's autotuner (in the
             # interpreter, timed by the wall clock: there is no GPU to time on).
             from .kernel import _InterpretedKernel
+
             inner = kernel.fn if isinstance(kernel, _InterpretedKernel) else kernel
-            options = dict(prune_configs_by=prune_configs_by, reset_to_zero=reset_to_zero,
-                           restore_value=restore_value, pre_hook=pre_hook, post_hook=post_hook,
-                           do_bench=do_bench or _interpreter_timer())
+            options = dict(
+                prune_configs_by=prune_configs_by,
+                reset_to_zero=reset_to_zero,
+                restore_value=restore_value,
+                pre_hook=pre_hook,
+                post_hook=post_hook,
+                do_bench=do_bench or _interpreter_timer(),
+            )
             accepted = inspect.signature(triton.autotune).parameters
-            return triton.autotune(configs, key, **{k: v for k, v in options.items()
-                                                    if k in accepted})(inner)
+            return triton.autotune(
+                configs, key, **{k: v for k, v in options.items() if k in accepted}
+            )(inner)
         if isinstance(kernel, TritonHeuristics) and not isinstance(kernel, Heuristics):
-            raise TypeError("fastkernel.autotune over @triton.heuristics: put @triton.heuristics "
-                            "above @fastkernel.autotune, or use @fastkernel.heuristics(values, "
-                            "key=[...]) below it")
+            raise TypeError(
+                "fastkernel.autotune over @triton.heuristics: put @triton.heuristics "
+                "above @fastkernel.autotune, or use @fastkernel.heuristics(values, "
+                "key=[...]) below it"
+            )
         if isinstance(kernel, JITFunction) and not isinstance(kernel, FastKernel):
-            raise TypeError("fastkernel.autotune goes above @fastkernel:\n"
-                            "    @fastkernel.autotune(configs=..., key=...)\n    @fastkernel\n"
-                            "    @triton.jit\n    def kernel(...): ...")
+            raise TypeError(
+                "fastkernel.autotune goes above @fastkernel:\n"
+                "    @fastkernel.autotune(configs=..., key=...)\n    @fastkernel\n"
+                "    @triton.jit\n    def kernel(...): ..."
+            )
         if not isinstance(kernel, (FastKernel, Heuristics)):
             raise TypeError(
                 f"fastkernel.autotune wraps a @fastkernel kernel, got {type(kernel).__name__}; "
                 f"@triton.heuristics goes above @fastkernel.autotune (its values are then passed "
-                f"to the tuned kernel, and keyed natively)")
-        return Autotuned(kernel, configs, key, prune_configs_by=prune_configs_by,
-                         reset_to_zero=reset_to_zero, restore_value=restore_value,
-                         pre_hook=pre_hook, post_hook=post_hook, warmup=warmup, rep=rep,
-                         do_bench=do_bench, cache_results=cache_results)
+                f"to the tuned kernel, and keyed natively)"
+            )
+        return Autotuned(
+            kernel,
+            configs,
+            key,
+            prune_configs_by=prune_configs_by,
+            reset_to_zero=reset_to_zero,
+            restore_value=restore_value,
+            pre_hook=pre_hook,
+            post_hook=post_hook,
+            warmup=warmup,
+            rep=rep,
+            do_bench=do_bench,
+            cache_results=cache_results,
+        )
 
     return decorator

@@ -24,10 +24,18 @@ import os
 import pathlib
 import secrets
 import stat
-from typing import Iterator, Optional, Tuple
+from collections.abc import Iterator
 
-__all__ = ["UntrustedPath", "trust_problem", "usable_root", "ensure_dir", "check_dirs",
-           "read_file", "write_file", "walk_files"]
+__all__ = [
+    "UntrustedPath",
+    "trust_problem",
+    "usable_root",
+    "ensure_dir",
+    "check_dirs",
+    "read_file",
+    "write_file",
+    "walk_files",
+]
 
 _POSIX = os.name == "posix"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -41,7 +49,7 @@ class UntrustedPath(OSError):
     link, owned by another user, writable by group or others, or over the size limit."""
 
 
-def trust_problem(st: os.stat_result) -> Optional[str]:
+def trust_problem(st: os.stat_result) -> str | None:
     """Why a file or directory with status ``st`` is not trusted, or None: it must belong to this
     process's effective user and not be writable by group or others (POSIX; None elsewhere)."""
     if not _POSIX:
@@ -50,12 +58,14 @@ def trust_problem(st: os.stat_result) -> Optional[str]:
     if st.st_uid != uid:
         return f"it is owned by uid {st.st_uid}, not by this user (uid {uid})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"it is writable by {'group and others' if st.st_mode & stat.S_IWOTH else 'group'} "
-                f"(mode {stat.S_IMODE(st.st_mode):03o})")
+        return (
+            f"it is writable by {'group and others' if st.st_mode & stat.S_IWOTH else 'group'} "
+            f"(mode {stat.S_IMODE(st.st_mode):03o})"
+        )
     return None
 
 
-def usable_root(root: pathlib.Path) -> Optional[str]:
+def usable_root(root: pathlib.Path) -> str | None:
     """Why cache directory ``root`` cannot be used, or None. Creates it (mode 0700, parents as
     needed) when missing; ``root`` itself may be a symbolic link the user made (its target is
     checked)."""
@@ -103,8 +113,7 @@ def ensure_dir(root: pathlib.Path, *parts: str) -> pathlib.Path:
     return path
 
 
-def read_file(path: pathlib.Path, limit: int, trusted: bool = True
-              ) -> Tuple[bytes, os.stat_result]:
+def read_file(path: pathlib.Path, limit: int, trusted: bool = True) -> tuple[bytes, os.stat_result]:
     """The bytes of regular file ``path`` (at most ``limit``) and its status, read without
     following a symbolic link. With ``trusted``, the file must also pass :func:`trust_problem`
     (inside the cache); without it (a directory being imported) only the type and size rules
@@ -133,8 +142,9 @@ def read_file(path: pathlib.Path, limit: int, trusted: bool = True
         if problem is not None:
             raise UntrustedPath(errno.EPERM, problem, str(path))
         if st.st_size > limit:
-            raise UntrustedPath(errno.EFBIG, f"{st.st_size} bytes, over the limit of {limit}",
-                                str(path))
+            raise UntrustedPath(
+                errno.EFBIG, f"{st.st_size} bytes, over the limit of {limit}", str(path)
+            )
         chunks = []
         remaining = st.st_size + 1  # one more byte shows a file that grew while read
         while remaining > 0:
@@ -190,8 +200,9 @@ def write_file(path: pathlib.Path, data: bytes, mode: int = 0o600) -> None:
     _fsync_dir(path.parent)
 
 
-def walk_files(top: pathlib.Path, suffix: str, max_depth: int, max_files: int
-               ) -> Iterator[pathlib.Path]:
+def walk_files(
+    top: pathlib.Path, suffix: str, max_depth: int, max_files: int
+) -> Iterator[pathlib.Path]:
     """Regular files named ``*suffix`` under ``top`` (itself included at depth 0), sorted per
     directory, without following symbolic links (to files or directories) and without
     descending more than ``max_depth`` levels. Raises UntrustedPath once more than ``max_files``
@@ -214,6 +225,5 @@ def walk_files(top: pathlib.Path, suffix: str, max_depth: int, max_files: int
                 continue
             found += 1
             if found > max_files:
-                raise UntrustedPath(errno.EFBIG, f"more than {max_files} {suffix} files",
-                                    str(top))
+                raise UntrustedPath(errno.EFBIG, f"more than {max_files} {suffix} files", str(top))
             yield path

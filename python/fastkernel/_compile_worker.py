@@ -18,6 +18,7 @@ import sys
 
 def _jit_function(module: str, qualname: str):
     from triton.runtime.jit import JITFunction
+
     obj = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
@@ -35,12 +36,15 @@ def main() -> int:
     request = pickle.load(sys.stdin.buffer)
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
     from fastkernel import cache
+
     for module, qualname, target, spec in request["jobs"]:
         try:
             cache.load_or_compile(_jit_function(module, qualname), target, spec)
         except Exception as exc:  # noqa: BLE001 - reported; the parent compiles it itself
-            print(f"fastkernel compile worker: {module}.{qualname}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            print(
+                f"fastkernel compile worker: {module}.{qualname}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
     return 0
 
 

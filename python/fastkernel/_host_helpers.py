@@ -17,7 +17,7 @@ rest by their Python bodies.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import triton
 import triton.language
@@ -26,10 +26,10 @@ from triton.runtime import jit as _triton_jit
 from . import _C
 
 _lock = threading.Lock()
-_saved_call: Optional[Any] = None
+_saved_call: Any | None = None
 
 
-def _constexpr_function_type() -> Optional[type]:
+def _constexpr_function_type() -> type | None:
     return getattr(_triton_jit, "ConstexprFunction", None)
 
 
@@ -48,8 +48,9 @@ def install() -> bool:
             return False
         if _saved_call is None:
             original = cls.__dict__["__call__"]
-            _C.install_host_helpers(cls, triton.language.constexpr, original, triton.cdiv,
-                                    triton.next_power_of_2)
+            _C.install_host_helpers(
+                cls, triton.language.constexpr, original, triton.cdiv, triton.next_power_of_2
+            )
             _saved_call = original
         return True
 

@@ -10,13 +10,13 @@ import argparse
 import os
 import runpy
 import sys
-from typing import Dict, List, Optional
 
 
-def stats_table(stats: Dict[str, Dict]) -> str:
+def stats_table(stats: dict[str, dict]) -> str:
     """A text table of the kernels that launched: hits, misses and fallbacks with reasons."""
-    rows = [(name, s) for name, s in sorted(stats.items())
-            if s["hits"] or s["misses"] or s["fallbacks"]]
+    rows = [
+        (name, s) for name, s in sorted(stats.items()) if s["hits"] or s["misses"] or s["fallbacks"]
+    ]
     if not rows:
         return "fastkernel: no Triton kernel launched"
     width = max(len("kernel"), *(len(name) for name, _ in rows))
@@ -28,25 +28,34 @@ def stats_table(stats: Dict[str, Dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fastkernel run",
-        description="Run a Python program or module with fastkernel.patch() on.")
-    parser.add_argument("--stats", action="store_true",
-                        help="print at exit, on stderr, every kernel that launched: native hits, "
-                             "misses (compiles or cache loads), fallbacks and their reasons")
-    parser.add_argument("-m", dest="module", action="store_true",
-                        help="target is a module name, run as `python -m target`")
+        description="Run a Python program or module with fastkernel.patch() on.",
+    )
+    parser.add_argument(
+        "--stats",
+        action="store_true",
+        help="print at exit, on stderr, every kernel that launched: native hits, "
+        "misses (compiles or cache loads), fallbacks and their reasons",
+    )
+    parser.add_argument(
+        "-m",
+        dest="module",
+        action="store_true",
+        help="target is a module name, run as `python -m target`",
+    )
     parser.add_argument("target", help="the script (or, with -m, the module) to run")
     parser.add_argument("args", nargs="*", help="its arguments (every word after the target)")
     argv = list(sys.argv[1:] if argv is None else argv)
     # fastkernel's options come before the target; every word after it is the target's own,
     # options included (argparse alone would read a target's `-h` as its own).
     split = next((i for i, word in enumerate(argv) if not word.startswith("-")), len(argv))
-    ns = parser.parse_args(argv[:split + 1])
-    ns.args = argv[split + 1:]
+    ns = parser.parse_args(argv[: split + 1])
+    ns.args = argv[split + 1 :]
 
     import fastkernel
+
     fastkernel.patch()
     status: object = 0
     try:

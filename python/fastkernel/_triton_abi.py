@@ -12,25 +12,28 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import triton
+from triton import knobs as _knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from triton import knobs as _knobs
 from triton.compiler.compiler import LazyDict, make_backend
 from triton.runtime import jit as triton_jit
 
-TRITON_VERSION: Tuple[int, int] = tuple(int(p) for p in triton.__version__.split(".")[:2])  # type: ignore
+TRITON_VERSION: tuple[int, int] = tuple(int(p) for p in triton.__version__.split(".")[:2])  # type: ignore
 
 
 #: Immutable objects Triton specializes as constexprs: dtypes and jit functions (JITCallable in
 #: Triton >= 3.6 also covers constexpr_function helpers; 3.5 has only JITFunction).
-IDENTITY_CONSTEXPR_TYPES = (triton.language.dtype,
-                            getattr(triton_jit, "JITCallable", triton_jit.JITFunction))
+IDENTITY_CONSTEXPR_TYPES = (
+    triton.language.dtype,
+    getattr(triton_jit, "JITCallable", triton_jit.JITFunction),
+)
 
 
-def num_scratch_params(version: Tuple[int, int] = TRITON_VERSION) -> int:
+def num_scratch_params(version: tuple[int, int] = TRITON_VERSION) -> int:
     """Device pointers Triton appends after the declared parameters.
 
     Triton <= 3.2 appends none, 3.3 and 3.4 only ``global_scratch``, 3.5 and later both
@@ -43,33 +46,35 @@ def num_scratch_params(version: Tuple[int, int] = TRITON_VERSION) -> int:
     return 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_target(major: int, minor: int) -> GPUTarget:
     """The compile target Triton's CUDA driver reports for a device of this capability."""
     return GPUTarget("cuda", major * 10 + minor, 32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def backend_for(target: GPUTarget):
     """Triton's compiler backend for ``target`` (works without a GPU)."""
     return make_backend(target)
 
 
-def option_names(target: GPUTarget) -> List[str]:
+def option_names(target: GPUTarget) -> list[str]:
     """Keyword arguments that are compile options (fields of the backend's options dataclass)."""
     options_cls = type(backend_for(target).parse_options({}))
     return [f.name for f in dataclasses.fields(options_cls)]
 
 
-def make_binder(jit_fn: "triton_jit.JITFunction", target: GPUTarget):
+def make_binder(jit_fn: triton_jit.JITFunction, target: GPUTarget):
     """Triton's own argument binder and specializer for ``jit_fn`` (jit.py create_binder)."""
-    return triton_jit.create_function_from_signature(jit_fn.signature, jit_fn.params,
-                                                     backend_for(target))
+    return triton_jit.create_function_from_signature(
+        jit_fn.signature, jit_fn.params, backend_for(target)
+    )
 
 
-def runtime_options(jit_fn: "triton_jit.JITFunction", kwargs: Dict[str, Any]) -> Dict[str, Any]:
+def runtime_options(jit_fn: triton_jit.JITFunction, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keyword options JITFunction.run adds before specializing (knobs that change the binary)."""
     from triton import knobs
+
     kwargs = dict(kwargs)
     kwargs["debug"] = kwargs.get("debug", jit_fn.debug) or knobs.runtime.debug
     compilation = knobs.compilation
@@ -84,19 +89,21 @@ def runtime_options(jit_fn: "triton_jit.JITFunction", kwargs: Dict[str, Any]) ->
 class Specialization:
     """What Triton decided for one call: the compile inputs and the launch parameter plan."""
 
-    signature: Dict[str, Any]
-    constexprs: Dict[Tuple[int, ...], Any]
-    attrs: Dict[Tuple[int, ...], Any]
+    signature: dict[str, Any]
+    constexprs: dict[tuple[int, ...], Any]
+    attrs: dict[tuple[int, ...], Any]
     options: Any
     #: (argument index, Triton type) of each parameter the kernel receives, in order.
-    plan: List[Tuple[int, str]]
+    plan: list[tuple[int, str]]
 
 
 class UnsupportedByNativePath(Exception):
     """The call compiles, but its launch ABI is outside what the native trampoline packs."""
 
 
-def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str, Any]) -> Specialization:
+def specialize(
+    jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Specialization:
     """Specialize a call exactly as ``JITFunction.run`` would, without a GPU.
 
     Raises
@@ -107,18 +114,20 @@ def specialize(jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: Dict[str,
         For launch types the native packer does not build (im2col descriptors).
     """
     from triton import knobs
+
     backend = backend_for(target)
     kwargs = runtime_options(jit_fn, kwargs)
     binder = make_binder(jit_fn, target)
     bound_args, specialization, options = binder(*args, **kwargs)
     if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:  # Triton >= 3.6
         raise UnsupportedByNativePath("a stages-inspection hook is set")
-    options, signature, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound_args,
-                                                              specialization, options)
+    options, signature, constexprs, attrs = jit_fn._pack_args(
+        backend, kwargs, bound_args, specialization, options
+    )
     return Specialization(signature, constexprs, attrs, options, launch_plan(signature))
 
 
-def descriptor_rank(ty: str) -> Optional[int]:
+def descriptor_rank(ty: str) -> int | None:
     """The rank of a host tensor descriptor's Triton type (``"tensordesc<fp16[64, 64]>"``), or
     None for any other type. The rank is the block shape's (backends/driver.py
     ``_parse_descriptor``); im2col descriptors (``tensordesc_im2col<...>``) are not host
@@ -137,7 +146,7 @@ def descriptor_leaves(rank: int) -> int:
     return 2 * rank + 3
 
 
-def launch_plan(signature: Dict[str, Any]) -> List[Tuple[int, str]]:
+def launch_plan(signature: dict[str, Any]) -> list[tuple[int, str]]:
     """(bound-argument slot, Triton type) of each kernel parameter, in order, from a
     specialization's signature: constexprs dropped, tuples flattened depth-first into the slots
     after the declared parameters (the native bound call's layout). A host tensor descriptor
@@ -146,7 +155,7 @@ def launch_plan(signature: Dict[str, Any]) -> List[Tuple[int, str]]:
     compiled kernel takes. Raises UnsupportedByNativePath for launch types the trampoline does
     not pack (im2col descriptors).
     """
-    plan: List[Tuple[int, str]] = []
+    plan: list[tuple[int, str]] = []
     # Tuple arguments are flattened (Triton's launcher does the same): their leaves, in
     # depth-first order, take the native bound call's slots after the declared parameters.
     next_leaf = [len(signature)]
@@ -154,8 +163,11 @@ def launch_plan(signature: Dict[str, Any]) -> List[Tuple[int, str]]:
     def add(slot: int, ty: Any) -> None:
         if ty == "constexpr":
             return
-        if not isinstance(ty, str) or ty == "nvTmaDesc" or (
-                ty.startswith("tensordesc") and descriptor_rank(ty) is None):
+        if (
+            not isinstance(ty, str)
+            or ty == "nvTmaDesc"
+            or (ty.startswith("tensordesc") and descriptor_rank(ty) is None)
+        ):
             raise UnsupportedByNativePath(f"parameter {slot} has launch type {ty!r}")
         plan.append((slot, ty))
 
@@ -193,12 +205,14 @@ _TMA_DTYPE_DEVICE_TO_HOST = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
 
 #: A tensor map description for the native launcher: (host data type, element size in bytes,
 #: swizzle, block shape, fp4 padded, round_f32_to_tf32 selects TFLOAT32).
-TensorMap = Tuple[int, int, int, List[int], bool, bool]
+TensorMap = tuple[int, int, int, list[int], bool, bool]
 
 
-def expand_descriptors(plan: List[Tuple[int, str]], tensordesc_meta: Optional[list],
-                       version: Tuple[int, int] = TRITON_VERSION
-                       ) -> Tuple[List[Tuple[int, str]], List[TensorMap]]:
+def expand_descriptors(
+    plan: list[tuple[int, str]],
+    tensordesc_meta: list | None,
+    version: tuple[int, int] = TRITON_VERSION,
+) -> tuple[list[tuple[int, str]], list[TensorMap]]:
     """The parameters a compiled kernel takes for its host tensor descriptors, as the installed
     Triton's launcher passes them (backends/nvidia/driver.py ``make_tensordesc_arg`` and
     ``expand_signature``), reading the descriptor's leaves (base, shape, strides, nan, tf32 at
@@ -214,8 +228,8 @@ def expand_descriptors(plan: List[Tuple[int, str]], tensordesc_meta: Optional[li
     UnsupportedByNativePath for descriptor kinds the native encoder does not build: im2col,
     and padded fp4 under Triton <= 3.6 (which passes the doubled inner size to the kernel).
     """
-    expanded: List[Tuple[int, str]] = []
-    maps: List[TensorMap] = []
+    expanded: list[tuple[int, str]] = []
+    maps: list[TensorMap] = []
     descriptor_index = 0
     for slot, ty in plan:
         rank = descriptor_rank(ty)
@@ -231,12 +245,19 @@ def expand_descriptors(plan: List[Tuple[int, str]], tensordesc_meta: Optional[li
                 raise UnsupportedByNativePath("im2col tensor descriptors")
             if meta["fp4_padded"] and version <= (3, 6):
                 raise UnsupportedByNativePath("padded fp4 tensor descriptors on Triton <= 3.6")
-            maps.append((_TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], int(meta["elem_size"]),
-                         int(meta["swizzle"]), [int(b) for b in meta["block_size"]],
-                         bool(meta["fp4_padded"]), version >= (3, 7)))
+            maps.append(
+                (
+                    _TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                    int(meta["elem_size"]),
+                    int(meta["swizzle"]),
+                    [int(b) for b in meta["block_size"]],
+                    bool(meta["fp4_padded"]),
+                    version >= (3, 7),
+                )
+            )
             expanded.append((slot, "nvTmaDesc"))
         else:
-            dtype = ty[len("tensordesc<"):ty.index("[")]
+            dtype = ty[len("tensordesc<") : ty.index("[")]
             expanded.append((slot, "*" + dtype))
             expanded += [(s, "i64") for s in shape + strides]
             expanded.append((nan_slot, "i1"))
@@ -270,7 +291,7 @@ class LaunchMetadata:
     profile_scratch_align: int
     #: Triton's ``tensordesc_meta``: one dict per host descriptor parameter under TMA lowering
     #: (swizzle, elem_size, elem_type, block_size, fp4_padded), empty otherwise.
-    tensordesc_meta: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    tensordesc_meta: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def launch_metadata(compiled) -> LaunchMetadata:
@@ -278,6 +299,7 @@ def launch_metadata(compiled) -> LaunchMetadata:
     md = compiled.metadata
     try:
         from triton._instrumentation import is_enabled
+
         if is_enabled(md, "gsan"):
             raise UnsupportedByNativePath("GSan instrumentation appends launch parameters")
     except ImportError:
@@ -298,7 +320,7 @@ def launch_metadata(compiled) -> LaunchMetadata:
     )
 
 
-def allocate_scratch(size: int, align: int, stream: Optional[int], kind: str):
+def allocate_scratch(size: int, align: int, stream: int | None, kind: str):
     """Allocate a scratch buffer the way Triton's CudaLauncher does.
 
     ``global`` scratch comes from ``triton.set_allocator``'s allocator (Triton raises a
@@ -306,6 +328,7 @@ def allocate_scratch(size: int, align: int, stream: Optional[int], kind: str):
     profile allocator when one is set, else from the driver's default profile scratch.
     """
     from triton.runtime import _allocation
+
     if kind == "global":
         buffer = _allocation._allocator.get()(size, align, stream)
     elif _allocation.has_profile_allocator():
@@ -320,11 +343,12 @@ def allocate_scratch(size: int, align: int, stream: Optional[int], kind: str):
 
 
 #: Scratch buffers of launches captured into CUDA graphs (kept alive for their replays).
-CAPTURED_SCRATCH: List[Any] = []
+CAPTURED_SCRATCH: list[Any] = []
 
 
 def _stream_is_capturing() -> bool:
     import torch
+
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
@@ -337,22 +361,24 @@ def _stream_is_capturing() -> bool:
 # Triton 3.9 keeps hooks in HookChain objects (empty chains are no-ops); earlier versions
 # keep a plain callable or None.
 
-_BINARY_KNOB_WORDS: Dict[Tuple[Any, ...], int] = {}
+_BINARY_KNOB_WORDS: dict[tuple[Any, ...], int] = {}
 
 
-def knob_dicts() -> List[dict]:
+def knob_dicts() -> list[dict]:
     """The dicts whose modification can change a knob the native path reads."""
     from triton import knobs
+
     return [knobs.runtime.__dict__, knobs.compilation.__dict__]
 
 
-def knob_classes() -> List[type]:
+def knob_classes() -> list[type]:
     """The knob classes on which attribute assignment must notify the native path."""
     from triton import knobs
+
     return [type(knobs.runtime), type(knobs.compilation)]
 
 
-def _hook_parts(hook) -> Tuple[Optional[list], bool]:
+def _hook_parts(hook) -> tuple[list | None, bool]:
     """(list of chained hooks, None) for a HookChain, (None, True) for a plain callable."""
     if hook is None:
         return None, False
@@ -362,16 +388,20 @@ def _hook_parts(hook) -> Tuple[Optional[list], bool]:
     return None, True
 
 
-def binary_knobs() -> Tuple[bool, str, bool]:
+def binary_knobs() -> tuple[bool, str, bool]:
     """The knob values that change the compiled binary: (debug, instrumentation mode,
     fpsan homomorphic casts), as JITFunction.run reads them into the compile options."""
     from triton import knobs
+
     runtime, compilation = knobs.runtime, knobs.compilation
-    return (bool(runtime.debug), str(getattr(compilation, "instrumentation_mode", "")),
-            bool(getattr(compilation, "fpsan_homomorphic_casts", False)))
+    return (
+        bool(runtime.debug),
+        str(getattr(compilation, "instrumentation_mode", "")),
+        bool(getattr(compilation, "fpsan_homomorphic_casts", False)),
+    )
 
 
-def knob_state() -> Tuple[int, bool, Optional[list], bool, Optional[list], bool]:
+def knob_state() -> tuple[int, bool, list | None, bool, list | None, bool]:
     """The knob state for the native path: (key word, native path disabled, enter hook list,
     enter is a plain callable, exit hook list, exit is a plain callable).
 
@@ -379,6 +409,7 @@ def knob_state() -> Tuple[int, bool, Optional[list], bool, Optional[list], bool]
     change the compiled binary, so a knob change selects (and compiles) a new binary.
     """
     from triton import knobs
+
     runtime = knobs.runtime
     word = _BINARY_KNOB_WORDS.setdefault(binary_knobs(), len(_BINARY_KNOB_WORDS) + 1)
     disabled = getattr(runtime, "add_stages_inspection_hook", None) is not None
@@ -421,11 +452,14 @@ def run_exit_hooks(metadata) -> None:
 def global_checks(jit_fn) -> tuple:
     """(globals dict, name, value) for each global ``jit_fn`` (and what it calls) read when it
     was compiled: JITFunction.run re-checks these on every call (jit.py ``used_global_vals``)."""
-    return tuple((globals_dict, name, value)
-                 for (name, _), (value, globals_dict) in jit_fn.used_global_vals.items())
+    return tuple(
+        (globals_dict, name, value)
+        for (name, _), (value, globals_dict) in jit_fn.used_global_vals.items()
+    )
 
 
 def raise_global_changed(name: str, old: Any, new: Any) -> None:
     """Raise the error JITFunction.run raises when a global changed since compilation."""
     raise RuntimeError(
-        f"Global variable {name} has changed since we compiled this kernel, from {old} to {new}")
+        f"Global variable {name} has changed since we compiled this kernel, from {old} to {new}"
+    )

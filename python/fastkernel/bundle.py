@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
-from typing import Any, List, Tuple
 
 from . import _triton_abi as abi
 from .cache import atomic_write
@@ -29,21 +28,30 @@ def _divisible(attrs, index: int) -> bool:
     return any(attr[0] == "tt.divisibility" and attr[1] == 16 for attr in attrs.get((index,), []))
 
 
-def _pattern(param, index: int, spec: "abi.Specialization", spec_flags) -> Tuple[int, int, int, int, int, int, str]:
+def _pattern(
+    param, index: int, spec: abi.Specialization, spec_flags
+) -> tuple[int, int, int, int, int, int, str]:
     """(kind, width, class, specialize, align, any_width, type) of one runtime parameter."""
     ty = spec.signature[param.name]
     specialize, align = spec_flags
     annotated = bool(param.annotation_type)
-    cls = (_NOT_SPECIALIZED if not specialize else
-           _DIVISIBLE_16 if _divisible(spec.attrs, index) else _OTHER)
+    cls = (
+        _NOT_SPECIALIZED
+        if not specialize
+        else _DIVISIBLE_16
+        if _divisible(spec.attrs, index)
+        else _OTHER
+    )
     if ty == "constexpr":  # an argument Triton specialized away: == 1 or None
         value = spec.constexprs.get((index,))
         if value is None:
             return (_KIND["none"], 0, _NOT_SPECIALIZED, int(specialize), int(align), 0, "None")
         if type(value) is int and value == 1:
             return (_KIND["int"], 0, _EQUALS_ONE, int(specialize), int(align), 0, "==1")
-        raise ValueError(f"parameter '{param.name}' was passed a constexpr object "
-                         f"({value!r}); C++ cannot pass one")
+        raise ValueError(
+            f"parameter '{param.name}' was passed a constexpr object "
+            f"({value!r}); C++ cannot pass one"
+        )
     if ty.startswith("*"):
         return (_KIND["tensor"], 0, cls, int(specialize), int(align), 0, ty)
     if ty in _WIDTH:
@@ -52,15 +60,16 @@ def _pattern(param, index: int, spec: "abi.Specialization", spec_flags) -> Tuple
         return (_KIND["bool"], 0, _NOT_SPECIALIZED, 0, 0, 0, ty)
     if ty in ("fp16", "bf16", "fp32", "fp64"):
         return (_KIND["float"], 0, _NOT_SPECIALIZED, 0, 0, 0, ty)
-    raise ValueError(f"parameter '{param.name}' has launch type {ty!r}, which C++ bundles do not "
-                     f"support yet")
+    raise ValueError(
+        f"parameter '{param.name}' has launch type {ty!r}, which C++ bundles do not support yet"
+    )
 
 
 #: The manifest format ``fastkernel::Bundle::load`` reads (csrc/bundle.cpp).
 BUNDLE_VERSION = 2
 
 
-def entry_digest(entry_lines: List[str], cubin: bytes) -> str:
+def entry_digest(entry_lines: list[str], cubin: bytes) -> str:
     """The digest an entry's ``digest`` line records: SHA-256 (hex) of its manifest lines from
     ``entry`` up to the digest line, each ending in a newline, followed by its cubin's bytes. The
     loader recomputes it, so a changed launch fact, plan line or cubin byte, or a cubin swapped
@@ -68,7 +77,7 @@ def entry_digest(entry_lines: List[str], cubin: bytes) -> str:
     return hashlib.sha256("".join(line + "\n" for line in entry_lines).encode() + cubin).hexdigest()
 
 
-def export(kernel, path) -> List[pathlib.Path]:
+def export(kernel, path) -> list[pathlib.Path]:
     """Write ``kernel``'s registered specializations to the bundle directory ``path``.
 
     Parameters
@@ -92,6 +101,7 @@ def export(kernel, path) -> List[pathlib.Path]:
         support (constexpr objects in runtime parameters, tuples, host tensor descriptors).
     """
     from .kernel import FastKernel, _params_spec
+
     if not isinstance(kernel, FastKernel):
         raise TypeError(f"export takes a fastkernel kernel, got {type(kernel).__name__}")
     registrations = list(kernel._registrations.values())
@@ -109,26 +119,51 @@ def export(kernel, path) -> List[pathlib.Path]:
         atomic_write(cubin, meta.cubin)
         written.append(cubin)
         first = len(lines)
-        lines.append(" ".join(str(x) for x in (
-            "entry", kernel.__name__, cubin.name, meta.name, target.arch, meta.block_x,
-            meta.shared_mem, meta.num_ctas, int(meta.cooperative_grid), int(meta.pdl),
-            abi.num_scratch_params(), meta.global_scratch_size, meta.global_scratch_align,
-            meta.profile_scratch_size, meta.profile_scratch_align)))
-        constexprs = {kernel.params[k[0]].name: v for k, v in spec.constexprs.items()
-                      if kernel.params[k[0]].is_constexpr}
+        lines.append(
+            " ".join(
+                str(x)
+                for x in (
+                    "entry",
+                    kernel.__name__,
+                    cubin.name,
+                    meta.name,
+                    target.arch,
+                    meta.block_x,
+                    meta.shared_mem,
+                    meta.num_ctas,
+                    int(meta.cooperative_grid),
+                    int(meta.pdl),
+                    abi.num_scratch_params(),
+                    meta.global_scratch_size,
+                    meta.global_scratch_align,
+                    meta.profile_scratch_size,
+                    meta.profile_scratch_align,
+                )
+            )
+        )
+        constexprs = {
+            kernel.params[k[0]].name: v
+            for k, v in spec.constexprs.items()
+            if kernel.params[k[0]].is_constexpr
+        }
         lines.append("constexprs " + " ".join(f"{k}={v!r}" for k, v in constexprs.items()))
         for index, param in runtime:
-            lines.append("arg " + " ".join(str(x) for x in _pattern(param, index, spec, flags[index])))
+            lines.append(
+                "arg " + " ".join(str(x) for x in _pattern(param, index, spec, flags[index]))
+            )
         for index, ty in spec.plan:
             if abi.descriptor_rank(ty) is not None:
-                raise ValueError(f"{kernel.__name__}: a specialization takes host tensor "
-                                 f"descriptors, which C++ bundles do not support")
+                raise ValueError(
+                    f"{kernel.__name__}: a specialization takes host tensor "
+                    f"descriptors, which C++ bundles do not support"
+                )
             if index not in runtime_index:
-                raise ValueError(f"{kernel.__name__}: a specialization takes tuple arguments, "
-                                 f"which C++ bundles do not support")
+                raise ValueError(
+                    f"{kernel.__name__}: a specialization takes tuple arguments, "
+                    f"which C++ bundles do not support"
+                )
             lines.append(f"plan {runtime_index[index]} {ty}")
         lines.append(f"digest {entry_digest(lines[first:], meta.cubin)}")
         lines.append("end")
     atomic_write(root / "manifest.txt", ("\n".join(lines) + "\n").encode())
     return written
-

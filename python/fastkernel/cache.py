@@ -40,12 +40,13 @@ import sys
 import sysconfig
 import time
 import types
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import triton
 
-from . import _env
 from . import _cache_files as _fs
+from . import _env
 from . import _triton_abi as abi
 
 log = logging.getLogger("fastkernel.cache")
@@ -69,15 +70,27 @@ _IMPORT_MAX_FILES = 1_000_000
 
 #: The fields of ``abi.LaunchMetadata`` stored in an entry's header (all but the cubin), with the
 #: JSON type each must have.
-_LAUNCH_FIELDS: Dict[str, type] = {
-    "name": str, "block_x": int, "shared_mem": int, "num_ctas": int, "cooperative_grid": bool,
-    "pdl": bool, "global_scratch_size": int, "global_scratch_align": int,
-    "profile_scratch_size": int, "profile_scratch_align": int, "tensordesc_meta": list,
+_LAUNCH_FIELDS: dict[str, type] = {
+    "name": str,
+    "block_x": int,
+    "shared_mem": int,
+    "num_ctas": int,
+    "cooperative_grid": bool,
+    "pdl": bool,
+    "global_scratch_size": int,
+    "global_scratch_align": int,
+    "profile_scratch_size": int,
+    "profile_scratch_align": int,
+    "tensordesc_meta": list,
 }
 
 #: The keys of one ``tensordesc_meta`` entry the native launcher reads, with their JSON types.
-_TENSORDESC_META_FIELDS: Dict[str, type] = {
-    "swizzle": int, "elem_size": int, "elem_type": int, "block_size": list, "fp4_padded": bool,
+_TENSORDESC_META_FIELDS: dict[str, type] = {
+    "swizzle": int,
+    "elem_size": int,
+    "elem_type": int,
+    "block_size": list,
+    "fp4_padded": bool,
 }
 
 
@@ -89,8 +102,11 @@ def _valid_tensordesc_meta(value: Any) -> bool:
         and all(type(m.get(k)) is kind for k, kind in _TENSORDESC_META_FIELDS.items())
         and 1 <= len(m["block_size"]) <= 5
         and all(type(b) is int and 0 < b <= 256 for b in m["block_size"])
-        and 0 <= m["swizzle"] <= 3 and 1 <= m["elem_size"] <= 8 and 0 <= m["elem_type"] <= 15
-        for m in value)
+        and 0 <= m["swizzle"] <= 3
+        and 1 <= m["elem_size"] <= 8
+        and 0 <= m["elem_type"] <= 15
+        for m in value
+    )
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -152,13 +168,13 @@ def entry_path(root: pathlib.Path, key: str) -> pathlib.Path:
 _logged: set = set()
 
 
-def _log_once(level: int, tag: Tuple[Any, ...], msg: str, *args: Any) -> None:
+def _log_once(level: int, tag: tuple[Any, ...], msg: str, *args: Any) -> None:
     if tag not in _logged:
         _logged.add(tag)
         log.log(level, msg, *args)
 
 
-def _usable_root() -> Optional[pathlib.Path]:
+def _usable_root() -> pathlib.Path | None:
     """The cache directory in effect, created private (0700) if missing; None when the cache is
     off, or when the directory is not trusted (another user's, or writable by group or others:
     whoever can write it could make this process launch their code), then warned once."""
@@ -167,19 +183,32 @@ def _usable_root() -> Optional[pathlib.Path]:
     root = cache_dir()
     problem = _fs.usable_root(root)
     if problem is not None:
-        hint = ("set FASTKERNEL_CACHE_DIR to a directory you can write"
-                if problem.startswith("it cannot") or problem.startswith("it is not a") else
-                f"make it private to you (chmod 700 {root}) or set FASTKERNEL_CACHE_DIR")
-        _log_once(logging.WARNING, ("untrusted-root", str(root), problem),
-                  "fastkernel: cannot use the kernel cache %s: %s; kernels still run, compiled "
-                  "in each process (%s)", root, problem, hint)
+        hint = (
+            "set FASTKERNEL_CACHE_DIR to a directory you can write"
+            if problem.startswith("it cannot") or problem.startswith("it is not a")
+            else f"make it private to you (chmod 700 {root}) or set FASTKERNEL_CACHE_DIR"
+        )
+        _log_once(
+            logging.WARNING,
+            ("untrusted-root", str(root), problem),
+            "fastkernel: cannot use the kernel cache %s: %s; kernels still run, compiled "
+            "in each process (%s)",
+            root,
+            problem,
+            hint,
+        )
         return None
     return root
 
 
 def _warn_untrusted(path: pathlib.Path, exc: OSError) -> None:
-    _log_once(logging.WARNING, ("untrusted", str(path)),
-              "fastkernel: not using %s: %s; compiling instead", path, exc.strerror or exc)
+    _log_once(
+        logging.WARNING,
+        ("untrusted", str(path)),
+        "fastkernel: not using %s: %s; compiling instead",
+        path,
+        exc.strerror or exc,
+    )
 
 
 # -- the key --------------------------------------------------------------------------------
@@ -217,15 +246,17 @@ def _render(value: Any) -> Any:
         return ["dtype", type(value).__qualname__, [[k, _render(v)] for k, v in fields]]
     if isinstance(value, abi.IDENTITY_CONSTEXPR_TYPES):  # jit functions (JITCallable)
         return ["jit", value.cache_key, bool(getattr(value, "noinline", False))]
-    raise Uncacheable(f"a value of type {type(value).__module__}.{type(value).__qualname__} "
-                      f"has no stable rendering for the cache key")
+    raise Uncacheable(
+        f"a value of type {type(value).__module__}.{type(value).__qualname__} "
+        f"has no stable rendering for the cache key"
+    )
 
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _triton_key_sources() -> List[str]:
+def _triton_key_sources() -> list[str]:
     """The files Triton's ``triton_key()`` hashes (triton/runtime/cache.py: the frontend, the
     compiler and backend packages, libtriton, the language package), as a superset: every .py
     file under those packages."""
@@ -240,7 +271,7 @@ def _triton_key_sources() -> List[str]:
     return paths
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _stat_part(path: str) -> str:
     """One file's identity for a stat signature: path, size, mtime, inode and device."""
     try:
@@ -260,14 +291,15 @@ def _triton_stat_signature() -> str:
 
 def _compute_triton_key_digest() -> str:
     from triton.runtime.cache import triton_key
+
     return _sha256(triton_key())
 
 
-_digests: Dict[Tuple[str, str], str] = {}
+_digests: dict[tuple[str, str], str] = {}
 _memos_written: set = set()
 
 
-def _memoized_digest(kind: str, signature: str, compute, memo_dir: Optional[str]) -> str:
+def _memoized_digest(kind: str, signature: str, compute, memo_dir: str | None) -> str:
     """``compute()`` (a sha256 hex digest), memoized in the process and on disk under
     ``memo_dir`` as ``<kind>-<signature>.txt``, where ``signature`` hashes the stats of every
     input (the way ccache's direct mode trusts file stats): a changed input changes a stat and
@@ -292,25 +324,32 @@ def _memoized_digest(kind: str, signature: str, compute, memo_dir: Optional[str]
                 _fs.ensure_dir(memo.parent.parent, memo.parent.name)
                 _fs.write_file(memo, digest.encode("ascii"))
         except OSError as exc:
-            _log_once(logging.DEBUG, ("memo", memo_dir), "fastkernel: cannot write %s: %s", memo,
-                      exc)
+            _log_once(
+                logging.DEBUG, ("memo", memo_dir), "fastkernel: cannot write %s: %s", memo, exc
+            )
     return digest
 
 
-def _triton_key_digest(memo_dir: Optional[str]) -> str:
+def _triton_key_digest(memo_dir: str | None) -> str:
     """sha256 of Triton's ``triton_key()`` (its version and a hash of its compiler's sources and
     of libtriton, about 500 MB read in Triton 3.9). Hashing libtriton takes about 0.4 s, which
     would dominate a warm start, so it is memoized by :func:`_triton_stat_signature`."""
-    return _memoized_digest("triton", _triton_stat_signature(), _compute_triton_key_digest,
-                            memo_dir)
+    return _memoized_digest(
+        "triton", _triton_stat_signature(), _compute_triton_key_digest, memo_dir
+    )
 
 
 def _backend_stat_signature(target) -> str:
     """A hash of what the backend's ``hash()`` depends on for CUDA (the ptxas it runs, found as
     triton/knobs.py ``env_nvidia_tool`` finds it, and the mock version knob) by path and stats."""
     from triton import knobs
-    parts = [_triton_stat_signature(), str(target.arch), str(target.backend),
-             repr(getattr(getattr(knobs, "nvidia", None), "mock_ptx_version", None))]
+
+    parts = [
+        _triton_stat_signature(),
+        str(target.arch),
+        str(target.backend),
+        repr(getattr(getattr(knobs, "nvidia", None), "mock_ptx_version", None)),
+    ]
     bin_dir = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     for tool in ("ptxas", "ptxas-blackwell"):
         env = os.environ.get(f"TRITON_{tool.upper().replace('-', '_')}_PATH")
@@ -318,16 +357,20 @@ def _backend_stat_signature(target) -> str:
     return _sha256("\n".join(parts))
 
 
-def _backend_digest(target, memo_dir: Optional[str]) -> str:
+def _backend_digest(target, memo_dir: str | None) -> str:
     """sha256 of the backend's ``hash()`` (for CUDA the ptxas version text and the arch: two
     ``ptxas --version`` runs, ~15 ms), memoized by :func:`_backend_stat_signature`."""
     if target.backend != "cuda":
         return _sha256(abi.backend_for(target).hash())
-    return _memoized_digest("backend", _backend_stat_signature(target),
-                            lambda: _sha256(abi.backend_for(target).hash()), memo_dir)
+    return _memoized_digest(
+        "backend",
+        _backend_stat_signature(target),
+        lambda: _sha256(abi.backend_for(target).hash()),
+        memo_dir,
+    )
 
 
-def toolchain_fingerprint(target, memo_dir: Optional[pathlib.Path] = None) -> Dict[str, Any]:
+def toolchain_fingerprint(target, memo_dir: pathlib.Path | None = None) -> dict[str, Any]:
     """What identifies the toolchain that compiles for ``target``; stored in every entry and part
     of its key.
 
@@ -348,6 +391,7 @@ def toolchain_fingerprint(target, memo_dir: Optional[pathlib.Path] = None) -> Di
         triton/backends/nvidia/compiler.py ``CUDABackend.hash``).
     """
     import fastkernel
+
     return {
         "format": FORMAT_VERSION,
         "fastkernel": fastkernel.__version__,
@@ -357,12 +401,13 @@ def toolchain_fingerprint(target, memo_dir: Optional[pathlib.Path] = None) -> Di
     }
 
 
-def _target_dict(target) -> Dict[str, Any]:
+def _target_dict(target) -> dict[str, Any]:
     return {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
 
 
-def key_document(jit_fn, target, spec: "abi.Specialization",
-                 memo_dir: Optional[pathlib.Path] = None) -> Dict[str, Any]:
+def key_document(
+    jit_fn, target, spec: abi.Specialization, memo_dir: pathlib.Path | None = None
+) -> dict[str, Any]:
     """Everything that decides the binary Triton compiles for one specialization, as JSON data.
 
     Parameters
@@ -437,8 +482,9 @@ def _canonical(doc: Any) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def entry_key(jit_fn, target, spec: "abi.Specialization",
-              memo_dir: Optional[pathlib.Path] = None) -> str:
+def entry_key(
+    jit_fn, target, spec: abi.Specialization, memo_dir: pathlib.Path | None = None
+) -> str:
     """The entry key: the sha256 (hex) of :func:`key_document` serialized canonically (JSON,
     sorted keys, no whitespace). Raises Uncacheable as :func:`key_document` does."""
     return hashlib.sha256(_canonical(key_document(jit_fn, target, spec, memo_dir))).hexdigest()
@@ -463,7 +509,7 @@ class Entry:
     def key(self) -> str:
         return self.header["key"]
 
-    def launch_metadata(self) -> "abi.LaunchMetadata":
+    def launch_metadata(self) -> abi.LaunchMetadata:
         return abi.LaunchMetadata(cubin=self.cubin, **self.header["launch"])
 
 
@@ -519,19 +565,28 @@ class CachedKernel:
         return self.metadata.target
 
     @classmethod
-    def from_entry(cls, entry: Entry, src: Any = None) -> "CachedKernel":
+    def from_entry(cls, entry: Entry, src: Any = None) -> CachedKernel:
         import collections
+
         from triton.backends.compiler import GPUTarget
+
         h = entry.header
         md = dict(h["triton_metadata"])
         t = h["target"]  # the same target, checked by _check_header
         # As CompiledKernel.__init__ (triton/compiler/compiler.py) rebuilds it from its JSON.
         md["target"] = GPUTarget(t["backend"], t["arch"], t["warp_size"])
         kernel_metadata = collections.namedtuple("KernelMetadata", sorted(md))(**md)
-        return cls(name=h["launch"]["name"], metadata=kernel_metadata,
-                   asm=types.MappingProxyType({"cubin": entry.cubin}), src=src,
-                   hash=str(md.get("hash", "")), key=h["key"], path=str(entry.path),
-                   kernel=h["kernel"], launch=types.MappingProxyType(dict(h["launch"])))
+        return cls(
+            name=h["launch"]["name"],
+            metadata=kernel_metadata,
+            asm=types.MappingProxyType({"cubin": entry.cubin}),
+            src=src,
+            hash=str(md.get("hash", "")),
+            key=h["key"],
+            path=str(entry.path),
+            kernel=h["kernel"],
+            launch=types.MappingProxyType(dict(h["launch"])),
+        )
 
 
 def encode_entry(header: Mapping[str, Any], cubin: bytes) -> bytes:
@@ -545,8 +600,15 @@ def encode_entry(header: Mapping[str, Any], cubin: bytes) -> bytes:
 def _check_header(header: Any) -> None:
     if not isinstance(header, dict):
         raise CorruptEntry("the header is not an object")
-    for field, kind in (("format", int), ("key", str), ("kernel", str), ("launch", dict),
-                        ("target", dict), ("toolchain", dict), ("triton_metadata", dict)):
+    for field, kind in (
+        ("format", int),
+        ("key", str),
+        ("kernel", str),
+        ("launch", dict),
+        ("target", dict),
+        ("toolchain", dict),
+        ("triton_metadata", dict),
+    ):
         if not isinstance(header.get(field), kind):
             raise CorruptEntry(f"the header has no valid {field!r}")
     if header["format"] != FORMAT_VERSION:
@@ -559,31 +621,44 @@ def _check_header(header: Any) -> None:
         raise CorruptEntry("the launch metadata has other fields than this version stores")
     for field, kind in _LAUNCH_FIELDS.items():
         value = launch[field]
-        if type(value) is not kind or (kind is int and not _in_launch_range(field, value)) or (
-                field == "tensordesc_meta" and not _valid_tensordesc_meta(value)):
+        if (
+            type(value) is not kind
+            or (kind is int and not _in_launch_range(field, value))
+            or (field == "tensordesc_meta" and not _valid_tensordesc_meta(value))
+        ):
             raise CorruptEntry(f"launch field {field!r} is {_short(value)}")
     name = launch["name"]
     if not (0 < len(name) <= 1024 and name.isascii() and name.isprintable() and " " not in name):
         raise CorruptEntry(f"the kernel symbol {_short(name)} is not a symbol name")
     target = header["target"]
-    if not (isinstance(target.get("backend"), str) and type(target.get("arch")) is int
-            and type(target.get("warp_size")) is int and 0 < target["arch"] < 10000
-            and 0 < target["warp_size"] <= 1024):
+    if not (
+        isinstance(target.get("backend"), str)
+        and type(target.get("arch")) is int
+        and type(target.get("warp_size")) is int
+        and 0 < target["arch"] < 10000
+        and 0 < target["warp_size"] <= 1024
+    ):
         raise CorruptEntry("the header has no valid target")
     # Field names of the KernelMetadata namedtuple rebuilt from it (collections.namedtuple's
     # rules: identifiers, not keywords, not starting with an underscore).
-    if not all(k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_")
-               for k in header["triton_metadata"]):
+    if not all(
+        k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_")
+        for k in header["triton_metadata"]
+    ):
         raise CorruptEntry("Triton's metadata has a field that is not a name")
 
 
 # The launch integers' ranges, as the native registration and the driver take them: block_x is
 # 32 * num_warps threads (at most 1024, the CUDA limit per block), num_ctas a cluster size (at
 # most 16), sizes 32-bit, alignments powers of two. Out-of-range values never reach C++.
-_LAUNCH_RANGES: Dict[str, Tuple[int, int]] = {
-    "block_x": (1, 1024), "shared_mem": (0, 2**32 - 1), "num_ctas": (1, 16),
-    "global_scratch_size": (0, 2**32), "profile_scratch_size": (0, 2**32),
-    "global_scratch_align": (1, 1 << 20), "profile_scratch_align": (1, 1 << 20),
+_LAUNCH_RANGES: dict[str, tuple[int, int]] = {
+    "block_x": (1, 1024),
+    "shared_mem": (0, 2**32 - 1),
+    "num_ctas": (1, 16),
+    "global_scratch_size": (0, 2**32),
+    "profile_scratch_size": (0, 2**32),
+    "global_scratch_align": (1, 1 << 20),
+    "profile_scratch_align": (1, 1 << 20),
 }
 
 
@@ -616,11 +691,13 @@ def decode_entry(data: bytes, path: pathlib.Path = pathlib.Path("<bytes>")) -> E
     if version != FORMAT_VERSION:
         raise CorruptEntry(f"format {version}, expected {FORMAT_VERSION}")
     if header_len > _MAX_HEADER or len(data) != _PREFIX_SIZE + header_len + cubin_len:
-        raise CorruptEntry(f"{len(data)} bytes, expected {_PREFIX_SIZE + header_len + cubin_len} "
-                           f"(truncated or extended)")
-    digest = data[_FIXED.size:_PREFIX_SIZE]
+        raise CorruptEntry(
+            f"{len(data)} bytes, expected {_PREFIX_SIZE + header_len + cubin_len} "
+            f"(truncated or extended)"
+        )
+    digest = data[_FIXED.size : _PREFIX_SIZE]
     body = memoryview(data)[_PREFIX_SIZE:]
-    hasher = hashlib.sha256(data[:_FIXED.size])
+    hasher = hashlib.sha256(data[: _FIXED.size])
     hasher.update(body)
     if hasher.digest() != digest:
         raise CorruptEntry("checksum mismatch")
@@ -674,18 +751,22 @@ def _store_entry(root: pathlib.Path, key: str, data: bytes) -> None:
     _fs.write_file(directory / f"{key}{ENTRY_SUFFIX}", data)
 
 
-def _remove_if_unchanged(path: pathlib.Path, seen: Optional[os.stat_result]) -> None:
+def _remove_if_unchanged(path: pathlib.Path, seen: os.stat_result | None) -> None:
     """Remove a bad entry unless another process has replaced it since it was read."""
     try:
         now = os.stat(path)
-        if seen is None or (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns) == \
-                (seen.st_ino, seen.st_dev, seen.st_size, seen.st_mtime_ns):
+        if seen is None or (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns) == (
+            seen.st_ino,
+            seen.st_dev,
+            seen.st_size,
+            seen.st_mtime_ns,
+        ):
             os.unlink(path)
     except OSError:
         pass
 
 
-def _load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) -> Optional[Entry]:
+def _load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) -> Entry | None:
     """The verified entry at ``path``, or None (missing; untrusted, then warned once; or bad,
     then logged and removed)."""
     try:
@@ -697,8 +778,13 @@ def _load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) ->
         _warn_untrusted(path, exc)
         return None
     except OSError as exc:
-        _log_once(logging.WARNING, ("read", str(path.parent)),
-                  "fastkernel: cannot read cache entry %s (%s); compiling", path, exc)
+        _log_once(
+            logging.WARNING,
+            ("read", str(path.parent)),
+            "fastkernel: cannot read cache entry %s (%s); compiling",
+            path,
+            exc,
+        )
         return None
     try:
         entry = decode_entry(data, path)
@@ -707,8 +793,10 @@ def _load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) ->
         if dict(entry.header["target"]) != _target_dict(target):
             raise CorruptEntry(f"an entry for target {dict(entry.header['target'])}")
         if dict(entry.header["toolchain"]) != dict(toolchain):
-            raise CorruptEntry("an entry built by another toolchain "
-                               f"({_describe_toolchain(entry.header['toolchain'])})")
+            raise CorruptEntry(
+                "an entry built by another toolchain "
+                f"({_describe_toolchain(entry.header['toolchain'])})"
+            )
     except CorruptEntry as exc:
         log.warning("fastkernel: removed cache entry %s: %s; compiling again", path, exc)
         _remove_if_unchanged(path, seen)
@@ -717,24 +805,27 @@ def _load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) ->
 
 
 def _describe_toolchain(toolchain: Mapping[str, Any]) -> str:
-    return (f"fastkernel {toolchain.get('fastkernel')}, triton {toolchain.get('triton')}, "
-            f"triton_key {str(toolchain.get('triton_key'))[:12]}, "
-            f"backend {str(toolchain.get('backend'))[:12]}, format {toolchain.get('format')}")
+    return (
+        f"fastkernel {toolchain.get('fastkernel')}, triton {toolchain.get('triton')}, "
+        f"triton_key {str(toolchain.get('triton_key'))[:12]}, "
+        f"backend {str(toolchain.get('backend'))[:12]}, format {toolchain.get('format')}"
+    )
 
 
 def _kernel_name(jit_fn) -> str:
     return f"{getattr(jit_fn, 'module', '?')}:{getattr(jit_fn.fn, '__qualname__', jit_fn.__name__)}"
 
 
-def _triton_metadata(compiled) -> Dict[str, Any]:
+def _triton_metadata(compiled) -> dict[str, Any]:
     """CompiledKernel.metadata as Triton writes it to its own cache (json.dumps(default=vars))."""
     md = compiled.metadata
     md = md._asdict() if hasattr(md, "_asdict") else dict(vars(md))
     return json.loads(json.dumps(md, default=vars))
 
 
-def _header(key: str, jit_fn, target, doc: Mapping[str, Any], meta: "abi.LaunchMetadata",
-            compiled) -> Dict[str, Any]:
+def _header(
+    key: str, jit_fn, target, doc: Mapping[str, Any], meta: abi.LaunchMetadata, compiled
+) -> dict[str, Any]:
     launch = {field: getattr(meta, field) for field in _LAUNCH_FIELDS}
     for field, kind in _LAUNCH_FIELDS.items():
         launch[field] = kind(launch[field])
@@ -760,7 +851,7 @@ def _compile(jit_fn, target, spec):
     return abi.launch_metadata(compiled), compiled
 
 
-def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
+def load_or_compile(jit_fn, target, spec: abi.Specialization):
     """The launch artifact of a specialization: from the disk cache, or compiled and stored.
 
     Parameters
@@ -793,8 +884,13 @@ def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
     try:
         doc = key_document(jit_fn, target, spec, memo_dir)
     except Uncacheable as exc:
-        _log_once(logging.WARNING, ("uncacheable", _kernel_name(jit_fn), str(exc)),
-                  "fastkernel: %s is not cached on disk: %s", _kernel_name(jit_fn), exc)
+        _log_once(
+            logging.WARNING,
+            ("uncacheable", _kernel_name(jit_fn), str(exc)),
+            "fastkernel: %s is not cached on disk: %s",
+            _kernel_name(jit_fn),
+            exc,
+        )
         return _compile(jit_fn, target, spec)
     key = hashlib.sha256(_canonical(doc)).hexdigest()
     if always_compile():
@@ -810,8 +906,9 @@ def load_or_compile(jit_fn, target, spec: "abi.Specialization"):
         return _compile_and_store(jit_fn, target, spec, root, key, doc)
 
 
-def _read_artifact(root: pathlib.Path, key: str, target, doc: Mapping[str, Any], jit_fn,
-                   spec: "abi.Specialization"):
+def _read_artifact(
+    root: pathlib.Path, key: str, target, doc: Mapping[str, Any], jit_fn, spec: abi.Specialization
+):
     path = entry_path(root, key)
     entry = _load(path, key, target, doc["toolchain"])
     if entry is None:
@@ -836,19 +933,31 @@ def _entry_lock(root: pathlib.Path, key: str, jit_fn) -> Iterator[None]:
         yield
         return
     from filelock import FileLock, Timeout
+
     try:
-        lock = FileLock(str(_fs.ensure_dir(root, "entries", key[:2]) / f".{key}.lock"),
-                        timeout=_LOCK_TIMEOUT)
+        lock = FileLock(
+            str(_fs.ensure_dir(root, "entries", key[:2]) / f".{key}.lock"), timeout=_LOCK_TIMEOUT
+        )
         lock.acquire()
     except Timeout:
-        _log_once(logging.WARNING, ("lock-timeout", key),
-                  "fastkernel: waited %.0f s for another process compiling %s; compiling here",
-                  _LOCK_TIMEOUT, _kernel_name(jit_fn))
+        _log_once(
+            logging.WARNING,
+            ("lock-timeout", key),
+            "fastkernel: waited %.0f s for another process compiling %s; compiling here",
+            _LOCK_TIMEOUT,
+            _kernel_name(jit_fn),
+        )
         yield
         return
     except OSError as exc:
-        _log_once(logging.WARNING, ("lock", str(root)), "fastkernel: cannot lock entries under "
-                  "%s (%s); processes may compile the same kernel at once", root, exc)
+        _log_once(
+            logging.WARNING,
+            ("lock", str(root)),
+            "fastkernel: cannot lock entries under "
+            "%s (%s); processes may compile the same kernel at once",
+            root,
+            exc,
+        )
         yield
         return
     try:
@@ -857,11 +966,12 @@ def _entry_lock(root: pathlib.Path, key: str, jit_fn) -> Iterator[None]:
         lock.release()
 
 
-def _artifact(entry: Entry, jit_fn, spec: "abi.Specialization"):
+def _artifact(entry: Entry, jit_fn, spec: abi.Specialization):
     """``(LaunchMetadata, CachedKernel)`` of a verified entry, or None when they cannot be made
     from it (a header that passed the schema but not Python's rules for what it becomes): the
     entry is then corrupt, removed and logged."""
     from triton.compiler import ASTSource
+
     try:
         src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
         return entry.launch_metadata(), CachedKernel.from_entry(entry, src)
@@ -871,20 +981,27 @@ def _artifact(entry: Entry, jit_fn, spec: "abi.Specialization"):
         return None
 
 
-def _compile_and_store(jit_fn, target, spec: "abi.Specialization", root: pathlib.Path, key: str,
-                       doc: Mapping[str, Any]):
+def _compile_and_store(
+    jit_fn, target, spec: abi.Specialization, root: pathlib.Path, key: str, doc: Mapping[str, Any]
+):
     meta, compiled = _compile(jit_fn, target, spec)
     try:
         header = _header(key, jit_fn, target, doc, meta, compiled)
         _store_entry(root, key, encode_entry(header, meta.cubin))
     except Exception as exc:  # a failed store must not fail a launch that compiled
-        _log_once(logging.WARNING, ("write", str(root), type(exc).__name__),
-                  "fastkernel: cannot write the kernel cache under %s (%s: %s); kernels still "
-                  "run, compiled in each process", root, type(exc).__name__, exc)
+        _log_once(
+            logging.WARNING,
+            ("write", str(root), type(exc).__name__),
+            "fastkernel: cannot write the kernel cache under %s (%s: %s); kernels still "
+            "run, compiled in each process",
+            root,
+            type(exc).__name__,
+            exc,
+        )
     return meta, compiled
 
 
-def compile_and_store(jit_fn, target, spec: "abi.Specialization"):
+def compile_and_store(jit_fn, target, spec: abi.Specialization):
     """Compile a specialization with Triton and write its entry (replacing any), as
     :func:`load_or_compile` does on a miss; for a caller that found the cached entry unusable.
     Returns and raises as :func:`load_or_compile`."""
@@ -899,16 +1016,21 @@ def compile_and_store(jit_fn, target, spec: "abi.Specialization"):
     return _compile_and_store(jit_fn, target, spec, root, key, doc)
 
 
-def discard(handle: "CachedKernel", reason: str) -> None:
+def discard(handle: CachedKernel, reason: str) -> None:
     """Remove the entry ``handle`` was read from, which verified but could not become a native
     registration (``reason``); logged once per entry file."""
-    _log_once(logging.WARNING, ("discard", handle.path),
-              "fastkernel: removed cache entry %s (%s): %s; compiling again", handle.path,
-              handle.kernel, reason)
+    _log_once(
+        logging.WARNING,
+        ("discard", handle.path),
+        "fastkernel: removed cache entry %s (%s): %s; compiling again",
+        handle.path,
+        handle.kernel,
+        reason,
+    )
     _remove_if_unchanged(pathlib.Path(handle.path), None)
 
 
-def is_cached(jit_fn, target, spec: "abi.Specialization") -> bool:
+def is_cached(jit_fn, target, spec: abi.Specialization) -> bool:
     """Whether the on-disk cache has an entry file for this specialization (not verified;
     :func:`load_or_compile` verifies it). False when the cache is off or the kernel uncacheable."""
     if not enabled():
@@ -961,7 +1083,7 @@ def _dec(value: Any) -> Any:
     if isinstance(value, list):
         return [_dec(v) for v in value]
     if isinstance(value, dict):
-        (tag, inner), = value.items()
+        ((tag, inner),) = value.items()
         if tag == "i":
             return int(inner)
         if tag == "f":
@@ -974,7 +1096,7 @@ def _dec(value: Any) -> Any:
     return value
 
 
-def _encode_spec(spec: "abi.Specialization") -> Dict[str, Any]:
+def _encode_spec(spec: abi.Specialization) -> dict[str, Any]:
     return {
         "signature": [[k, _enc(v)] for k, v in spec.signature.items()],
         "constexprs": [[_enc(k), _enc(v)] for k, v in spec.constexprs.items()],
@@ -983,11 +1105,12 @@ def _encode_spec(spec: "abi.Specialization") -> Dict[str, Any]:
     }
 
 
-def _decode_spec(doc: Mapping[str, Any], target) -> "abi.Specialization":
+def _decode_spec(doc: Mapping[str, Any], target) -> abi.Specialization:
     if not isinstance(doc, dict) or not all(
-            isinstance(doc.get(field), list) and all(isinstance(p, list) and len(p) == 2
-                                                     for p in doc[field])
-            for field in ("signature", "constexprs", "attrs", "options")):
+        isinstance(doc.get(field), list)
+        and all(isinstance(p, list) and len(p) == 2 for p in doc[field])
+        for field in ("signature", "constexprs", "attrs", "options")
+    ):
         raise ValueError("the specialization is not four lists of pairs")
     if not all(isinstance(k, str) for k, _ in doc["signature"] + doc["options"]):
         raise ValueError("a signature or option name is not a string")
@@ -996,13 +1119,17 @@ def _decode_spec(doc: Mapping[str, Any], target) -> "abi.Specialization":
     signature = {k: _dec(v) for k, v in doc["signature"]}
     # The plan is derived, never stored: the entry key check covers the signature it comes from.
     return abi.Specialization(
-        signature=signature, constexprs={_dec(k): _dec(v) for k, v in doc["constexprs"]},
-        attrs={_dec(k): _dec(v) for k, v in doc["attrs"]}, options=options,
-        plan=abi.launch_plan(signature))
+        signature=signature,
+        constexprs={_dec(k): _dec(v) for k, v in doc["constexprs"]},
+        attrs={_dec(k): _dec(v) for k, v in doc["attrs"]},
+        options=options,
+        plan=abi.launch_plan(signature),
+    )
 
 
-def decode_index_record(data: bytes, index: str, native_key: str, target
-                        ) -> Tuple[Dict[str, Any], "abi.Specialization"]:
+def decode_index_record(
+    data: bytes, index: str, native_key: str, target
+) -> tuple[dict[str, Any], abi.Specialization]:
     """``(record, spec)`` from the bytes of a warm index record, read as untrusted input: it
     must be a JSON object whose checksum holds, that names ``index`` (its file's stem) and
     ``native_key`` (hex, without the per-process words), names an entry key, and whose
@@ -1021,27 +1148,42 @@ def decode_index_record(data: bytes, index: str, native_key: str, target
         if record.get("index") != index or record.get("native_key") != native_key:
             raise ValueError("a record for another native key")  # copied, renamed or re-keyed
         entry = record.get("entry")
-        if not (isinstance(entry, str) and len(entry) == 64
-                and all(c in "0123456789abcdef" for c in entry)):
+        if not (
+            isinstance(entry, str)
+            and len(entry) == 64
+            and all(c in "0123456789abcdef" for c in entry)
+        ):
             raise ValueError("the record names no entry key")
         spec = _decode_spec(record.get("spec"), target)
     except ValueError:
         raise
-    except (TypeError, KeyError, AttributeError, IndexError, AssertionError, OverflowError,
-            RecursionError, UnicodeDecodeError, abi.UnsupportedByNativePath) as exc:
+    except (
+        TypeError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        AssertionError,
+        OverflowError,
+        RecursionError,
+        UnicodeDecodeError,
+        abi.UnsupportedByNativePath,
+    ) as exc:
         raise ValueError(f"a malformed record ({type(exc).__name__}: {exc})") from None
     return record, spec
 
 
 def _index_checksum(record: Mapping[str, Any]) -> str:
     """sha256 of a warm index record's canonical JSON without its ``checksum`` field."""
-    return hashlib.sha256(_canonical({k: v for k, v in record.items() if k != "checksum"})
-                          ).hexdigest()
+    return hashlib.sha256(
+        _canonical({k: v for k, v in record.items() if k != "checksum"})
+    ).hexdigest()
 
 
-def _index_path(jit_fn, target, native_key: bytes, root: pathlib.Path,
-                tuned: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
+def _index_path(
+    jit_fn, target, native_key: bytes, root: pathlib.Path, tuned: Mapping[str, Any] | None = None
+) -> pathlib.Path:
     from triton._C.libtriton import get_cache_invalidating_env_vars
+
     # Globals, options and the rest of the binary's identity are checked through the entry key
     # the decoded specialization must reproduce (warm_lookup).
     doc = {
@@ -1060,7 +1202,7 @@ def _index_path(jit_fn, target, native_key: bytes, root: pathlib.Path,
     return root / "index" / digest[:2] / f"{digest}.json"
 
 
-def warm_lookup(jit_fn, target, native_key: bytes, tuned: Optional[Mapping[str, Any]] = None):
+def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | None = None):
     """``(spec, meta, handle)`` for a native key whose specialization the warm index holds and
     whose entry verifies, else None (then the caller specializes with Triton's binder). ``tuned``:
     the values a tuned config (or keyed heuristics) gave, which a tuned kernel's native key does
@@ -1073,8 +1215,9 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Optional[Mapping[str, 
     try:
         path = _index_path(jit_fn, target, native_key, root, tuned)
         _fs.check_dirs(root, "index", path.parent.name)
-        record, spec = decode_index_record(_fs.read_file(path, _MAX_INDEX_RECORD)[0], path.stem,
-                                           native_key[:-16].hex(), target)
+        record, spec = decode_index_record(
+            _fs.read_file(path, _MAX_INDEX_RECORD)[0], path.stem, native_key[:-16].hex(), target
+        )
         doc = key_document(jit_fn, target, spec, root / "toolchain")
         key = hashlib.sha256(_canonical(doc)).hexdigest()
         if key != record["entry"]:
@@ -1094,8 +1237,13 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Optional[Mapping[str, 
     return None if artifact is None else (spec, *artifact)
 
 
-def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization",
-               tuned: Optional[Mapping[str, Any]] = None) -> None:
+def warm_store(
+    jit_fn,
+    target,
+    native_key: bytes,
+    spec: abi.Specialization,
+    tuned: Mapping[str, Any] | None = None,
+) -> None:
     """Record ``native_key -> spec`` in the warm index (after its entry was written). Skipped
     quietly when the cache is off or a value has no JSON encoding."""
     root = _usable_root()
@@ -1104,9 +1252,12 @@ def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization",
     try:
         doc = key_document(jit_fn, target, spec, root / "toolchain")
         path = _index_path(jit_fn, target, native_key, root, tuned)
-        record = {"index": path.stem, "native_key": native_key[:-16].hex(),
-                  "entry": hashlib.sha256(_canonical(doc)).hexdigest(),
-                  "spec": _encode_spec(spec)}
+        record = {
+            "index": path.stem,
+            "native_key": native_key[:-16].hex(),
+            "entry": hashlib.sha256(_canonical(doc)).hexdigest(),
+            "spec": _encode_spec(spec),
+        }
         record["checksum"] = _index_checksum(record)
         if not entry_path(root, record["entry"]).is_file():
             return
@@ -1115,8 +1266,13 @@ def warm_store(jit_fn, target, native_key: bytes, spec: "abi.Specialization",
     except (_NotEncodable, Uncacheable) as exc:
         log.debug("fastkernel: no warm index record for %s: %s", _kernel_name(jit_fn), exc)
     except OSError as exc:
-        _log_once(logging.DEBUG, ("index-write", str(root)), "fastkernel: cannot write the warm "
-                  "index under %s: %s", root, exc)
+        _log_once(
+            logging.DEBUG,
+            ("index-write", str(root)),
+            "fastkernel: cannot write the warm index under %s: %s",
+            root,
+            exc,
+        )
 
 
 # -- managing a cache directory -------------------------------------------------------------
@@ -1132,12 +1288,12 @@ def iter_entry_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
     return _fs.walk_files(root, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES)
 
 
-def _temp_files(root: pathlib.Path) -> List[pathlib.Path]:
+def _temp_files(root: pathlib.Path) -> list[pathlib.Path]:
     entries = _entries_dir(root)
     return sorted(entries.rglob(".*.tmp")) if entries.is_dir() else []
 
 
-def scan(root: Optional[pathlib.Path] = None) -> Tuple[List[Entry], List[Tuple[pathlib.Path, str]]]:
+def scan(root: pathlib.Path | None = None) -> tuple[list[Entry], list[tuple[pathlib.Path, str]]]:
     """Read every entry under cache directory ``root`` (default :func:`cache_dir`).
 
     Returns
@@ -1156,7 +1312,7 @@ def scan(root: Optional[pathlib.Path] = None) -> Tuple[List[Entry], List[Tuple[p
     return good, bad
 
 
-def clear(root: Optional[pathlib.Path] = None) -> Tuple[int, int]:
+def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
     """Remove every entry, temporary file, toolchain memo and tuning record (``autotune/``)
     under cache directory ``root`` (default :func:`cache_dir`). Other files there are left
     alone.
@@ -1182,7 +1338,7 @@ def clear(root: Optional[pathlib.Path] = None) -> Tuple[int, int]:
     return count, size
 
 
-def export_entries(dest: pathlib.Path, root: Optional[pathlib.Path] = None) -> int:
+def export_entries(dest: pathlib.Path, root: pathlib.Path | None = None) -> int:
     """Copy every verified entry of cache directory ``root`` into directory ``dest`` (created),
     as ``dest/<key>.fkc``. Entries carry their target and toolchain; bad files are skipped with
     a log line.
@@ -1203,7 +1359,7 @@ def export_entries(dest: pathlib.Path, root: Optional[pathlib.Path] = None) -> i
     return len(entries)
 
 
-def import_entries(src: pathlib.Path, root: Optional[pathlib.Path] = None) -> Tuple[int, int]:
+def import_entries(src: pathlib.Path, root: pathlib.Path | None = None) -> tuple[int, int]:
     """Install the entries found under directory ``src`` (an export or another cache directory)
     into cache directory ``root`` (default :func:`cache_dir`).
 
@@ -1229,7 +1385,7 @@ def import_entries(src: pathlib.Path, root: Optional[pathlib.Path] = None) -> Tu
     """
     root = cache_dir() if root is None else pathlib.Path(root)
     imported = skipped = 0
-    local: Dict[Tuple[str, int, int], Dict[str, Any]] = {}
+    local: dict[tuple[str, int, int], dict[str, Any]] = {}
     problem = _fs.usable_root(root)
     if problem is not None:
         raise RuntimeError(f"the kernel cache {root} cannot be used: {problem}")
@@ -1245,14 +1401,19 @@ def import_entries(src: pathlib.Path, root: Optional[pathlib.Path] = None) -> Tu
         if tkey not in local:
             try:
                 from triton.backends.compiler import GPUTarget
+
                 local[tkey] = toolchain_fingerprint(GPUTarget(*tkey), root / "toolchain")
             except Exception as exc:  # no backend for this target here
                 local[tkey] = {"error": str(exc)}
         if dict(entry.header["toolchain"]) != local[tkey]:
-            log.warning("fastkernel: skipped %s (%s for %s): built by %s, this machine has %s",
-                        path.name, entry.header["kernel"], tkey,
-                        _describe_toolchain(entry.header["toolchain"]),
-                        _describe_toolchain(local[tkey]))
+            log.warning(
+                "fastkernel: skipped %s (%s for %s): built by %s, this machine has %s",
+                path.name,
+                entry.header["kernel"],
+                tkey,
+                _describe_toolchain(entry.header["toolchain"]),
+                _describe_toolchain(local[tkey]),
+            )
             skipped += 1
             continue
         _store_entry(root, entry.key, encode_entry(entry.header, entry.cubin))
@@ -1284,12 +1445,13 @@ def _state() -> str:
     return "enabled"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``python -m fastkernel cache info|list|clear|export DIR|import DIR``."""
     parser = argparse.ArgumentParser(
         prog="python -m fastkernel cache",
         description="Inspect, clear, export and import fastkernel's on-disk kernel cache "
-                    "(FASTKERNEL_CACHE_DIR, default " + str(default_cache_dir()) + ").")
+        "(FASTKERNEL_CACHE_DIR, default " + str(default_cache_dir()) + ").",
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("info", help="where the cache is, its state, entries and size")
     sub.add_parser("list", help="one line per entry: key, kernel, target, size, age")
@@ -1306,12 +1468,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.action == "info":
         entries, bad = scan(root)
         size = sum(e.path.stat().st_size for e in entries)
-        print(f"directory  {root}" + ("" if os.environ.get("FASTKERNEL_CACHE_DIR") else
-                                      "  (default; set FASTKERNEL_CACHE_DIR to move it)"))
+        print(
+            f"directory  {root}"
+            + (
+                ""
+                if os.environ.get("FASTKERNEL_CACHE_DIR")
+                else "  (default; set FASTKERNEL_CACHE_DIR to move it)"
+            )
+        )
         print(f"state      {_state()}")
         kernels = len({e.header["kernel"] for e in entries})
-        print(f"entries    {len(entries)} ({_human(size)}) of {kernels} "
-              f"kernel{'' if kernels == 1 else 's'}")
+        print(
+            f"entries    {len(entries)} ({_human(size)}) of {kernels} "
+            f"kernel{'' if kernels == 1 else 's'}"
+        )
         if bad:
             print(f"bad files  {len(bad)} (removed when a launch reads them, or by clear)")
         tuned = list((root / "autotune").glob("*/*.json"))
@@ -1320,8 +1490,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if temps:
             print(f"temporary  {len(temps)} (writes in progress or interrupted)")
         import fastkernel
-        print(f"toolchain  fastkernel {fastkernel.__version__}, triton {triton.__version__}, "
-              f"format {FORMAT_VERSION}")
+
+        print(
+            f"toolchain  fastkernel {fastkernel.__version__}, triton {triton.__version__}, "
+            f"format {FORMAT_VERSION}"
+        )
         return 0
     if args.action == "list":
         entries, bad = scan(root)
@@ -1332,8 +1505,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             age = max(0.0, now - float(h.get("created", now)))
             age_text = f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min"
             target = f"{h['target']['backend']}:{h['target']['arch']}"
-            print(f"{e.key[:16]}  {h['kernel']:40}  {h['launch']['name']:24}  {target:8}  "
-                  f"{_human(e.path.stat().st_size):>9}  {age_text}")
+            print(
+                f"{e.key[:16]}  {h['kernel']:40}  {h['launch']['name']:24}  {target:8}  "
+                f"{_human(e.path.stat().st_size):>9}  {age_text}"
+            )
         for path, reason in bad:
             print(f"{'(bad)':16}  {str(path)}: {reason}")
         return 0

@@ -15,7 +15,8 @@ import inspect
 import logging
 import threading
 import weakref
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import triton
 from triton.compiler.compiler import CompiledKernel
@@ -35,6 +36,7 @@ _IDENTITY_TYPES = abi.IDENTITY_CONSTEXPR_TYPES
 _C.set_constexpr_types(triton.language.constexpr, _IDENTITY_TYPES)
 try:  # host tensor descriptors (Triton >= 3.5 has them; without, they take Triton's path)
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+
     _C.set_tensor_descriptor_type(_TensorDescriptor)
 except ImportError:
     pass
@@ -88,13 +90,15 @@ _KIND_NAMES = {bool: "bool", int: "int", float: "float", type(None): "None"}
 
 def _kind_of(value: Any) -> str:
     import torch
+
     if isinstance(value, torch.Tensor):
         return "tensor"
     return _KIND_NAMES.get(type(value), type(value).__name__)
 
 
-def _params_spec(jit_fn: JITFunction, tune_flags: Optional[Dict[str, int]] = None
-                 ) -> List[Tuple[str, bool, bool, bool, int, bool, Any]]:
+def _params_spec(
+    jit_fn: JITFunction, tune_flags: dict[str, int] | None = None
+) -> list[tuple[str, bool, bool, bool, int, bool, Any]]:
     """The native key builder's view of each declared parameter (see csrc/python/kernel_object.h):
     (name, is_constexpr, specialize, align, tune flags, has_default, default). ``tune_flags``
     maps parameter names to TuneFlag bits (fastkernel.autotune; csrc specialization.h)."""
@@ -107,13 +111,23 @@ def _params_spec(jit_fn: JITFunction, tune_flags: Optional[Dict[str, int]] = Non
         specialize = not p.do_not_specialize and not unspecialized_annotation
         align = not p.do_not_specialize_on_alignment
         tune = (tune_flags or {}).get(p.name, 0)
-        spec.append((p.name, bool(p.is_constexpr), specialize, align, tune, p.has_default,
-                     p.default if p.has_default else None))
+        spec.append(
+            (
+                p.name,
+                bool(p.is_constexpr),
+                specialize,
+                align,
+                tune,
+                p.has_default,
+                p.default if p.has_default else None,
+            )
+        )
     return spec
 
 
-def _warm_spec_problem(jit_fn: JITFunction, spec: "abi.Specialization", args: tuple,
-                       kwargs: dict) -> Optional[str]:
+def _warm_spec_problem(
+    jit_fn: JITFunction, spec: abi.Specialization, args: tuple, kwargs: dict
+) -> str | None:
     """Why ``spec``, read from the disk cache's warm index, is not the specialization Triton
     gives this call, or None. Judged on what makes a binary unsafe for a call: each pointer's
     16-byte alignment and each int's == 1 and divisible-by-16 classes, by Triton's rules (the
@@ -125,8 +139,7 @@ def _warm_spec_problem(jit_fn: JITFunction, spec: "abi.Specialization", args: tu
         if is_constexpr or name not in bound:
             continue
         value, index = bound[name], (p.num,)
-        divisible = any(a[0] == "tt.divisibility" and a[1] == 16
-                        for a in spec.attrs.get(index, ()))
+        divisible = any(a[0] == "tt.divisibility" and a[1] == 16 for a in spec.attrs.get(index, ()))
         if isinstance(value, int) and not isinstance(value, bool):
             if specialize and value == 1:
                 if spec.constexprs.get(index) != 1:
@@ -146,7 +159,7 @@ def _warm_spec_problem(jit_fn: JITFunction, spec: "abi.Specialization", args: tu
     return None
 
 
-_KERNELS: "weakref.WeakSet[NativeDispatch]" = weakref.WeakSet()
+_KERNELS: weakref.WeakSet[NativeDispatch] = weakref.WeakSet()
 
 # What a callable grid receives is a read-only mapping (Triton passes a dict of the same
 # contents); it is a collections.abc.Mapping to isinstance checks.
@@ -159,20 +172,22 @@ PATCH_ATTR = "_fastkernel_dispatch"
 COMPILED_GETITEM = CompiledKernel.__getitem__
 
 #: The fallback reason of a launch of the ``CompiledKernel`` that ``warmup()`` returned.
-COMPILED_LAUNCH_REASON = ("a launch of the CompiledKernel that warmup() returned: it launches "
-                          "the binary given, through Triton's own launcher; launch the kernel "
-                          "itself (kernel[grid](...)) for the native path")
+COMPILED_LAUNCH_REASON = (
+    "a launch of the CompiledKernel that warmup() returned: it launches "
+    "the binary given, through Triton's own launcher; launch the kernel "
+    "itself (kernel[grid](...)) for the native path"
+)
 
 #: Specializations each kernel keeps registered (FASTKERNEL_MAX_SPECIALIZATIONS; 0 = no limit).
 DEFAULT_MAX_SPECIALIZATIONS = 1024
 
 
-def _address_keyed(values) -> List[Any]:
+def _address_keyed(values) -> list[Any]:
     """The objects whose addresses the native key of these values may hold (recursing into
     tuples and tl.constexpr wrappers): objects keyed by identity, and the types of numbers that
     are not plain int, float or bool (key_builder.cpp, push_typed_number). A registrant keeps
     them alive, so no address in a registered key is reused by another object."""
-    found: List[Any] = []
+    found: list[Any] = []
     for v in values:
         if isinstance(v, triton.language.constexpr):
             v = v.value
@@ -180,8 +195,9 @@ def _address_keyed(values) -> List[Any]:
             found.append(v)
         elif isinstance(v, tuple):
             found.extend(_address_keyed(v))
-        elif type(v) not in _PLAIN_NUMBERS and (isinstance(v, (int, float)) or
-                                                type(v).__module__ == "numpy"):
+        elif type(v) not in _PLAIN_NUMBERS and (
+            isinstance(v, (int, float)) or type(v).__module__ == "numpy"
+        ):
             found.append(type(v))
     return found
 
@@ -198,7 +214,7 @@ def _max_specializations() -> int:
     return _env.count("FASTKERNEL_MAX_SPECIALIZATIONS", DEFAULT_MAX_SPECIALIZATIONS)
 
 
-def stats() -> Dict[str, Dict[str, Any]]:
+def stats() -> dict[str, dict[str, Any]]:
     """Native-path counters of every live fastkernel kernel, by ``module.qualname``.
 
     Returns
@@ -208,13 +224,21 @@ def stats() -> Dict[str, Dict[str, Any]]:
         ``fallback_reasons`` (reason -> count). Kernels with the same name are merged by
         summing their counters.
     """
-    result: Dict[str, Dict[str, Any]] = {}
+    result: dict[str, dict[str, Any]] = {}
     for kernel in list(_KERNELS):
         name = kernel._stats_name()
         own = kernel.stats()
-        merged = result.setdefault(name, {"hits": 0, "misses": 0, "fallbacks": 0,
-                                          "specializations": 0, "evictions": 0,
-                                          "fallback_reasons": {}})
+        merged = result.setdefault(
+            name,
+            {
+                "hits": 0,
+                "misses": 0,
+                "fallbacks": 0,
+                "specializations": 0,
+                "evictions": 0,
+                "fallback_reasons": {},
+            },
+        )
         for counter in ("hits", "misses", "fallbacks", "specializations", "evictions"):
             merged[counter] += own[counter]
         for reason, count in own["fallback_reasons"].items():
@@ -232,24 +256,31 @@ class NativeDispatch(_C.Kernel):
         self.jit_function = jit_fn
         capacity = _max_specializations()
         # The most recent compiled kernels, for inspection (the native records own theirs).
-        self._compiled: Deque[Any] = collections.deque(maxlen=capacity or None)
+        self._compiled: collections.deque[Any] = collections.deque(maxlen=capacity or None)
         self._capacity = capacity
         # What each registered specialization was compiled from, for fastkernel.export.
-        self._registrations: "collections.OrderedDict[bytes, tuple]" = collections.OrderedDict()
-        self._keepalive: Dict[int, Any] = {}  # identity-keyed constexpr objects, by id
-        self._arg_kinds: Dict[int, set] = {}
+        self._registrations: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
+        self._keepalive: dict[int, Any] = {}  # identity-keyed constexpr objects, by id
+        self._arg_kinds: dict[int, set] = {}
         self._lock = threading.RLock()
-        self._fallback_reasons: Dict[str, int] = {}
+        self._fallback_reasons: dict[str, int] = {}
         # Fallbacks decided on the miss path (the native entry counts the rest), less the calls
         # counted as fallbacks that Triton then rejected.
         self._miss_fallbacks = 0
-        self._refused_keys: Dict[bytes, str] = {}  # keys whose cubin the driver would not load
-        self._targets: Dict[int, Any] = {}
+        self._refused_keys: dict[bytes, str] = {}  # keys whose cubin the driver would not load
+        self._targets: dict[int, Any] = {}
         # Option names come from the backend's options dataclass; they are the same for every
         # CUDA target, so any target serves to list them.
         options = abi.option_names(abi.cuda_target(9, 0))
-        _C.configure(self, jit_fn.__name__, params_spec, options, type(self)._on_miss,
-                     abi.allocate_scratch, pre_run_hooks)
+        _C.configure(
+            self,
+            jit_fn.__name__,
+            params_spec,
+            options,
+            type(self)._on_miss,
+            abi.allocate_scratch,
+            pre_run_hooks,
+        )
         _C.set_capacity(self, capacity)
         _KERNELS.add(self)
 
@@ -257,7 +288,7 @@ class NativeDispatch(_C.Kernel):
         fn = self.jit_function.fn
         return f"{fn.__module__}.{fn.__qualname__}"
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
         (registered now), ``evictions`` (ints) and ``fallback_reasons`` (reason -> count)."""
         d = _C.stats(self)
@@ -271,6 +302,7 @@ class NativeDispatch(_C.Kernel):
         target = self._targets.get(device)
         if target is None:
             import torch
+
             if torch.cuda.is_available():
                 major, minor = torch.cuda.get_device_capability(device)
             else:  # no CUDA torch: ask the driver (the recording stand-in in CPU tests)
@@ -278,8 +310,15 @@ class NativeDispatch(_C.Kernel):
             target = self._targets[device] = abi.cuda_target(major, minor)
         return target
 
-    def _register_miss(self, grid, args: tuple, kwargs: dict, key: bytes, device: int,
-                       tuned_args: Optional[tuple] = None):
+    def _register_miss(
+        self,
+        grid,
+        args: tuple,
+        kwargs: dict,
+        key: bytes,
+        device: int,
+        tuned_args: tuple | None = None,
+    ):
         """Compile (or load) the specialization of a call and register its launch record under
         ``key``; returns None, or the result of launching through Triton when the native path
         cannot take this specialization. ``tuned_args`` is what a tuned config gives the
@@ -290,7 +329,7 @@ class NativeDispatch(_C.Kernel):
         self._miss_fallbacks += 1
         return self._fallback(grid, args, kwargs, reason)
 
-    def _tuned_args(self, merged: Dict[str, Any], provided) -> tuple:
+    def _tuned_args(self, merged: dict[str, Any], provided) -> tuple:
         """What a record gives the parameters in ``provided`` (set by a tuned config or a
         heuristic, absent from the call): their values in ``merged`` (the call's keywords with
         the config's), else their defaults; None for every other parameter."""
@@ -298,8 +337,15 @@ class NativeDispatch(_C.Kernel):
         values = {**{p.name: p.default for p in params if p.has_default}, **merged}
         return tuple(values.get(p.name) if p.name in provided else None for p in params)
 
-    def _register(self, args: tuple, kwargs: dict, key: bytes, device: int,
-                  tuned_args: Optional[tuple] = None, published: Any = None) -> Optional[str]:
+    def _register(
+        self,
+        args: tuple,
+        kwargs: dict,
+        key: bytes,
+        device: int,
+        tuned_args: tuple | None = None,
+        published: Any = None,
+    ) -> str | None:
         """Compile (or load) the specialization of a call and register its launch record under
         ``key``, launching nothing. Returns None once registered, or the reason the native path
         cannot take this specialization. ``published`` is what a hit on the record sets on the
@@ -318,16 +364,21 @@ class NativeDispatch(_C.Kernel):
             tuned = None
             if tuned_args is not None:  # the config's values and options arrive as keywords
                 import torch
+
                 tuned = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
             warm = _cache.warm_lookup(self.jit_function, target, key, tuned) if indexable else None
             if warm is not None:
                 spec, meta, compiled = warm
                 problem = _warm_spec_problem(self.jit_function, spec, args, kwargs)
                 if problem is not None:
-                    _cache._log_once(logging.WARNING, ("warm-misfit", self._stats_name(), problem),
-                                     "fastkernel: %s: a warm index record does not fit the call "
-                                     "(%s); specializing with Triton's binder",
-                                     self.jit_function.__name__, problem)
+                    _cache._log_once(
+                        logging.WARNING,
+                        ("warm-misfit", self._stats_name(), problem),
+                        "fastkernel: %s: a warm index record does not fit the call "
+                        "(%s); specializing with Triton's binder",
+                        self.jit_function.__name__,
+                        problem,
+                    )
                     warm = None
             if warm is None:
                 try:
@@ -343,8 +394,9 @@ class NativeDispatch(_C.Kernel):
                     raise
                 if indexable:
                     _cache.warm_store(self.jit_function, target, key, spec, tuned)
-            reason = self._register_artifact(key, device, spec, meta, compiled, tuned_args,
-                                             published)
+            reason = self._register_artifact(
+                key, device, spec, meta, compiled, tuned_args, published
+            )
             if reason is not None and isinstance(compiled, _cache.CachedKernel):
                 # An entry that verifies but cannot become a registration is corrupt: removed
                 # (with its warm index record), logged once, and compiled again.
@@ -353,8 +405,9 @@ class NativeDispatch(_C.Kernel):
                     meta, compiled = _cache.compile_and_store(self.jit_function, target, spec)
                 except abi.UnsupportedByNativePath as exc:
                     return str(exc)
-                reason = self._register_artifact(key, device, spec, meta, compiled, tuned_args,
-                                                 published)
+                reason = self._register_artifact(
+                    key, device, spec, meta, compiled, tuned_args, published
+                )
             if reason is not None:
                 self._refused_keys[key] = reason
                 while capacity_exceeded(self._refused_keys, self._capacity):  # oldest first
@@ -365,18 +418,30 @@ class NativeDispatch(_C.Kernel):
             while capacity_exceeded(self._registrations, self._capacity):
                 self._registrations.popitem(last=False)
             # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
-            _C.set_global_checks(self, abi.global_checks(self.jit_function),
-                                 abi.raise_global_changed)
+            _C.set_global_checks(
+                self, abi.global_checks(self.jit_function), abi.raise_global_changed
+            )
             for value in address_keyed:
                 self._keepalive[id(value)] = value
             self._remember_kinds(args, kwargs)
-            log.debug("fastkernel: registered %s on device %d (%d parameters)", meta.name, device,
-                      len(spec.plan))
+            log.debug(
+                "fastkernel: registered %s on device %d (%d parameters)",
+                meta.name,
+                device,
+                len(spec.plan),
+            )
             return None
 
-    def _register_artifact(self, key: bytes, device: int, spec: "abi.Specialization", meta,
-                           compiled, tuned_args: Optional[tuple], published: Any
-                           ) -> Optional[str]:
+    def _register_artifact(
+        self,
+        key: bytes,
+        device: int,
+        spec: abi.Specialization,
+        meta,
+        compiled,
+        tuned_args: tuple | None,
+        published: Any,
+    ) -> str | None:
         """Register ``meta``'s binary under ``key`` on ``device``; None once registered, else
         why not. A binary Triton compiled here that the native path cannot load (or a launch
         record it rejects) is Triton's to launch; for one read from the disk cache, any error
@@ -391,12 +456,28 @@ class NativeDispatch(_C.Kernel):
                 raise
             return f"its launch metadata does not fit the specialization: {exc!r}"
         try:
-            _C.register(self, key, device, meta.name, meta.cubin, meta.block_x,
-                        meta.shared_mem, meta.num_ctas, meta.cooperative_grid, meta.pdl,
-                        plan, abi.num_scratch_params(), meta.global_scratch_size,
-                        meta.global_scratch_align, meta.profile_scratch_size,
-                        meta.profile_scratch_align, compiled, tuned_args, tensor_maps,
-                        published)
+            _C.register(
+                self,
+                key,
+                device,
+                meta.name,
+                meta.cubin,
+                meta.block_x,
+                meta.shared_mem,
+                meta.num_ctas,
+                meta.cooperative_grid,
+                meta.pdl,
+                plan,
+                abi.num_scratch_params(),
+                meta.global_scratch_size,
+                meta.global_scratch_align,
+                meta.profile_scratch_size,
+                meta.profile_scratch_align,
+                compiled,
+                tuned_args,
+                tensor_maps,
+                published,
+            )
         except _C.DriverUnavailableError:
             raise
         except (_C.CudaError, ValueError) as exc:
@@ -407,7 +488,7 @@ class NativeDispatch(_C.Kernel):
             return f"registering the cubin failed: {exc!r}"
         return None
 
-    def _launch_artifact(self, target, spec: "abi.Specialization"):
+    def _launch_artifact(self, target, spec: abi.Specialization):
         """The cubin and launch metadata for a specialization: (LaunchMetadata, handle).
 
         Read from the on-disk kernel cache when it holds this exact binary (then ``handle`` is a
@@ -421,22 +502,28 @@ class NativeDispatch(_C.Kernel):
     def _counted_handle_launch(self, runner: Callable) -> Callable:
         """``runner`` (a launcher that Triton's ``CompiledKernel.__getitem__`` returned), with
         each launch counted as a fallback for :data:`COMPILED_LAUNCH_REASON`."""
+
         def counted(*args, **kwargs):
             result = runner(*args, **kwargs)
             self._miss_fallbacks += 1
             self._count_fallback(COMPILED_LAUNCH_REASON, logging.INFO)
             return result
+
         return counted
 
-    def _count_fallback(self, reason: str, level: int = logging.WARNING,
-                        what: str = "goes through Triton's own launcher") -> None:
+    def _count_fallback(
+        self,
+        reason: str,
+        level: int = logging.WARNING,
+        what: str = "goes through Triton's own launcher",
+    ) -> None:
         """Count a call that took a Python path for ``reason``; log the first one."""
         count = self._fallback_reasons.get(reason, 0)
         if count == 0:
             log.log(level, "fastkernel: %s %s: %s", self.jit_function.__name__, what, reason)
         self._fallback_reasons[reason] = count + 1
 
-    def named_arguments(self, args: tuple, kwargs: dict, provided=()) -> Dict[str, Any]:
+    def named_arguments(self, args: tuple, kwargs: dict, provided=()) -> dict[str, Any]:
         """The call bound to parameter names, with defaults (Triton's ``nargs``), except for
         the parameters in ``provided`` (set by a tuned config or a heuristic, not by the call).
         Raises TypeError for too many positional arguments or one given twice."""
@@ -466,8 +553,9 @@ class NativeDispatch(_C.Kernel):
         self._count_fallback(reason)
         return result if result is not None else True
 
-    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
-                 reason: Optional[str]):
+    def _on_miss(
+        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
+    ):
         """Called by the native entry on a miss (``key`` set) or a fallback (``key`` None).
 
         Returns None after registering a launch record for ``key``; otherwise the result of
@@ -477,7 +565,7 @@ class NativeDispatch(_C.Kernel):
             return self._fallback(grid, args, kwargs, reason or "unsupported call")
         return self._register_miss(grid, args, kwargs, key, device)
 
-    def _bound_kinds(self, args, kwargs) -> Dict[int, str]:
+    def _bound_kinds(self, args, kwargs) -> dict[int, str]:
         kinds = {}
         names = [p.name for p in self.jit_function.params]
         for i, v in enumerate(args):
@@ -497,9 +585,11 @@ class NativeDispatch(_C.Kernel):
             seen = self._arg_kinds.get(i)
             if seen and kind not in seen and ("tensor" in seen) != (kind == "tensor"):
                 name = self.jit_function.params[i].name
-                raise TypeError(f"{self.jit_function.__name__}: argument '{name}' is {kind!s} but earlier "
-                                f"calls passed {'/'.join(sorted(seen))}; Triton could not compile "
-                                f"this specialization") from exc
+                raise TypeError(
+                    f"{self.jit_function.__name__}: argument '{name}' is {kind!s} but earlier "
+                    f"calls passed {'/'.join(sorted(seen))}; Triton could not compile "
+                    f"this specialization"
+                ) from exc
 
 
 class FastKernel(NativeDispatch, JITFunction):
@@ -531,7 +621,9 @@ class FastKernel(NativeDispatch, JITFunction):
 
     def __init__(self, jit_fn: JITFunction):
         if not isinstance(jit_fn, JITFunction) or isinstance(jit_fn, FastKernel):
-            raise TypeError(f"fastkernel expects a triton.jit function, got {type(jit_fn).__name__}")
+            raise TypeError(
+                f"fastkernel expects a triton.jit function, got {type(jit_fn).__name__}"
+            )
         # Share the wrapped JITFunction's state (source, parameters, Triton's own caches): this
         # object is the same kernel, seen through a native launch path.
         self.__dict__.update((k, v) for k, v in jit_fn.__dict__.items() if k != PATCH_ATTR)
@@ -568,7 +660,7 @@ class WarmupHandle:
 
     __slots__ = ("compiled", "_kernel")
 
-    def __init__(self, compiled: Any, kernel: "NativeDispatch"):
+    def __init__(self, compiled: Any, kernel: NativeDispatch):
         self.compiled = compiled
         self._kernel = kernel
 
@@ -597,12 +689,18 @@ class _InterpretedKernel:
     def run(self, *args, **kwargs):
         return self.fn.run(*args, **kwargs)
 
-    def stats(self) -> Dict[str, Any]:
-        return {"hits": 0, "misses": 0, "fallbacks": 0, "specializations": 0, "evictions": 0,
-                "fallback_reasons": {"TRITON_INTERPRET=1": 1}}
+    def stats(self) -> dict[str, Any]:
+        return {
+            "hits": 0,
+            "misses": 0,
+            "fallbacks": 0,
+            "specializations": 0,
+            "evictions": 0,
+            "fallback_reasons": {"TRITON_INTERPRET=1": 1},
+        }
 
 
-def fastkernel(fn: Optional[Callable] = None, **jit_kwargs):
+def fastkernel(fn: Callable | None = None, **jit_kwargs):
     """Decorate a Triton kernel so that ``kernel[grid](...)`` launches through native code.
 
     Parameters
@@ -636,7 +734,8 @@ def fastkernel(fn: Optional[Callable] = None, **jit_kwargs):
             f"fastkernel wraps a triton.jit function, got a {type(fn).__name__}: put @fastkernel "
             f"directly above @triton.jit, below @triton.autotune / @triton.heuristics, e.g.\n"
             f"    @triton.autotune(configs=..., key=...)\n    @fastkernel\n    @triton.jit\n"
-            f"    def kernel(...): ...")
+            f"    def kernel(...): ..."
+        )
     if not isinstance(fn, JITFunction):
         if jit_kwargs and isinstance(fn, InterpretedFunction):
             raise TypeError("jit options can only be given with a plain function")

@@ -30,14 +30,15 @@ import contextlib
 import logging
 import threading
 import weakref
-from typing import Any, Dict, Iterator, Optional, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 import triton
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import SUPPORTED_TRITON, _C, _env
+from . import _C, SUPPORTED_TRITON, _env
 from . import _triton_abi as abi
 from ._autotune import _TUNE_CONFIG_PROVIDED, _TUNE_VALUE
 from .kernel import COMPILED_GETITEM, PATCH_ATTR, TRITON_RUN, NativeDispatch, _params_spec
@@ -49,9 +50,9 @@ log = logging.getLogger("fastkernel")
 AUTOTUNER_RUN = Autotuner.run
 
 _lock = threading.RLock()
-_saved: Optional[Dict[Tuple[type, str], Any]] = None  # Triton's attributes as they were, while patched
+_saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they were, while patched
 # Every JITFunction given a dispatch, by id (JITFunctions need not be hashable).
-_served: Dict[int, "weakref.ref[JITFunction]"] = {}
+_served: dict[int, weakref.ref[JITFunction]] = {}
 
 
 class PatchedKernel(NativeDispatch):
@@ -88,13 +89,15 @@ class PatchedAutotuner(NativeDispatch):
     hand does not re-tune keys already served natively (call :func:`unpatch` first).
     """
 
-    def __init__(self, autotuner: Autotuner, config_params: Tuple[str, ...]):
+    def __init__(self, autotuner: Autotuner, config_params: tuple[str, ...]):
         jit_fn = autotuner.fn
         self.autotuner = autotuner
         self._config_params = config_params
-        tune = {p.name: (_TUNE_CONFIG_PROVIDED if p.name in config_params else 0) |
-                        (_TUNE_VALUE if p.name in autotuner.keys else 0)
-                for p in jit_fn.params}
+        tune = {
+            p.name: (_TUNE_CONFIG_PROVIDED if p.name in config_params else 0)
+            | (_TUNE_VALUE if p.name in autotuner.keys else 0)
+            for p in jit_fn.params
+        }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
         _C.set_publish(self, autotuner, "best_config")
 
@@ -105,7 +108,7 @@ class PatchedAutotuner(NativeDispatch):
         return super()._stats_name() + " [triton.autotune]"
 
     @staticmethod
-    def config_params(autotuner: Autotuner) -> Optional[Tuple[str, ...]]:
+    def config_params(autotuner: Autotuner) -> tuple[str, ...] | None:
         """The parameters the autotuner's configs set, or None when a config sets something the
         native record cannot carry (a runtime parameter, or a name that is neither a parameter
         nor a compile option)."""
@@ -125,9 +128,10 @@ class PatchedAutotuner(NativeDispatch):
                     names.append(name)
         return tuple(names)
 
-    def _not_native(self, named: Dict[str, Any], kwargs: Dict[str, Any]) -> Optional[str]:
+    def _not_native(self, named: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
         """Why Triton's autotune key of this call is not implied by the native key, or None."""
         import torch
+
         autotuner = self.autotuner
         if type(autotuner.cache) is not dict:
             return "the autotuner's cache is not a plain dict"
@@ -139,17 +143,20 @@ class PatchedAutotuner(NativeDispatch):
         for name in autotuner.keys:
             value = named.get(name)
             if isinstance(value, torch.Tensor):
-                return (f"autotune key {name!r} is a tensor, which Triton keys by identity")
+                return f"autotune key {name!r} is a tensor, which Triton keys by identity"
             if isinstance(value, float) and value != value:
                 return f"autotune key {name!r} is NaN, which never equals Triton's cached key"
         for name, value in named.items():
             if hasattr(value, "dtype") and not isinstance(value, torch.Tensor):
-                return (f"argument {name!r} of type {type(value).__name__} has a dtype, which "
-                        f"Triton's autotune key includes")
+                return (
+                    f"argument {name!r} of type {type(value).__name__} has a dtype, which "
+                    f"Triton's autotune key includes"
+                )
         return None
 
-    def _on_miss(self, grid, args: tuple, kwargs: dict, key: Optional[bytes], device: int,
-                 reason: Optional[str]):
+    def _on_miss(
+        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
+    ):
         autotuner = self.autotuner
         if key is not None:
             named = dict(zip(autotuner.arg_names, args))
@@ -176,13 +183,16 @@ class PatchedAutotuner(NativeDispatch):
         return result if result is not None else True
 
 
-def _new_dispatch(obj: Any) -> Optional[NativeDispatch]:
+def _new_dispatch(obj: Any) -> NativeDispatch | None:
     """A new dispatch for a kernel object, or None when that object keeps Triton's path."""
     if isinstance(obj, JITFunction):
         return PatchedKernel(obj)
     fn = getattr(obj, "fn", None)
-    if not isinstance(obj, Autotuner) or not isinstance(fn, JITFunction) or \
-            not getattr(type(fn).run, "_fastkernel_patched", False):
+    if (
+        not isinstance(obj, Autotuner)
+        or not isinstance(fn, JITFunction)
+        or not getattr(type(fn).run, "_fastkernel_patched", False)
+    ):
         return None  # over a heuristics, another autotuner or a kernel with its own run
     params = PatchedAutotuner.config_params(obj)
     if params is None:
@@ -234,8 +244,6 @@ def _patched_autotuner_run(self, *args, **kwargs):
 _patched_autotuner_run._fastkernel_patched = True  # type: ignore[attr-defined]
 
 
-
-
 def _patched_compiled_getitem(self, grid):
     """``CompiledKernel.__getitem__`` under the patch: Triton's runner, with each launch counted
     as a fallback of the kernel the binary was compiled from (Triton's fused-softmax tutorial
@@ -246,10 +254,12 @@ def _patched_compiled_getitem(self, grid):
     if dispatch is None:
         return runner
     return dispatch._counted_handle_launch(runner)
+
+
 _patched_run._fastkernel_patched = True  # type: ignore[attr-defined]
 
 
-def _disabled_reason() -> Optional[str]:
+def _disabled_reason() -> str | None:
     if _env.triton_interpret():
         return "TRITON_INTERPRET=1 (Triton's interpreter runs kernels on CPU tensors)"
     if _env.flag("FASTKERNEL_DISABLE"):
@@ -291,10 +301,16 @@ def patch() -> bool:
         if not low <= abi.TRITON_VERSION <= high:
             raise RuntimeError(
                 f"fastkernel.patch(): Triton {triton.__version__} is not supported (supported: "
-                f"{low[0]}.{low[1]} to {high[0]}.{high[1]}); nothing was patched")
+                f"{low[0]}.{low[1]} to {high[0]}.{high[1]}); nothing was patched"
+            )
         from . import _host_helpers
-        saved = {(cls, name): cls.__dict__[name] for cls in (JITFunction, Autotuner, CompiledKernel)
-                 for name in ("__getitem__", "run") if name in cls.__dict__}
+
+        saved = {
+            (cls, name): cls.__dict__[name]
+            for cls in (JITFunction, Autotuner, CompiledKernel)
+            for name in ("__getitem__", "run")
+            if name in cls.__dict__
+        }
         triton_getitem = KernelInterface.__dict__["__getitem__"]
         _C.install_patch(JITFunction, _dispatch_for, triton_getitem)
         _C.install_patch(Autotuner, _dispatch_for, triton_getitem)
@@ -316,6 +332,7 @@ def unpatch() -> None:
         if _saved is None:
             return
         from . import _host_helpers
+
         for cls in (JITFunction, Autotuner, CompiledKernel):
             for name in ("__getitem__", "run"):
                 if (cls, name) in _saved:

@@ -30,7 +30,6 @@ import random
 import sys
 import tempfile
 import time
-from typing import List
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -43,9 +42,21 @@ def rss_mib() -> float:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def heap_mib() -> float:
@@ -56,28 +67,43 @@ def heap_mib() -> float:
     return (info.uordblks + info.hblkhd) / 2**20
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hits", type=int, default=10_000_000)
     parser.add_argument("--batch", type=int, default=2000, help="calls per native loop")
-    parser.add_argument("--capacity", type=int, default=12,
-                        help="FASTKERNEL_MAX_SPECIALIZATIONS (there are 32 specializations)")
-    parser.add_argument("--max-growth-mib", type=float, default=16.0,
-                        help="resident memory growth allowed (allocator fragmentation included)")
-    parser.add_argument("--max-bytes-per-miss", type=float, default=200.0,
-                        help="malloc heap one warm miss may leave, less the stand-in's records")
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=12,
+        help="FASTKERNEL_MAX_SPECIALIZATIONS (there are 32 specializations)",
+    )
+    parser.add_argument(
+        "--max-growth-mib",
+        type=float,
+        default=16.0,
+        help="resident memory growth allowed (allocator fragmentation included)",
+    )
+    parser.add_argument(
+        "--max-bytes-per-miss",
+        type=float,
+        default=200.0,
+        help="malloc heap one warm miss may leave, less the stand-in's records",
+    )
     opts = parser.parse_args(argv)
     os.environ["FASTKERNEL_MAX_SPECIALIZATIONS"] = str(opts.capacity)
     os.environ.setdefault("FASTKERNEL_CACHE_DIR", tempfile.mkdtemp(prefix="fastkernel-churn-"))
     sys.path.insert(0, str(TESTS))
     from stand_in_driver.recording import RecordingDriver, build_recording_driver
+
     path = build_recording_driver()
     os.environ.setdefault("FASTKERNEL_CUDA_DRIVER", str(path))
-    import torch
-
-    from fastkernel import _C, _triton_abi as abi, fastkernel
     import kernels
+    import torch
     from triton_reference import TritonReference
+
+    from fastkernel import _C, fastkernel
+    from fastkernel import _triton_abi as abi
+
     driver = RecordingDriver(path)
     _C._testing.set_host_testing(True, 0, 0x5EED5)
     # The refused kernel's calls go to Triton's own launcher, run on the stand-in too.
@@ -97,15 +123,19 @@ def main(argv: List[str]) -> int:
     buffer = torch.randn(1 << 20)
     # Distinct specializations: BLOCK (a power of two) x n divisible by 16 or not x the output
     # pointer 16-byte aligned or not.
-    specs = [(block, n, shift) for block in (16, 32, 64, 128, 256, 512, 1024, 2048)
-             for n in (4096, 4095) for shift in (0, 1)]
+    specs = [
+        (block, n, shift)
+        for block in (16, 32, 64, 128, 256, 512, 1024, 2048)
+        for n in (4096, 4095)
+        for shift in (0, 1)
+    ]
     rng = random.Random(0)
 
     def batch(kernel, spec, calls: int) -> None:
         block, n, shift = spec
         offset = 4 * rng.randrange(0, (buffer.numel() - 8192) // 4)  # 16-byte aligned
-        x = buffer[offset:offset + 4096]
-        out = buffer[offset + shift:offset + shift + 4096]
+        x = buffer[offset : offset + 4096]
+        out = buffer[offset + shift : offset + shift + 4096]
         args = (x, x, out, n, block) if kernel is add else (x, out, n, block)
         _C.bench_call_loop(kernel, (1,), args, calls)
         driver.reset()
@@ -147,26 +177,41 @@ def main(argv: List[str]) -> int:
             batch(add, specs[i % len(specs)], 1)
         gc.collect()
         misses = add.stats()["misses"] - misses0
-        per_miss.append(((heap_mib() - heap0) * 2**20 - (driver.retained_bytes() - retained0))
-                        / max(misses, 1))
+        per_miss.append(
+            ((heap_mib() - heap0) * 2**20 - (driver.retained_bytes() - retained0)) / max(misses, 1)
+        )
     seconds = time.perf_counter() - start
-    print(f"{done} calls in batches of {opts.batch} over {len(specs)} specializations, "
-          f"table capacity {opts.capacity} ({seconds:.0f} s):")
-    print(f"  resident memory after warm-up / at the end   {start_rss:.1f} / {end_rss:.1f} MiB "
-          f"(growth {growth:+.1f} MiB; min/max sampled {min(samples):.1f}/{max(samples):.1f}), "
-          f"not counting the {retained:.1f} MiB the stand-in driver keeps for unloaded modules")
-    print(f"  malloc heap per miss, warm, less the stand-in's records: "
-          f"{', '.join(f'{b:.0f}' for b in per_miss)} bytes in three rounds of 600 (the "
-          f"stand-in's four allocations per module carry about 100 bytes of malloc headers)")
-    print(f"  table: {stats['specializations']} registered, {stats['evictions']} evictions, "
-          f"{stats['misses']} misses, {stats['hits']} hits, {stats['fallbacks']} fallbacks")
-    print(f"  refused kernel: {len(refused._refused_keys)} refused keys kept "
-          f"(bound {opts.capacity}), {refused.stats()['fallbacks']} fallbacks")
+    print(
+        f"{done} calls in batches of {opts.batch} over {len(specs)} specializations, "
+        f"table capacity {opts.capacity} ({seconds:.0f} s):"
+    )
+    print(
+        f"  resident memory after warm-up / at the end   {start_rss:.1f} / {end_rss:.1f} MiB "
+        f"(growth {growth:+.1f} MiB; min/max sampled {min(samples):.1f}/{max(samples):.1f}), "
+        f"not counting the {retained:.1f} MiB the stand-in driver keeps for unloaded modules"
+    )
+    print(
+        f"  malloc heap per miss, warm, less the stand-in's records: "
+        f"{', '.join(f'{b:.0f}' for b in per_miss)} bytes in three rounds of 600 (the "
+        f"stand-in's four allocations per module carry about 100 bytes of malloc headers)"
+    )
+    print(
+        f"  table: {stats['specializations']} registered, {stats['evictions']} evictions, "
+        f"{stats['misses']} misses, {stats['hits']} hits, {stats['fallbacks']} fallbacks"
+    )
+    print(
+        f"  refused kernel: {len(refused._refused_keys)} refused keys kept "
+        f"(bound {opts.capacity}), {refused.stats()['fallbacks']} fallbacks"
+    )
     reference.__exit__(None, None, None)
     _C._testing.set_host_testing(False, 0, 0)
-    ok = (growth <= opts.max_growth_mib and per_miss[-1] <= opts.max_bytes_per_miss
-          and stats["specializations"] <= opts.capacity
-          and len(refused._refused_keys) <= opts.capacity and stats["fallbacks"] == 0)
+    ok = (
+        growth <= opts.max_growth_mib
+        and per_miss[-1] <= opts.max_bytes_per_miss
+        and stats["specializations"] <= opts.capacity
+        and len(refused._refused_keys) <= opts.capacity
+        and stats["fallbacks"] == 0
+    )
     print("  bounded" if ok else "  NOT BOUNDED")
     return 0 if ok else 1
 

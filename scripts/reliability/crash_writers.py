@@ -37,7 +37,6 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import Dict, List
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -61,19 +60,21 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def make_artifacts(work: pathlib.Path) -> Dict:
+def make_artifacts(work: pathlib.Path) -> dict:
     """The files the writer rewrites, two versions each, and what a reader may find."""
     sys.path.insert(0, str(TESTS))
     from stand_in_driver.recording import build_recording_driver
+
     os.environ["FASTKERNEL_CUDA_DRIVER"] = str(build_recording_driver())
     os.environ["FASTKERNEL_CACHE_DIR"] = str(work / "source-cache")
+    import kernels
     import torch
     import triton
 
     import fastkernel
     from fastkernel import _C, cache
     from fastkernel import fastkernel as fk
-    import kernels
+
     _C._testing.set_host_testing(True, 0, 0x5EED5)
     versions = work / "versions"
     versions.mkdir()
@@ -101,14 +102,23 @@ def make_artifacts(work: pathlib.Path) -> Dict:
     tuning_versions = []
     for i in range(2):
         path = versions / f"tuning-{i}"
-        path.write_text(json.dumps({"kernel": "add_kernel", "key": "(64,)", "config_index": i,
-                                    "config": {"kwargs": {"BLOCK": 64 * (i + 1)}},
-                                    "timings_ms": [["BLOCK: 64", 1.0 + i]]}, indent=1))
+        path.write_text(
+            json.dumps(
+                {
+                    "kernel": "add_kernel",
+                    "key": "(64,)",
+                    "config_index": i,
+                    "config": {"kwargs": {"BLOCK": 64 * (i + 1)}},
+                    "timings_ms": [["BLOCK: 64", 1.0 + i]],
+                },
+                indent=1,
+            )
+        )
         tuning_versions.append(path)
 
     # Two bundle exports of add_kernel, each written as export writes it: cubins, then manifest.
-    bundle_versions: List[List[pathlib.Path]] = []
-    bundle_cubins: List[Dict[str, bytes]] = []
+    bundle_versions: list[list[pathlib.Path]] = []
+    bundle_cubins: list[dict[str, bytes]] = []
     for i, block in enumerate((64, 128)):
         k = fk(triton.jit(kernels.add_kernel.fn))
         k[(1,)](x, x, x, 64, BLOCK=block)
@@ -132,29 +142,42 @@ def make_artifacts(work: pathlib.Path) -> Dict:
     bundle_target.mkdir(parents=True)
     for path in bundle_versions[0]:  # a whole first version in place before the first kill
         shutil.copyfile(path, bundle_target / path.name)
-    for version, target_path in ((entry_versions[0], entry_target),
-                                 (index_versions[0], index_target),
-                                 (tuning_versions[0], tuning_target)):
+    for version, target_path in (
+        (entry_versions[0], entry_target),
+        (index_versions[0], index_target),
+        (tuning_versions[0], tuning_target),
+    ):
         shutil.copyfile(version, target_path)
     plan = [
         {"mode": 0o600, "versions": [[[str(entry_target), str(v)]] for v in entry_versions]},
         {"mode": 0o600, "versions": [[[str(index_target), str(v)]] for v in index_versions]},
         {"mode": 0o600, "versions": [[[str(tuning_target), str(v)]] for v in tuning_versions]},
-        {"mode": 0o666, "versions": [[[str(bundle_target / p.name), str(p)] for p in version]
-                                     for version in bundle_versions]},
+        {
+            "mode": 0o666,
+            "versions": [
+                [[str(bundle_target / p.name), str(p)] for p in version]
+                for version in bundle_versions
+            ],
+        },
     ]
     (work / "plan.json").write_text(json.dumps(plan))
     return {
-        "entry": entry_target, "entry_key": entry.key, "cubin": entry.cubin,
-        "index": index_target, "index_texts": {p.read_text() for p in index_versions},
-        "tuning": tuning_target, "tuning_texts": {p.read_text() for p in tuning_versions},
-        "bundle": bundle_target, "bundle_cubins": bundle_cubins,
+        "entry": entry_target,
+        "entry_key": entry.key,
+        "cubin": entry.cubin,
+        "index": index_target,
+        "index_texts": {p.read_text() for p in index_versions},
+        "tuning": tuning_target,
+        "tuning_texts": {p.read_text() for p in tuning_versions},
+        "bundle": bundle_target,
+        "bundle_cubins": bundle_cubins,
     }
 
 
-def check(artifacts: Dict, outcomes: Dict[str, int]) -> List[str]:
+def check(artifacts: dict, outcomes: dict[str, int]) -> list[str]:
     """Read everything back after a kill; returns the failures (empty when all is well)."""
     from fastkernel import _C, cache
+
     failures = []
     try:
         entry = cache.read_entry(artifacts["entry"])
@@ -179,8 +202,7 @@ def check(artifacts: Dict, outcomes: Dict[str, int]) -> List[str]:
             failures.append(f"the bundle was refused for another reason: {exc}")
         outcomes["bundle refused (mixed versions detected)"] += 1
     else:
-        on_disk = {n: (artifacts["bundle"] / n).read_bytes()
-                   for n in artifacts["bundle_cubins"][0]}
+        on_disk = {n: (artifacts["bundle"] / n).read_bytes() for n in artifacts["bundle_cubins"][0]}
         if on_disk not in artifacts["bundle_cubins"]:
             failures.append("the bundle loaded with cubins of two versions")
         outcomes["bundle loaded whole"] += 1
@@ -188,13 +210,20 @@ def check(artifacts: Dict, outcomes: Dict[str, int]) -> List[str]:
     return failures
 
 
-def _state(artifacts: Dict) -> tuple:
+def _state(artifacts: dict) -> tuple:
     """What the files hold now (raw bytes), to tell that the writers wrote."""
-    return tuple(p.read_bytes() for p in (artifacts["entry"], artifacts["index"],
-                                          artifacts["tuning"], artifacts["bundle"] / "manifest.txt"))
+    return tuple(
+        p.read_bytes()
+        for p in (
+            artifacts["entry"],
+            artifacts["index"],
+            artifacts["tuning"],
+            artifacts["bundle"] / "manifest.txt",
+        )
+    )
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
@@ -205,15 +234,28 @@ def main(argv: List[str]) -> int:
     try:
         artifacts = make_artifacts(work)
         from fastkernel import _cache_files
-        outcomes = {"entry loaded intact": 0, "bundle loaded whole": 0,
-                    "bundle refused (mixed versions detected)": 0}
-        failures: List[str] = []
+
+        outcomes = {
+            "entry loaded intact": 0,
+            "bundle loaded whole": 0,
+            "bundle refused (mixed versions detected)": 0,
+        }
+        failures: list[str] = []
         changed, last = 0, _state(artifacts)
         start = time.perf_counter()
         for kill in range(opts.kills):
-            writer = subprocess.Popen([sys.executable, "-c", WRITER, _cache_files.__file__,
-                                       str(work / "plan.json"), str(opts.seed * 100003 + kill)],
-                                      stdout=subprocess.PIPE, text=True)
+            writer = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    WRITER,
+                    _cache_files.__file__,
+                    str(work / "plan.json"),
+                    str(opts.seed * 100003 + kill),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             if writer.stdout.readline().strip() != "ready":  # the loop is about to start
                 writer.wait()
                 print("error: a writer failed to start", file=sys.stderr)
@@ -229,12 +271,16 @@ def main(argv: List[str]) -> int:
             last = state
         temps = sorted(p.name for p in (work / "target").rglob(".*.tmp"))
         elapsed = time.perf_counter() - start
-        print(f"{opts.kills} writers killed with SIGKILL at random points "
-              f"(0-{opts.max_delay_ms:.0f} ms into their write loop), {elapsed:.0f} s:")
+        print(
+            f"{opts.kills} writers killed with SIGKILL at random points "
+            f"(0-{opts.max_delay_ms:.0f} ms into their write loop), {elapsed:.0f} s:"
+        )
         for name, count in outcomes.items():
             print(f"  {name:42} {count}")
-        print(f"  {'temporary files left by killed writers':42} {len(temps)} "
-              "(never read: not entry names)")
+        print(
+            f"  {'temporary files left by killed writers':42} {len(temps)} "
+            "(never read: not entry names)"
+        )
         print(f"  {'kills after which the files had changed':42} {changed}")
         if changed == 0:
             failures.append("the writers never changed the files: nothing was tested")

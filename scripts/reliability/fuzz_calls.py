@@ -34,13 +34,36 @@ import pathlib
 import random
 import sys
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from collections.abc import Callable
+from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 
-INTS = [0, 1, 2, 15, 16, 17, 32, 48, 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1, 2**63,
-        2**64 - 1, 2**64, -1, -16, -2**31, -2**31 - 1, -2**63, -2**63 - 1]
+INTS = [
+    0,
+    1,
+    2,
+    15,
+    16,
+    17,
+    32,
+    48,
+    2**31 - 1,
+    2**31,
+    2**32,
+    2**40,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    2**64,
+    -1,
+    -16,
+    -(2**31),
+    -(2**31) - 1,
+    -(2**63),
+    -(2**63) - 1,
+]
 FLOATS = [0.0, -1.5, 3.14159, 1e40, -1e-40, float("inf"), float("-inf"), float("nan")]
 
 
@@ -49,12 +72,28 @@ class Mode(enum.IntEnum):
     B = 16
 
 
-def _other_kind(rng: random.Random, tensors: List[Any]) -> Any:
+def _other_kind(rng: random.Random, tensors: list[Any]) -> Any:
     import numpy as np
-    return rng.choice([
-        "abc", b"x", [1, 2], (1,), object(), 1 + 2j, np.float64(1.5), np.float32(2.0),
-        np.int64(3), Mode.B, None, True, rng.choice(INTS), rng.choice(FLOATS), rng.choice(tensors),
-    ])
+
+    return rng.choice(
+        [
+            "abc",
+            b"x",
+            [1, 2],
+            (1,),
+            object(),
+            1 + 2j,
+            np.float64(1.5),
+            np.float32(2.0),
+            np.int64(3),
+            Mode.B,
+            None,
+            True,
+            rng.choice(INTS),
+            rng.choice(FLOATS),
+            rng.choice(tensors),
+        ]
+    )
 
 
 class Generator:
@@ -66,12 +105,14 @@ class Generator:
 
     def __init__(self, rng: random.Random, seed: int, pool: int):
         import torch
+
         self.rng = rng  # values, grids, call-shape mutations
         self.seed = seed
         self.pool = pool
-        self.base = {d: torch.zeros(64 + 16, dtype=d) for d in (torch.float32, torch.float16,
-                                                                 torch.int32)}
-        self.tensors = [b[o:o + 32] for b in self.base.values() for o in range(0, 5)]
+        self.base = {
+            d: torch.zeros(64 + 16, dtype=d) for d in (torch.float32, torch.float16, torch.int32)
+        }
+        self.tensors = [b[o : o + 32] for b in self.base.values() for o in range(0, 5)]
         self.t = random.Random(0)  # the current template's choices (set by template())
 
     def template(self, kernel: str) -> None:
@@ -83,6 +124,7 @@ class Generator:
 
     def pointer(self):
         import torch
+
         if self.other(0.03):
             return _other_kind(self.rng, self.tensors)
         if self.other(0.01):
@@ -92,7 +134,7 @@ class Generator:
             offset = self.rng.choice([0, 16 // base.element_size()])
         else:
             offset = self.rng.choice([o for o in range(1, 16 // base.element_size())])
-        return base[offset:offset + 32]
+        return base[offset : offset + 32]
 
     def int_value(self):
         if self.other(0.03):
@@ -102,8 +144,9 @@ class Generator:
             return 1
         if cls == "edge":
             return self.t.choice(INTS)  # the template fixes the edge: its class and width
-        width = self.t.choice([(2, 2**31 - 16), (2**31, 2**62), (2**63, 2**64 - 16),
-                               (-2**63, -2**31)])
+        width = self.t.choice(
+            [(2, 2**31 - 16), (2**31, 2**62), (2**63, 2**64 - 16), (-(2**63), -(2**31))]
+        )
         value = self.rng.randint(*width)
         if cls == "div16":
             return value - value % 16
@@ -118,41 +161,56 @@ class Generator:
         r = self.rng
         if r.random() < 0.95:
             return (r.randint(1, 3),)
-        return r.choice([(0,), (2, 3), (1, 1, 2), (-1,), (), (1, 1, 1, 1), "x", (2**31,),
-                         lambda meta: (1,)])
+        return r.choice(
+            [(0,), (2, 3), (1, 1, 2), (-1,), (), (1, 1, 1, 1), "x", (2**31,), lambda meta: (1,)]
+        )
 
 
-def _kernels(g: Generator) -> Dict[str, Tuple[Any, Callable[[], Tuple[tuple, dict]]]]:
+def _kernels(g: Generator) -> dict[str, tuple[Any, Callable[[], tuple[tuple, dict]]]]:
     """Each fuzzed kernel and a function drawing (args, kwargs) for it."""
-    import triton.language as tl
-
     import kernels
+    import triton.language as tl
 
     def add():
         return (g.pointer(), g.pointer(), g.pointer(), g.int_value()), {"BLOCK": 32}
 
     def scalars():
-        return ((g.pointer(), g.int_value(), g.int_value(), g.int_value(), g.float_value(),
-                 g.float_value(), g.float_value(), g.float_value(), g.t.choice([True, False]),
-                 None if g.t.random() < 0.5 else g.pointer(),
-                 1 if g.t.random() < 0.5 else g.int_value()), {"BLOCK": 32})
+        return (
+            (
+                g.pointer(),
+                g.int_value(),
+                g.int_value(),
+                g.int_value(),
+                g.float_value(),
+                g.float_value(),
+                g.float_value(),
+                g.float_value(),
+                g.t.choice([True, False]),
+                None if g.t.random() < 0.5 else g.pointer(),
+                1 if g.t.random() < 0.5 else g.int_value(),
+            ),
+            {"BLOCK": 32},
+        )
 
     def typed():
-        return (g.pointer(), g.int_value(), g.int_value(), g.t.choice([0, 1, 255, 256, -1, 7])), \
-            {"BLOCK": 32}
+        return (g.pointer(), g.int_value(), g.int_value(), g.t.choice([0, 1, 255, 256, -1, 7])), {
+            "BLOCK": 32
+        }
 
     def no_spec():
         return (g.pointer(), g.pointer(), g.int_value()), {"BLOCK": 32}
 
     def tuples():
-        pair = (g.pointer(), g.int_value()) if not g.other(0.05) else \
-            _other_kind(g.rng, g.tensors)
+        pair = (g.pointer(), g.int_value()) if not g.other(0.05) else _other_kind(g.rng, g.tensors)
         nested = (g.float_value(), (g.float_value(), g.pointer()))
         return (g.pointer(), pair, g.int_value(), nested), {"BLOCK": 32}
 
     def constexprs():
-        return (g.pointer(),), {"SCALE": g.t.choice([2, 2.5, tl.constexpr(3)]),
-                                "MODE": g.t.choice(["double", "single"]), "BLOCK": 32}
+        return (g.pointer(),), {
+            "SCALE": g.t.choice([2, 2.5, tl.constexpr(3)]),
+            "MODE": g.t.choice(["double", "single"]),
+            "BLOCK": 32,
+        }
 
     return {
         "add_kernel": (kernels.add_kernel, add),
@@ -164,7 +222,7 @@ def _kernels(g: Generator) -> Dict[str, Tuple[Any, Callable[[], Tuple[tuple, dic
     }
 
 
-def _mutate_call(g: Generator, jit_fn, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+def _mutate_call(g: Generator, jit_fn, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Sometimes a call of the wrong shape: an argument missing or extra, an unknown keyword, a
     positional argument passed by keyword; and, per template, options at the call site."""
     rng = g.rng
@@ -183,12 +241,20 @@ def _mutate_call(g: Generator, jit_fn, args: tuple, kwargs: dict) -> Tuple[tuple
     return args, kwargs
 
 
-TYPED = (TypeError, ValueError, OverflowError, KeyError, IndexError, RuntimeError,
-         NotImplementedError)
+TYPED = (
+    TypeError,
+    ValueError,
+    OverflowError,
+    KeyError,
+    IndexError,
+    RuntimeError,
+    NotImplementedError,
+)
 
 
 def _short(value: Any) -> str:
     import torch
+
     if isinstance(value, torch.Tensor):
         return f"tensor({value.dtype}, offset {value.data_ptr() % 16})"
     text = repr(value)
@@ -204,18 +270,25 @@ def _describe(value: Any) -> str:
 
 
 def _names_argument(message: str, jit_fn) -> bool:
-    return (any(f"'{p}'" in message for p in jit_fn.arg_names) or "grid" in message
-            or "arguments but" in message or "keyword argument" in message
-            or "missing" in message)
+    return (
+        any(f"'{p}'" in message for p in jit_fn.arg_names)
+        or "grid" in message
+        or "arguments but" in message
+        or "keyword argument" in message
+        or "missing" in message
+    )
 
 
-def run(calls: int, seed: int, pool: int = 40, report_every: int = 0) -> Dict[str, Any]:
+def run(calls: int, seed: int, pool: int = 40, report_every: int = 0) -> dict[str, Any]:
     sys.path.insert(0, str(TESTS))
     from stand_in_driver.recording import RecordingDriver, build_recording_driver
+
     path = build_recording_driver()
     os.environ.setdefault("FASTKERNEL_CUDA_DRIVER", str(path))
-    from fastkernel import _C, fastkernel
     from triton_reference import TritonReference, assert_same_launch
+
+    from fastkernel import _C, fastkernel
+
     recording = RecordingDriver(path)
     stream = 0x5EED5
     _C._testing.set_host_testing(True, 0, stream)
@@ -223,21 +296,49 @@ def run(calls: int, seed: int, pool: int = 40, report_every: int = 0) -> Dict[st
     gen = Generator(rng, seed, pool)
     table = _kernels(gen)
     fast = {name: fastkernel(jit) for name, (jit, _) in table.items()}
-    counts: Dict[str, int] = collections.Counter()
-    failures: List[str] = []
+    counts: dict[str, int] = collections.Counter()
+    failures: list[str] = []
     start = time.perf_counter()
     try:
-        _fuzz(calls, rng, gen, table, fast, recording, TritonReference(recording, stream),
-              assert_same_launch, counts, failures, start, report_every)
+        _fuzz(
+            calls,
+            rng,
+            gen,
+            table,
+            fast,
+            recording,
+            TritonReference(recording, stream),
+            assert_same_launch,
+            counts,
+            failures,
+            start,
+            report_every,
+        )
     finally:
         _C._testing.set_host_testing(False, 0, 0)
-    return {"calls": calls, "outcomes": dict(counts), "failures": failures,
-            "seconds": time.perf_counter() - start,
-            "stats": {n: k.stats() for n, k in fast.items()}}
+    return {
+        "calls": calls,
+        "outcomes": dict(counts),
+        "failures": failures,
+        "seconds": time.perf_counter() - start,
+        "stats": {n: k.stats() for n, k in fast.items()},
+    }
 
 
-def _fuzz(calls, rng, gen, table, fast, recording, reference_launcher, assert_same_launch,
-          counts, failures, start, report_every) -> None:
+def _fuzz(
+    calls,
+    rng,
+    gen,
+    table,
+    fast,
+    recording,
+    reference_launcher,
+    assert_same_launch,
+    counts,
+    failures,
+    start,
+    report_every,
+) -> None:
     with reference_launcher:
         for i in range(calls):
             name = rng.choice(list(table))
@@ -250,15 +351,19 @@ def _fuzz(calls, rng, gen, table, fast, recording, reference_launcher, assert_sa
             before = recording.launch_count()
             try:
                 jit[grid](*args, **kwargs)
-                theirs, their_exc = (recording.last_launch()
-                                     if recording.launch_count() > before else None), None
+                theirs, their_exc = (
+                    (recording.last_launch() if recording.launch_count() > before else None),
+                    None,
+                )
             except Exception as exc:  # noqa: BLE001 - Triton's verdict on this call
                 theirs, their_exc = None, exc
             middle = recording.launch_count()
             try:
                 fast[name][grid](*args, **kwargs)
-                ours, our_exc = (recording.last_launch()
-                                 if recording.launch_count() > middle else None), None
+                ours, our_exc = (
+                    (recording.last_launch() if recording.launch_count() > middle else None),
+                    None,
+                )
             except Exception as exc:  # noqa: BLE001 - fastkernel's verdict, checked below
                 ours, our_exc = None, exc
             where = f"call {i} {name}[{_short(grid)}]({_describe(args)}, {_describe(kwargs)})"
@@ -276,8 +381,10 @@ def _fuzz(calls, rng, gen, table, fast, recording, reference_launcher, assert_sa
                     except AssertionError as exc:
                         failures.append(f"{where}: {exc}")
             elif type(our_exc).__module__.startswith("triton") or (
-                    their_exc is not None and type(our_exc) is type(their_exc)
-                    and str(our_exc) == str(their_exc)):
+                their_exc is not None
+                and type(our_exc) is type(their_exc)
+                and str(our_exc) == str(their_exc)
+            ):
                 counts["raised Triton's own error"] += 1
             elif not isinstance(our_exc, TYPED):
                 failures.append(f"{where}: fastkernel raised an untyped {our_exc!r}")
@@ -288,20 +395,29 @@ def _fuzz(calls, rng, gen, table, fast, recording, reference_launcher, assert_sa
             else:
                 counts["raised a typed error naming the argument (Triton raised)"] += 1
             if report_every and (i + 1) % report_every == 0:
-                print(f"  {i + 1} calls, {len(failures)} failures, "
-                      f"{time.perf_counter() - start:.0f} s", flush=True)
+                print(
+                    f"  {i + 1} calls, {len(failures)} failures, "
+                    f"{time.perf_counter() - start:.0f} s",
+                    flush=True,
+                )
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--templates", type=int, default=40,
-                        help="specialization templates per kernel (bounds the compiles)")
+    parser.add_argument(
+        "--templates",
+        type=int,
+        default=40,
+        help="specialization templates per kernel (bounds the compiles)",
+    )
     opts = parser.parse_args(argv)
     result = run(opts.calls, opts.seed, opts.templates, report_every=max(opts.calls // 10, 1))
-    print(f"{result['calls']} generated calls over {len(result['stats'])} kernels, "
-          f"{opts.templates} templates each (seed {opts.seed}), {result['seconds']:.0f} s:")
+    print(
+        f"{result['calls']} generated calls over {len(result['stats'])} kernels, "
+        f"{opts.templates} templates each (seed {opts.seed}), {result['seconds']:.0f} s:"
+    )
     for outcome, count in sorted(result["outcomes"].items()):
         print(f"  {outcome:48} {count}")
     hits = sum(s["hits"] for s in result["stats"].values())

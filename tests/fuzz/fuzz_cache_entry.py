@@ -17,8 +17,13 @@ import atheris
 
 from fastkernel import cache
 
-for _fn in (cache.decode_entry, cache._check_header, cache._valid_tensordesc_meta,
-            cache._in_launch_range, cache.CachedKernel.from_entry):
+for _fn in (
+    cache.decode_entry,
+    cache._check_header,
+    cache._valid_tensordesc_meta,
+    cache._in_launch_range,
+    cache.CachedKernel.from_entry,
+):
     atheris.instrument_func(_fn)
 
 
@@ -31,7 +36,7 @@ def test_one_input(data: bytes) -> None:
     if len(data) < 4:
         return
     (n,) = struct.unpack_from("<I", data)
-    header, cubin = data[4:4 + n], data[4 + n:]
+    header, cubin = data[4 : 4 + n], data[4 + n :]
     try:
         entry = cache.decode_entry(entry_bytes(header, cubin))
     except cache.CorruptEntry:

@@ -42,11 +42,24 @@ def _build_command(output: str) -> list[str]:
     # The soname makes the library answer to "libcuda.so.1": Triton's launcher module links
     # against libcuda and dlopens "libcuda.so.1", and both resolve to this library once it is
     # loaded (see tests/triton_reference.py).
-    return [*_compiler(), "-std=c11", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror",
-            "-Wl,-soname,libcuda.so.1", "-o", output, str(SOURCE), "-lpthread"]
+    return [
+        *_compiler(),
+        "-std=c11",
+        "-shared",
+        "-fPIC",
+        "-O1",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-Wl,-soname,libcuda.so.1",
+        "-o",
+        output,
+        str(SOURCE),
+        "-lpthread",
+    ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_recording_driver() -> pathlib.Path:
     """Compiles recording_driver.c once per process and returns the .so path.
 
@@ -71,7 +84,8 @@ def build_recording_driver() -> pathlib.Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(
-                f"building the recording driver failed ({shlex.join(cmd)}):\n{proc.stdout}{proc.stderr}")
+                f"building the recording driver failed ({shlex.join(cmd)}):\n{proc.stdout}{proc.stderr}"
+            )
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -97,7 +111,9 @@ class Launch:
     shared_mem: int
     stream: int
     is_ex: bool
-    attrs: list[tuple[int, bytes]]  # (CUlaunchAttributeID, 64 raw value bytes), cuLaunchKernelEx only
+    attrs: list[
+        tuple[int, bytes]
+    ]  # (CUlaunchAttributeID, 64 raw value bytes), cuLaunchKernelEx only
     params: list[bytes]  # one entry per kernel parameter, in ordinal order
     param_layout: list[tuple[int, int]]  # (offset, size) of each parameter in `raw`
     raw: bytes  # the parameter bank (EIATTR_CBANK_PARAM_SIZE bytes) as the kernel would see it
@@ -117,7 +133,12 @@ class RecordingDriver:
 
     def _declare(self) -> None:
         L = self.lib
-        c_int, c_uint, c_char_p, c_void_p = ctypes.c_int, ctypes.c_uint, ctypes.c_char_p, ctypes.c_void_p
+        c_int, c_uint, c_char_p, c_void_p = (
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+        )
         u32p = ctypes.POINTER(c_uint)
         sigs = {
             "fkstub_reset": (None, []),
@@ -229,7 +250,7 @@ class RecordingDriver:
             stream=stream.value,
             is_ex=bool(L.fkstub_launch_is_ex(i)),
             attrs=attrs,
-            params=[raw[off:off + size] for off, size in layout],
+            params=[raw[off : off + size] for off, size in layout],
             param_layout=layout,
             raw=raw,
         )
