@@ -129,8 +129,8 @@ class Fields {
       fail(std::string(what) + " '" + std::string(field) + "' is not a non-negative integer");
     }
     if (value < lo || value > hi) {
-      fail(std::string(what) + " " + std::to_string(value) + " is outside [" +
-           std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      fail(std::string(what) + " " + std::to_string(value) + " is outside [" + std::to_string(lo) +
+           ", " + std::to_string(hi) + "]");
     }
     return value;
   }
@@ -215,8 +215,8 @@ bool arg_matches(const ArgPattern& p, const ArgValue& v) {
     case ArgKind::Int: {
       const uint64_t bits = v.u;
       const bool is_one = v.width != IntWidth::U64 && v.i == 1;
-      if (!p.any_width && v.width != p.width && int_class(bits, is_one, p.specialize, p.align) !=
-                                                    ValueClass::EqualsOne) {
+      if (!p.any_width && v.width != p.width &&
+          int_class(bits, is_one, p.specialize, p.align) != ValueClass::EqualsOne) {
         return false;
       }
       return int_class(bits, is_one, p.specialize, p.align) == p.value_class;
@@ -233,19 +233,23 @@ struct PointeeType {
   int scalar_type;
 };
 constexpr PointeeType kPointeeTypes[] = {
-    {"u8", 0},       {"i8", 1},        {"i16", 2},      {"i32", 3},         {"i64", 4},
-    {"fp16", 5},     {"fp32", 6},      {"fp64", 7},     {"i1", 11},         {"bf16", 15},
-    {"fp8e5", 23},   {"fp8e4nv", 24},  {"fp8e5b16", 25}, {"fp8e4b8", 26},   {"u16", 27},
-    {"u32", 28},     {"u64", 29},
+    {"u8", 0},        {"i8", 1},       {"i16", 2},  {"i32", 3},   {"i64", 4},    {"fp16", 5},
+    {"fp32", 6},      {"fp64", 7},     {"i1", 11},  {"bf16", 15}, {"fp8e5", 23}, {"fp8e4nv", 24},
+    {"fp8e5b16", 25}, {"fp8e4b8", 26}, {"u16", 27}, {"u32", 28},  {"u64", 29},
 };
 
 const char* kind_name(ArgKind kind) {
   switch (kind) {
-    case ArgKind::Tensor: return "pointer";
-    case ArgKind::Int: return "int";
-    case ArgKind::Float: return "float";
-    case ArgKind::Bool: return "bool";
-    default: return "None";
+    case ArgKind::Tensor:
+      return "pointer";
+    case ArgKind::Int:
+      return "int";
+    case ArgKind::Float:
+      return "float";
+    case ArgKind::Bool:
+      return "bool";
+    default:
+      return "None";
   }
 }
 
@@ -351,7 +355,8 @@ Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
       const std::string_view magic = fields.next();
       const std::string_view version = fields.next();
       if (magic == kMagic && version == "1") {
-        throw BundleError("fastkernel: '" + manifest_path + "' is a version-1 kernel bundle, whose "
+        throw BundleError("fastkernel: '" + manifest_path +
+                          "' is a version-1 kernel bundle, whose "
                           "entries carry no digest: export it again (fastkernel.export)");
       }
       if (magic != kMagic || version != kVersion || !fields.done()) {
@@ -423,7 +428,8 @@ Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
         fail("more than " + std::to_string(kMaxArgs) + " arguments");
       }
       ArgPattern p;
-      p.kind = ArgKind(fields.number(fail, "kind", uint64_t(ArgKind::Tensor), uint64_t(ArgKind::None)));
+      p.kind =
+          ArgKind(fields.number(fail, "kind", uint64_t(ArgKind::Tensor), uint64_t(ArgKind::None)));
       p.width = IntWidth(fields.number(fail, "width", 0, uint64_t(IntWidth::U64)));
       p.value_class = ValueClass(fields.number(fail, "class", 0, uint64_t(ValueClass::EqualsOne)));
       p.specialize = fields.number(fail, "specialize", 0, 1) != 0;
@@ -451,7 +457,8 @@ Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
       digest.update(entry_text);
       digest.update(entry->cubin);
       if (digest.hex_digest() != recorded) {
-        fail("entry '" + entry->kernel + "' (cubin '" + entry->cubin_file + "') does not match "
+        fail("entry '" + entry->kernel + "' (cubin '" + entry->cubin_file +
+             "') does not match "
              "its digest: the manifest lines or the cubin were changed after export");
       }
       digest_seen = true;
@@ -473,7 +480,8 @@ Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
     throw BundleError("fastkernel: '" + manifest_path + "' is not a version-2 kernel bundle");
   }
   if (entry != nullptr) {
-    throw BundleError("fastkernel: " + manifest_path + ": the last entry has no 'end' line "
+    throw BundleError("fastkernel: " + manifest_path +
+                      ": the last entry has no 'end' line "
                       "(the manifest is truncated)");
   }
   return bundle;
@@ -533,9 +541,9 @@ BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, siz
   for (size_t i = 0; i < num_args; ++i) {
     call += (i ? ", " : "") + std::string(kind_name(args[i].kind));
   }
-  throw BundleError("fastkernel: " + std::string(found ? "several entries match " : "no entry matches ") +
-                    call + ")" + (listing.empty() ? " (the bundle has no such kernel)"
-                                                  : "; the bundle has:" + listing));
+  throw BundleError(
+      "fastkernel: " + std::string(found ? "several entries match " : "no entry matches ") + call +
+      ")" + (listing.empty() ? " (the bundle has no such kernel)" : "; the bundle has:" + listing));
 }
 
 namespace {
@@ -575,8 +583,8 @@ const LaunchRecord* load_entry(BundleEntry& entry, int device, std::mutex& mutex
 void Bundle::launch(const std::string& kernel, const LaunchGrid& grid, CUstream stream,
                     const ArgValue* args, size_t num_args, int device, const int* scalar_types,
                     CUdeviceptr global_scratch, CUdeviceptr profile_scratch) {
-  launch_entry(select(kernel, args, num_args, scalar_types), grid, stream, args, num_args,
-               device, global_scratch, profile_scratch);
+  launch_entry(select(kernel, args, num_args, scalar_types), grid, stream, args, num_args, device,
+               global_scratch, profile_scratch);
 }
 
 void Bundle::launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream stream,
@@ -593,8 +601,9 @@ void Bundle::launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream s
   if (p.needs_scratch() && grid.x != 0 && grid.y != 0 && grid.z != 0) {
     const auto missing = [&](const char* which, uint64_t size, uint64_t align) {
       throw BundleError("fastkernel: " + entry.describe() + " needs a " + which +
-                        " scratch buffer of " + std::to_string(size) + " bytes per CTA (aligned to " +
-                        std::to_string(align) + "): pass one, or launch through "
+                        " scratch buffer of " + std::to_string(size) +
+                        " bytes per CTA (aligned to " + std::to_string(align) +
+                        "): pass one, or launch through "
                         "fastkernel/torch.h, which allocates it");
     };
     if (p.global_scratch_size > 0 && global_scratch == 0) {

@@ -33,34 +33,35 @@ void load_locked() {
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* why = dlerror();
-    throw DriverUnavailable("fastkernel: cannot open the CUDA driver library '" + path +
-                            "' (" + (why ? why : "unknown error") +
+    throw DriverUnavailable("fastkernel: cannot open the CUDA driver library '" + path + "' (" +
+                            (why ? why : "unknown error") +
                             "); a GPU launch needs an NVIDIA driver");
   }
   DriverApi api{};
   std::string missing;
   // The _v2 names are what cuda.h maps the plain names to; the driver exports both forms.
-  bool ok = resolve(lib, "cuInit", &api.cuInit, true, &missing) &&
-            resolve(lib, "cuGetErrorName", &api.cuGetErrorName, true, &missing) &&
-            resolve(lib, "cuGetErrorString", &api.cuGetErrorString, true, &missing) &&
-            resolve(lib, "cuDeviceGet", &api.cuDeviceGet, true, &missing) &&
-            resolve(lib, "cuDeviceGetCount", &api.cuDeviceGetCount, true, &missing) &&
-            resolve(lib, "cuDeviceGetAttribute", &api.cuDeviceGetAttribute, true, &missing) &&
-            resolve(lib, "cuDevicePrimaryCtxRetain", &api.cuDevicePrimaryCtxRetain, true, &missing) &&
-            resolve(lib, "cuCtxGetCurrent", &api.cuCtxGetCurrent, true, &missing) &&
-            resolve(lib, "cuCtxSetCurrent", &api.cuCtxSetCurrent, true, &missing) &&
-            resolve(lib, "cuCtxPushCurrent_v2", &api.cuCtxPushCurrent, true, &missing) &&
-            resolve(lib, "cuCtxPopCurrent_v2", &api.cuCtxPopCurrent, true, &missing) &&
-            resolve(lib, "cuModuleLoadData", &api.cuModuleLoadData, true, &missing) &&
-            resolve(lib, "cuModuleUnload", &api.cuModuleUnload, true, &missing) &&
-            resolve(lib, "cuModuleGetFunction", &api.cuModuleGetFunction, true, &missing) &&
-            resolve(lib, "cuFuncGetAttribute", &api.cuFuncGetAttribute, true, &missing) &&
-            resolve(lib, "cuFuncSetAttribute", &api.cuFuncSetAttribute, true, &missing) &&
-            resolve(lib, "cuLaunchKernel", &api.cuLaunchKernel, true, &missing) &&
-            // Older drivers lack cuLaunchKernelEx; only launches that need attributes use it.
-            resolve(lib, "cuLaunchKernelEx", &api.cuLaunchKernelEx, false, &missing) &&
-            resolve(lib, "cuFuncGetParamInfo", &api.cuFuncGetParamInfo, false, &missing) &&
-            resolve(lib, "cuTensorMapEncodeTiled", &api.cuTensorMapEncodeTiled, false, &missing);
+  bool ok =
+      resolve(lib, "cuInit", &api.cuInit, true, &missing) &&
+      resolve(lib, "cuGetErrorName", &api.cuGetErrorName, true, &missing) &&
+      resolve(lib, "cuGetErrorString", &api.cuGetErrorString, true, &missing) &&
+      resolve(lib, "cuDeviceGet", &api.cuDeviceGet, true, &missing) &&
+      resolve(lib, "cuDeviceGetCount", &api.cuDeviceGetCount, true, &missing) &&
+      resolve(lib, "cuDeviceGetAttribute", &api.cuDeviceGetAttribute, true, &missing) &&
+      resolve(lib, "cuDevicePrimaryCtxRetain", &api.cuDevicePrimaryCtxRetain, true, &missing) &&
+      resolve(lib, "cuCtxGetCurrent", &api.cuCtxGetCurrent, true, &missing) &&
+      resolve(lib, "cuCtxSetCurrent", &api.cuCtxSetCurrent, true, &missing) &&
+      resolve(lib, "cuCtxPushCurrent_v2", &api.cuCtxPushCurrent, true, &missing) &&
+      resolve(lib, "cuCtxPopCurrent_v2", &api.cuCtxPopCurrent, true, &missing) &&
+      resolve(lib, "cuModuleLoadData", &api.cuModuleLoadData, true, &missing) &&
+      resolve(lib, "cuModuleUnload", &api.cuModuleUnload, true, &missing) &&
+      resolve(lib, "cuModuleGetFunction", &api.cuModuleGetFunction, true, &missing) &&
+      resolve(lib, "cuFuncGetAttribute", &api.cuFuncGetAttribute, true, &missing) &&
+      resolve(lib, "cuFuncSetAttribute", &api.cuFuncSetAttribute, true, &missing) &&
+      resolve(lib, "cuLaunchKernel", &api.cuLaunchKernel, true, &missing) &&
+      // Older drivers lack cuLaunchKernelEx; only launches that need attributes use it.
+      resolve(lib, "cuLaunchKernelEx", &api.cuLaunchKernelEx, false, &missing) &&
+      resolve(lib, "cuFuncGetParamInfo", &api.cuFuncGetParamInfo, false, &missing) &&
+      resolve(lib, "cuTensorMapEncodeTiled", &api.cuTensorMapEncodeTiled, false, &missing);
   if (!ok) {
     dlclose(lib);
     throw DriverUnavailable("fastkernel: the CUDA driver library '" + path + "' lacks " + missing);

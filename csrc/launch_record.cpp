@@ -52,12 +52,14 @@ void make_primary_context_current(int device) {
 
 bool parse_param_type(const std::string& t, ParamType* out) {
   static const std::unordered_map<std::string, ParamType> kTypes = {
-      {"i1", ParamType::I1},     {"i8", ParamType::I8},     {"i16", ParamType::I16},
-      {"i32", ParamType::I32},   {"i64", ParamType::I64},   {"u1", ParamType::U1},
-      {"u8", ParamType::U8},     {"u16", ParamType::U16},   {"u32", ParamType::U32},
-      {"u64", ParamType::U64},   {"fp16", ParamType::FP16}, {"bf16", ParamType::BF16},
-      {"fp32", ParamType::FP32}, {"f32", ParamType::FP32},  {"fp64", ParamType::FP64},
-      {"nvTmaDesc", ParamType::TensorMap},
+      {"i1", ParamType::I1},     {"i8", ParamType::I8},
+      {"i16", ParamType::I16},   {"i32", ParamType::I32},
+      {"i64", ParamType::I64},   {"u1", ParamType::U1},
+      {"u8", ParamType::U8},     {"u16", ParamType::U16},
+      {"u32", ParamType::U32},   {"u64", ParamType::U64},
+      {"fp16", ParamType::FP16}, {"bf16", ParamType::BF16},
+      {"fp32", ParamType::FP32}, {"f32", ParamType::FP32},
+      {"fp64", ParamType::FP64}, {"nvTmaDesc", ParamType::TensorMap},
   };
   if (!t.empty() && t[0] == '*') {
     *out = ParamType::Pointer;
@@ -88,7 +90,11 @@ std::string cubin_image_problem(const void* cubin, size_t size) {
   // e_phentsize/e_phnum at 0x36/0x38, e_shentsize/e_shnum at 0x3a/0x3c; a section header holds
   // sh_type at 4, sh_offset at 0x18 and sh_size at 0x20. EM_CUDA is 190.
   const auto* img = static_cast<const unsigned char*>(cubin);
-  if (img == nullptr || size < 64 || std::memcmp(img, "" "ELF", 4) != 0) {
+  if (img == nullptr || size < 64 ||
+      std::memcmp(img,
+                  ""
+                  "ELF",
+                  4) != 0) {
     return "is not an ELF image";
   }
   if (img[4] != 2 || img[5] != 1 || read_le(img + 0x12, 2) != 190) {
@@ -226,10 +232,12 @@ void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_si
       CUdevice dev = 0;
       check_cuda(api.cuDeviceGet(&dev, record.device), "cuDeviceGet");
       int optin = 0, static_shared = 0;
-      check_cuda(api.cuDeviceGetAttribute(&optin, cu::DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+      check_cuda(api.cuDeviceGetAttribute(
+                     &optin, cu::DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
                  "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
-      check_cuda(api.cuFuncGetAttribute(&static_shared, cu::FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
-                 "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
+      check_cuda(
+          api.cuFuncGetAttribute(&static_shared, cu::FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
+          "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
       if (record.shared_mem > unsigned(optin)) {
         throw CudaError(cu::ERROR_INVALID_VALUE,
                         "fastkernel: '" + record.kernel_name + "' needs " +
@@ -245,8 +253,8 @@ void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_si
     if (check_param_count && api.cuFuncGetParamInfo != nullptr) {
       const size_t packs = record.plan.size() + size_t(record.num_scratch_params);
       size_t offset = 0, size = 0;
-      const bool has_last = packs == 0 ||
-                            api.cuFuncGetParamInfo(function, packs - 1, &offset, &size) == cu::SUCCESS;
+      const bool has_last =
+          packs == 0 || api.cuFuncGetParamInfo(function, packs - 1, &offset, &size) == cu::SUCCESS;
       const bool has_more = api.cuFuncGetParamInfo(function, packs, &offset, &size) == cu::SUCCESS;
       if (!has_last || has_more) {
         throw std::invalid_argument("fastkernel: '" + record.kernel_name + "' declares " +
@@ -256,8 +264,9 @@ void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_si
     }
     // Clusters of 16 CTAs exceed the portable limit of 8 (Triton's driver.c sets this per launch).
     if (record.num_ctas > 8) {
-      check_cuda(api.cuFuncSetAttribute(function, cu::FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-                 "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
+      check_cuda(
+          api.cuFuncSetAttribute(function, cu::FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+          "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
     }
     record.module = module;
     record.function = function;

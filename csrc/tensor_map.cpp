@@ -120,10 +120,9 @@ void encode_tensor_map(const TensorMapSpec& spec, const ArgValue* leaves, void* 
   const uint32_t element_strides[kMaxTensorMapRank] = {1, 1, 1, 1, 1};
   slot.valid = false;
   const CUresult result = api.cuTensorMapEncodeTiled(
-      slot.map, req.data_type, unsigned(rank), reinterpret_cast<void*>(req.address),
-      req.global_dim, req.global_strides, req.box_dim, element_strides,
-      cu::TENSOR_MAP_INTERLEAVE_NONE, req.swizzle, cu::TENSOR_MAP_L2_PROMOTION_L2_128B,
-      req.oob_fill);
+      slot.map, req.data_type, unsigned(rank), reinterpret_cast<void*>(req.address), req.global_dim,
+      req.global_strides, req.box_dim, element_strides, cu::TENSOR_MAP_INTERLEAVE_NONE, req.swizzle,
+      cu::TENSOR_MAP_L2_PROMOTION_L2_128B, req.oob_fill);
   if (result != cu::SUCCESS) {
     std::string dims, strides_text;
     for (int i = 0; i < rank; ++i) {

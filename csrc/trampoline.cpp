@@ -43,7 +43,7 @@ uint16_t to_fp16(double value) {
     return uint16_t(sign | uint32_t(r));
   }
   int exp;
-  double mant = std::frexp(a, &exp);  // a = mant * 2**exp, mant in [0.5, 1)
+  double mant = std::frexp(a, &exp);     // a = mant * 2**exp, mant in [0.5, 1)
   double scaled = std::ldexp(mant, 11);  // 11 significant bits
   double r = std::nearbyint(scaled);
   if (r >= 2048.0) {
@@ -57,7 +57,7 @@ uint16_t to_fp16(double value) {
 }
 
 [[noreturn]] void bad_kind(const char* expected, ArgKind got) {
-  const char* name = got == ArgKind::Tensor ? "a tensor"
+  const char* name = got == ArgKind::Tensor  ? "a tensor"
                      : got == ArgKind::Float ? "a float"
                      : got == ArgKind::Bool  ? "a bool"
                      : got == ArgKind::Int   ? "an int"
@@ -94,12 +94,13 @@ void pack_signed(const ArgValue& v, void* slot, const char* type_name) {
   int64_t s;
   integer_value(v, type_name, &negative, &magnitude, &s);
   if (v.kind == ArgKind::Int && v.width == IntWidth::U64) {
-    throw ParamError(-1, true, std::string("value ") + std::to_string(magnitude) +
-                                   " is out of range for " + type_name);
+    throw ParamError(
+        -1, true,
+        std::string("value ") + std::to_string(magnitude) + " is out of range for " + type_name);
   }
   if (s < int64_t(std::numeric_limits<T>::min()) || s > int64_t(std::numeric_limits<T>::max())) {
-    throw ParamError(-1, true, std::string("value ") + std::to_string(s) +
-                                   " is out of range for " + type_name);
+    throw ParamError(
+        -1, true, std::string("value ") + std::to_string(s) + " is out of range for " + type_name);
   }
   store<T>(slot, T(s));
 }
@@ -111,9 +112,10 @@ void pack_unsigned(const ArgValue& v, void* slot, const char* type_name) {
   int64_t s;
   integer_value(v, type_name, &negative, &magnitude, &s);
   if (negative || magnitude > uint64_t(std::numeric_limits<T>::max())) {
-    throw ParamError(-1, true, std::string("value ") +
-                                   (negative ? std::to_string(s) : std::to_string(magnitude)) +
-                                   " is out of range for " + type_name);
+    throw ParamError(-1, true,
+                     std::string("value ") +
+                         (negative ? std::to_string(s) : std::to_string(magnitude)) +
+                         " is out of range for " + type_name);
   }
   store<T>(slot, T(magnitude));
 }
@@ -133,8 +135,8 @@ double float_value(const ArgValue& v, const char* type_name) {
 
 }  // namespace
 
-static CUresult launch_packed(const DriverApi& api, const LaunchRecord& record, const LaunchGrid& grid,
-                       CUstream stream, void** params);
+static CUresult launch_packed(const DriverApi& api, const LaunchRecord& record,
+                              const LaunchGrid& grid, CUstream stream, void** params);
 
 void pack_param(ParamType type, const ArgValue& v, void* slot) {
   std::memset(slot, 0, 8);
@@ -241,7 +243,8 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
     }
     try {
       if (slot.type == ParamType::TensorMap) {
-        if (num_tensor_maps >= record.tensor_maps.size() || num_tensor_maps >= size_t(kMaxTensorMaps)) {
+        if (num_tensor_maps >= record.tensor_maps.size() ||
+            num_tensor_maps >= size_t(kMaxTensorMaps)) {
           throw ParamError(-1, false, "the launch record has no tensor map for this parameter");
         }
         unsigned char* map = t_tensor_maps[num_tensor_maps++];
@@ -280,13 +283,13 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
     result = launch_packed(api, record, grid, stream, params);
   }
   if (result != cu::SUCCESS) {
-    throw CudaError(result, "fastkernel: launching '" + record.kernel_name + "' failed: " +
-                                describe_cuda_error(result));
+    throw CudaError(result, "fastkernel: launching '" + record.kernel_name +
+                                "' failed: " + describe_cuda_error(result));
   }
 }
 
-static CUresult launch_packed(const DriverApi& api, const LaunchRecord& record, const LaunchGrid& grid,
-                       CUstream stream, void** params) {
+static CUresult launch_packed(const DriverApi& api, const LaunchRecord& record,
+                              const LaunchGrid& grid, CUstream stream, void** params) {
   CUresult result;
   if (!record.needs_attributes()) {
     result = api.cuLaunchKernel(record.function, grid.x, grid.y, grid.z, record.block_x, 1, 1,

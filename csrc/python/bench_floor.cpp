@@ -148,9 +148,8 @@ std::vector<std::string> to_strings(const std::vector<py::bytes>& params) {
 /// does not depend on demangling, so that callgrind's `--toggle-collect=fastkernel_bench_call_loop`
 /// and `--dump-after=` collect exactly these calls and nothing of the interpreter around them.
 extern "C" __attribute__((noinline)) void fastkernel_bench_call_loop(PyObject* launcher,
-                                                                    PyObject* grid,
-                                                                    PyObject* args,
-                                                                    uint64_t iterations) {
+                                                                     PyObject* grid, PyObject* args,
+                                                                     uint64_t iterations) {
   PyObject* const* items = &PyTuple_GET_ITEM(args, 0);
   const size_t nargs = size_t(PyTuple_GET_SIZE(args));
   for (uint64_t i = 0; i < iterations; ++i) {
@@ -181,17 +180,18 @@ Triton appends. The module is unloaded by close() or when the object is destroye
 
 Raises ValueError for a malformed block or parameter, fastkernel.CudaError for a failed driver
 call and fastkernel.DriverUnavailableError without a driver.)doc")
-      .def(py::init([](const py::bytes& cubin, const std::string& kernel_name, int device,
-                       unsigned block_x, unsigned shared_mem, const std::vector<py::bytes>& params) {
-             const std::string image = cubin;
-             const std::vector<std::string> packed = to_strings(params);
-             return with_python_errors([&] {
-               return std::make_unique<FloorLauncher>(image, kernel_name, device, block_x,
-                                                      shared_mem, packed);
-             });
-           }),
-           py::arg("cubin"), py::arg("kernel_name"), py::arg("device"), py::arg("block_x"),
-           py::arg("shared_mem"), py::arg("params"))
+      .def(
+          py::init([](const py::bytes& cubin, const std::string& kernel_name, int device,
+                      unsigned block_x, unsigned shared_mem, const std::vector<py::bytes>& params) {
+            const std::string image = cubin;
+            const std::vector<std::string> packed = to_strings(params);
+            return with_python_errors([&] {
+              return std::make_unique<FloorLauncher>(image, kernel_name, device, block_x,
+                                                     shared_mem, packed);
+            });
+          }),
+          py::arg("cubin"), py::arg("kernel_name"), py::arg("device"), py::arg("block_x"),
+          py::arg("shared_mem"), py::arg("params"))
       .def(
           "run",
           [](FloorLauncher& self, const Grid3& grid, uint64_t stream, uint64_t iterations) {
@@ -217,9 +217,8 @@ args: one (kind, value) pair per runtime parameter, kind one of "pointer", "int"
 does, ValueError for an unknown kind.)doc")
       .def(py::init([](const std::string& directory, const std::string& kernel, int device,
                        const std::vector<std::pair<std::string, py::object>>& args) {
-             return with_python_errors([&] {
-               return std::make_unique<BundleLauncher>(directory, kernel, device, args);
-             });
+             return with_python_errors(
+                 [&] { return std::make_unique<BundleLauncher>(directory, kernel, device, args); });
            }),
            py::arg("directory"), py::arg("kernel"), py::arg("device"), py::arg("args"))
       .def(
@@ -232,7 +231,8 @@ does, ValueError for an unknown kind.)doc")
             });
           },
           py::arg("grid"), py::arg("stream"), py::arg("iterations"),
-          "Launch `iterations` times on `grid` and `stream` (a CUstream as an int), without the GIL.");
+          "Launch `iterations` times on `grid` and `stream` (a CUstream as an int), without the "
+          "GIL.");
 
   m.def(
       "bench_floor",

@@ -8,10 +8,9 @@ namespace fastkernel {
 namespace {
 
 struct GridMetaObject {
-  PyObject_HEAD
-  PyObject* names;          ///< tuple of the parameter names (interned str), owned
-  PyObject* const* values;  ///< the call's bound arguments while the grid runs, else nullptr
-  PyObject* snapshot;       ///< a dict of them once the mapping outlived its call, else nullptr
+  PyObject_HEAD PyObject* names;  ///< tuple of the parameter names (interned str), owned
+  PyObject* const* values;        ///< the call's bound arguments while the grid runs, else nullptr
+  PyObject* snapshot;  ///< a dict of them once the mapping outlived its call, else nullptr
 };
 
 // The index of `key` among the names, or -1. Interned names usually match by identity (a
@@ -142,9 +141,8 @@ PyObject* meta_richcompare(GridMetaObject* self, PyObject* other, int op) {
   if (d == nullptr) {
     return nullptr;
   }
-  PyObject* o = Py_TYPE(other) == &GridMetaType
-                    ? as_dict(reinterpret_cast<GridMetaObject*>(other))
-                    : Py_NewRef(other);
+  PyObject* o = Py_TYPE(other) == &GridMetaType ? as_dict(reinterpret_cast<GridMetaObject*>(other))
+                                                : Py_NewRef(other);
   if (o == nullptr) {
     Py_DECREF(d);
     return nullptr;
@@ -187,8 +185,8 @@ PySequenceMethods meta_sequence = [] {
 }();
 
 PyMethodDef meta_methods[] = {
-    {"get", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(meta_get)),
-     METH_FASTCALL, "get(name, default=None): the argument of parameter `name`, else default."},
+    {"get", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(meta_get)), METH_FASTCALL,
+     "get(name, default=None): the argument of parameter `name`, else default."},
     {"keys", reinterpret_cast<PyCFunction>(meta_keys), METH_NOARGS, "The parameter names."},
     {"values", reinterpret_cast<PyCFunction>(meta_values), METH_NOARGS, "The arguments."},
     {"items", reinterpret_cast<PyCFunction>(meta_items), METH_NOARGS, "(name, argument) pairs."},

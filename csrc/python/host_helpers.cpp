@@ -11,9 +11,9 @@
 namespace fastkernel {
 namespace {
 
-PyObject* g_constexpr_type = nullptr;  // triton.language.constexpr
-PyObject* g_triton_call = nullptr;     // Triton's ConstexprFunction.__call__
-PyObject* g_cdiv = nullptr;            // triton.cdiv (a ConstexprFunction)
+PyObject* g_constexpr_type = nullptr;   // triton.language.constexpr
+PyObject* g_triton_call = nullptr;      // Triton's ConstexprFunction.__call__
+PyObject* g_cdiv = nullptr;             // triton.cdiv (a ConstexprFunction)
 PyObject* g_next_power_of_2 = nullptr;  // triton.next_power_of_2
 PyObject* g_str_fn = nullptr;
 PyObject* g_str_semantic = nullptr;

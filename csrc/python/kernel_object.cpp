@@ -153,8 +153,13 @@ PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* cons
   if (!key || !dev || !why) {
     return nullptr;
   }
-  PyObject* handler_args[] = {reinterpret_cast<PyObject*>(kernel), grid, pos.get(), kw.get(),
-                              key.get(), dev.get(), why.get()};
+  PyObject* handler_args[] = {reinterpret_cast<PyObject*>(kernel),
+                              grid,
+                              pos.get(),
+                              kw.get(),
+                              key.get(),
+                              dev.get(),
+                              why.get()};
   return PyObject_Vectorcall(kernel->miss_handler, handler_args, 7, nullptr);
 }
 
@@ -174,7 +179,8 @@ PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* cons
   std::string type_name = type->tp_name;
   if (std::strchr(type->tp_name, '.') == nullptr) {  // heap types: module.qualname
     PyObject* module = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__module__");
-    const char* m = module != nullptr && PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : nullptr;
+    const char* m =
+        module != nullptr && PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : nullptr;
     if (m != nullptr && std::strcmp(m, "builtins") != 0) {
       type_name = std::string(m) + "." + type_name;
     }
@@ -287,8 +293,12 @@ PyObject* run_enter_hook(KernelObject* kernel, const LaunchRecord& rec, const La
     PyTuple_SET_ITEM(bound.get(), Py_ssize_t(i), Py_NewRef(call.args[i]));
   }
   PyObject* compiled = rec.user_data ? static_cast<PyObject*>(rec.user_data) : Py_None;
-  PyObject* hook_args[] = {reinterpret_cast<PyObject*>(kernel), grid_tuple.get(),
-                           stream_handle.get(), function.get(), compiled, bound.get()};
+  PyObject* hook_args[] = {reinterpret_cast<PyObject*>(kernel),
+                           grid_tuple.get(),
+                           stream_handle.get(),
+                           function.get(),
+                           compiled,
+                           bound.get()};
   return PyObject_Vectorcall(g_hook_enter, hook_args, 6, nullptr);
 }
 
@@ -346,8 +356,9 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
   }
   if (status == KeyStatus::Ok && knobs->native_disabled) {
     status = KeyStatus::Fallback;
-    call.fallback_reason = "a Triton knob the native path does not honour is set (a "
-                           "stages-inspection hook)";
+    call.fallback_reason =
+        "a Triton knob the native path does not honour is set (a "
+        "stages-inspection hook)";
   }
   if (status == KeyStatus::Fallback) {
     ++st.fallbacks;  // Triton's own launch runs the pre-run and launch hooks itself
@@ -365,8 +376,8 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     const LaunchRecord* rec = st.table.find(call.key, hash);
     if (rec == nullptr) {
       ++st.misses;
-      Ref handled(call_miss_handler(kernel, self->grid, args, nargs, kwnames, &call, ctx.device,
-                                    nullptr));
+      Ref handled(
+          call_miss_handler(kernel, self->grid, args, nargs, kwnames, &call, ctx.device, nullptr));
       if (!handled) {
         return nullptr;
       }
@@ -420,16 +431,16 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     if (rec->needs_scratch() && grid.x && grid.y && grid.z) {
       if (rec->global_scratch_size > 0) {
         global_holder.reset(allocate_scratch(kernel, rec->global_scratch_size,
-                                                  rec->global_scratch_align, *rec, grid,
-                                                  ctx.stream, "global", &global_scratch));
+                                             rec->global_scratch_align, *rec, grid, ctx.stream,
+                                             "global", &global_scratch));
         if (!global_holder) {
           return nullptr;
         }
       }
       if (rec->profile_scratch_size > 0) {
         profile_holder.reset(allocate_scratch(kernel, rec->profile_scratch_size,
-                                                   rec->profile_scratch_align, *rec, grid,
-                                                   ctx.stream, "profile", &profile_scratch));
+                                              rec->profile_scratch_align, *rec, grid, ctx.stream,
+                                              "profile", &profile_scratch));
         if (!profile_holder) {
           return nullptr;
         }

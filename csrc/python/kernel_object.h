@@ -21,9 +21,9 @@ struct ParamSpec {
   PyObject* name = nullptr;           ///< interned str, owned
   PyObject* default_value = nullptr;  ///< owned; nullptr when the parameter is required
   bool is_constexpr = false;          ///< annotated tl.constexpr: its value is part of the key
-  bool specialize = true;             ///< false under do_not_specialize (or a float/bool annotation)
-  bool align = true;                  ///< false under do_not_specialize_on_alignment
-  uint8_t tune = 0;                   ///< TuneFlag bits (fastkernel.autotune); 0 otherwise
+  bool specialize = true;  ///< false under do_not_specialize (or a float/bool annotation)
+  bool align = true;       ///< false under do_not_specialize_on_alignment
+  uint8_t tune = 0;        ///< TuneFlag bits (fastkernel.autotune); 0 otherwise
 };
 
 /// Per-kernel native state (owned by KernelObject).
@@ -34,7 +34,7 @@ struct KernelState {
   LaunchTable table;
   PyObject* grid_meta = nullptr;         ///< the callable grid's mapping, reused (grid_meta.h)
   PyObject* param_name_tuple = nullptr;  ///< the parameter names as a tuple, owned
-  bool has_config_params = false;  ///< some parameter is kTuneConfigProvided
+  bool has_config_params = false;        ///< some parameter is kTuneConfigProvided
   /// has_config_params, or a publish owner is set: a hit has more to do than launch (one test
   /// on the hot path for both).
   bool hit_extras = false;
@@ -43,8 +43,7 @@ struct KernelState {
 
 /// The Python-visible kernel object (`fastkernel._C.Kernel`, subclassed in Python).
 struct KernelObject {
-  PyObject_HEAD
-  KernelState* state;
+  PyObject_HEAD KernelState* state;
   PyObject* name;               ///< the kernel's name, for error messages
   PyObject* miss_handler;       ///< Python callable for misses and fallbacks
   PyObject* scratch_allocator;  ///< Python callable(size, align, stream, kind) -> buffer
@@ -53,7 +52,8 @@ struct KernelObject {
   PyObject* global_checks;      ///< tuple of (globals dict, name, value compiled with), or nullptr
   PyObject* global_check_failed;  ///< Python callable(name, old, new) raising Triton's error
   PyObject* weakrefs;
-  PyObject* patched_jit;  ///< the JITFunction this Kernel serves under fastkernel.patch() (borrowed)
+  PyObject*
+      patched_jit;  ///< the JITFunction this Kernel serves under fastkernel.patch() (borrowed)
   /// A hit sets `publish_owner.<publish_name>` to its record's `published` object when that
   /// differs from the last one set (Triton's Autotuner sets best_config on every call).
   PyObject* publish_owner;
@@ -63,8 +63,7 @@ struct KernelObject {
 
 /// `kernel[grid]`: a kernel with its grid, called with the kernel's arguments.
 struct BoundLaunchObject {
-  PyObject_HEAD
-  KernelObject* kernel;
+  PyObject_HEAD KernelObject* kernel;
   PyObject* grid;
   vectorcallfunc vectorcall;
 };

@@ -60,7 +60,8 @@ bool is_identity_keyed(PyObject* v) {
     return false;
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g_identity_types); ++i) {
-    if (PyObject_TypeCheck(v, reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(g_identity_types, i)))) {
+    if (PyObject_TypeCheck(
+            v, reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(g_identity_types, i)))) {
       return true;
     }
   }
@@ -211,15 +212,17 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   return KeyStatus::Error;
 }
 
-[[gnu::always_inline]] inline KeyStatus push_int(KernelObject* kernel, const ParamSpec& param, PyObject* v, ArgValue* value,
-                   SpecializationKey* key) {
+[[gnu::always_inline]] inline KeyStatus push_int(KernelObject* kernel, const ParamSpec& param,
+                                                 PyObject* v, ArgValue* value,
+                                                 SpecializationKey* key) {
   int overflow = 0;
   long long s = PyLong_AsLongLongAndOverflow(v, &overflow);
   value->kind = ArgKind::Int;
   if (overflow == 0) {
     value->i = s;
     value->width = signed_width(s);
-    key->push(int_word(value->width, int_class(uint64_t(s), s == 1, param.specialize, param.align)));
+    key->push(
+        int_word(value->width, int_class(uint64_t(s), s == 1, param.specialize, param.align)));
     return KeyStatus::Ok;
   }
   if (overflow > 0) {
@@ -377,8 +380,7 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
 // tf32 rounding. Which of them reach the kernel, and how, the record's plan says (a tensor map
 // under TMA lowering, the decomposed fields otherwise).
 [[gnu::noinline]] KeyStatus push_tensor_descriptor(KernelObject* kernel, const ParamSpec& param,
-                                                   PyObject* v, ArgValue* value,
-                                                   BoundCall* call) {
+                                                   PyObject* v, ArgValue* value, BoundCall* call) {
   struct Fields {
     PyObject* base = nullptr;
     PyObject* shape = nullptr;
@@ -420,7 +422,8 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   const int num_params = int(kernel->state->params.size());
   const int first = num_params + call->num_leaves;
   if (rank < 1 || rank > kMaxTensorMapRank || first + descriptor_leaves(int(rank)) > kMaxArgs) {
-    call->fallback_reason = "a tensor descriptor of a rank or count the native buffer does not hold";
+    call->fallback_reason =
+        "a tensor descriptor of a rank or count the native buffer does not hold";
     return KeyStatus::Fallback;
   }
   ArgValue* leaves = &call->values[first];
@@ -558,8 +561,7 @@ void prefer_missing_argument_error(KernelObject* kernel, const BoundCall* call) 
   const KernelState& st = *kernel->state;
   for (size_t j = 0; j < st.params.size(); ++j) {
     const ParamSpec& p = st.params[j];
-    if (call->args[j] == nullptr && p.default_value == nullptr &&
-        !(p.tune & kTuneConfigProvided)) {
+    if (call->args[j] == nullptr && p.default_value == nullptr && !(p.tune & kTuneConfigProvided)) {
       PyErr_Clear();
       PyErr_Format(PyExc_TypeError, "%U missing required argument '%U'", kernel->name, p.name);
       return;
@@ -575,10 +577,11 @@ void set_tensor_descriptor_type(PyObject* type) {
   Py_XDECREF(reinterpret_cast<PyObject*>(g_tensor_descriptor_type));
   g_tensor_descriptor_type = reinterpret_cast<PyTypeObject*>(type);
   if (g_desc_names.base == nullptr) {
-    g_desc_names = {PyUnicode_InternFromString("base"), PyUnicode_InternFromString("shape"),
-                    PyUnicode_InternFromString("strides"), PyUnicode_InternFromString("block_shape"),
-                    PyUnicode_InternFromString("padding"),
-                    PyUnicode_InternFromString("round_f32_to_tf32"), PyUnicode_InternFromString("nan")};
+    g_desc_names = {
+        PyUnicode_InternFromString("base"),    PyUnicode_InternFromString("shape"),
+        PyUnicode_InternFromString("strides"), PyUnicode_InternFromString("block_shape"),
+        PyUnicode_InternFromString("padding"), PyUnicode_InternFromString("round_f32_to_tf32"),
+        PyUnicode_InternFromString("nan")};
   }
 }
 

@@ -60,7 +60,8 @@ const KnobState* knob_watch_detail::refresh() {
   int disabled = 0, enter_plain = 0, exit_plain = 0;
   bool ok = PyArg_ParseTuple(result, "KpOpOp", &word, &disabled, &enter, &enter_plain, &exit,
                              &exit_plain);
-  if (ok && ((enter != Py_None && !PyList_Check(enter)) || (exit != Py_None && !PyList_Check(exit)))) {
+  if (ok &&
+      ((enter != Py_None && !PyList_Check(enter)) || (exit != Py_None && !PyList_Check(exit)))) {
     PyErr_SetString(PyExc_TypeError, "fastkernel: knob refresh must return hook lists or None");
     ok = false;
   }

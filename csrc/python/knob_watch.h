@@ -11,11 +11,11 @@ namespace fastkernel {
 
 /// The knob state a launch uses.
 struct KnobState {
-  uint64_t key_word = 0;        ///< identifies the binary-changing knob values (0 until set)
-  bool native_disabled = false; ///< a knob the native path cannot honour is set: use Triton's
+  uint64_t key_word = 0;            ///< identifies the binary-changing knob values (0 until set)
+  bool native_disabled = false;     ///< a knob the native path cannot honour is set: use Triton's
   PyObject* enter_calls = nullptr;  ///< the enter HookChain's list of hooks (owned), or nullptr
   PyObject* exit_calls = nullptr;
-  bool enter_plain = false;     ///< a plain callable is set as the enter hook
+  bool enter_plain = false;  ///< a plain callable is set as the enter hook
   bool exit_plain = false;
 };
 

@@ -37,7 +37,8 @@ LaunchContext current_launch_context() {
   const auto* impl = cuda_guard_impl();
   if (impl == nullptr) {
     throw std::runtime_error(
-        "fastkernel: this torch build has no CUDA support, so there is no CUDA device to launch on");
+        "fastkernel: this torch build has no CUDA support, so there is no CUDA device to launch "
+        "on");
   }
   const c10::Device device = impl->getDevice();
   const c10::Stream stream = impl->getStream(device);

@@ -11,13 +11,13 @@
 #include <tuple>
 #include <vector>
 
-#include "fastkernel/fastkernel.h"
 #include "bench_floor.h"
+#include "fastkernel/fastkernel.h"
 #include "grid_meta.h"
+#include "host_helpers.h"
 #include "kernel_object.h"
 #include "knob_watch.h"
 #include "launch_context.h"
-#include "host_helpers.h"
 #include "patch_hook.h"
 #include "python_errors.h"
 #if FASTKERNEL_TESTING
@@ -100,16 +100,15 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
              pre_run_hooks.is_none() ? nullptr : pre_run_hooks.inc_ref().ptr());
 }
 
-void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
-                     const std::string& kernel_name, py::bytes cubin, unsigned block_x,
-                     unsigned shared_mem, unsigned num_ctas, bool cooperative_grid, bool pdl,
-                     const std::vector<std::pair<int, std::string>>& plan, int num_scratch_params,
-                     uint64_t global_scratch_size, uint64_t global_scratch_align,
-                     uint64_t profile_scratch_size, uint64_t profile_scratch_align,
-                     py::handle compiled, py::handle tuned_args,
-                     const std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>&
-                         tensor_maps,
-                     py::handle published) {
+void register_record(
+    py::handle kernel_obj, py::bytes key_bytes, int device, const std::string& kernel_name,
+    py::bytes cubin, unsigned block_x, unsigned shared_mem, unsigned num_ctas,
+    bool cooperative_grid, bool pdl, const std::vector<std::pair<int, std::string>>& plan,
+    int num_scratch_params, uint64_t global_scratch_size, uint64_t global_scratch_align,
+    uint64_t profile_scratch_size, uint64_t profile_scratch_align, py::handle compiled,
+    py::handle tuned_args,
+    const std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>& tensor_maps,
+    py::handle published) {
   KernelObject* kernel = as_kernel(kernel_obj);
   const std::string key_data = key_bytes;
   if (key_data.size() % sizeof(uint64_t) != 0 ||
@@ -150,7 +149,8 @@ void register_record(py::handle kernel_obj, py::bytes key_bytes, int device,
   rec->release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
   rec->user_data = compiled.inc_ref().ptr();
   if (!tuned_args.is_none()) {
-    if (!PyTuple_Check(tuned_args.ptr()) || size_t(PyTuple_GET_SIZE(tuned_args.ptr())) != num_args) {
+    if (!PyTuple_Check(tuned_args.ptr()) ||
+        size_t(PyTuple_GET_SIZE(tuned_args.ptr())) != num_args) {
       throw py::value_error("fastkernel: tuned_args must be a tuple with one item per parameter");
     }
     rec->tuned_args = tuned_args.inc_ref().ptr();
@@ -198,7 +198,8 @@ std::pair<int, int> device_capability(int device) {
 #endif
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "fastkernel's native core: specialization keys, launch table, cuLaunchKernel trampoline.";
+  m.doc() =
+      "fastkernel's native core: specialization keys, launch table, cuLaunchKernel trampoline.";
   m.attr("TORCH_VERSION") = FASTKERNEL_TORCH_VERSION;
 
   if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&BoundLaunchType) < 0 ||
@@ -207,7 +208,8 @@ PYBIND11_MODULE(_C, m) {
   }
   m.add_object("GridMeta",
                py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&GridMetaType)));
-  m.add_object("Kernel", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&KernelType)));
+  m.add_object("Kernel",
+               py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&KernelType)));
   m.add_object("BoundLaunch",
                py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&BoundLaunchType)));
 
@@ -252,7 +254,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("num_scratch_params"), py::arg("global_scratch_size"),
         py::arg("global_scratch_align"), py::arg("profile_scratch_size"),
         py::arg("profile_scratch_align"), py::arg("compiled"), py::arg("tuned_args") = py::none(),
-        py::arg("tensor_maps") = std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>{},
+        py::arg("tensor_maps") =
+            std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>{},
         py::arg("published") = py::none(),
         "Load a compiled specialization on `device` and register its launch record under `key`.\n"
         "`tuned_args` (a tuple, one item per parameter, or None): what a tuned config gives the\n"
@@ -352,8 +355,9 @@ PYBIND11_MODULE(_C, m) {
       [](py::handle k, size_t capacity) { as_kernel(k)->state->table.set_capacity(capacity); },
       py::arg("kernel"), py::arg("capacity"),
       "Keep at most `capacity` specializations (0 = unbounded), least recently launched evicted.");
-  m.def("clear", [](py::handle k) { as_kernel(k)->state->table.clear(); }, py::arg("kernel"),
-        "Drop every launch record of a kernel (modules unloaded).");
+  m.def(
+      "clear", [](py::handle k) { as_kernel(k)->state->table.clear(); }, py::arg("kernel"),
+      "Drop every launch record of a kernel (modules unloaded).");
   m.def("driver_library_path", &driver_library_path,
         "The CUDA driver library fastkernel opens ($FASTKERNEL_CUDA_DRIVER or libcuda.so.1).");
   m.def("driver_loaded", &driver_loaded, "Whether the driver has been opened in this process.");

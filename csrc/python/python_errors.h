@@ -1,6 +1,6 @@
 // Crossing from C++ into Python in pybind11 functions: native exceptions become fastkernel's
-// typed Python exceptions (CudaError with the CUDA error's name and number, DriverUnavailableError),
-// and the kernel-object argument check those functions share.
+// typed Python exceptions (CudaError with the CUDA error's name and number,
+// DriverUnavailableError), and the kernel-object argument check those functions share.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "fastkernel/fastkernel.h"
 #include "../sha256.h"
+#include "fastkernel/fastkernel.h"
 #include "kernel_object.h"
 #include "knob_watch.h"
 #include "launch_context.h"
@@ -51,9 +51,9 @@ py::tuple testing_build_key(py::handle kernel_obj, py::tuple args, py::dict kwar
     throw py::error_already_set();
   }
   finish_key(&call->key, device, knobs->key_word);
-  return py::make_tuple(py::bytes(reinterpret_cast<const char*>(call->key.words),
-                                  call->key.size * sizeof(uint64_t)),
-                        py::none());
+  return py::make_tuple(
+      py::bytes(reinterpret_cast<const char*>(call->key.words), call->key.size * sizeof(uint64_t)),
+      py::none());
 }
 
 // Test-only: the 8-byte slot the packer writes for `value` as Triton type `type`.

@@ -27,13 +27,15 @@ void load_bundle(const std::string& directory) {
 
 std::shared_ptr<fastkernel::Bundle> bundle() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  TORCH_CHECK(g_bundle, "fastkernel_example::add: call torch.ops.fastkernel_example.load_bundle first");
+  TORCH_CHECK(g_bundle,
+              "fastkernel_example::add: call torch.ops.fastkernel_example.load_bundle first");
   return g_bundle;
 }
 
 void check_inputs(const at::Tensor& x, const at::Tensor& y) {
   TORCH_CHECK(x.sizes() == y.sizes(), "fastkernel_example::add: x and y differ in shape");
-  TORCH_CHECK(x.scalar_type() == y.scalar_type(), "fastkernel_example::add: x and y differ in dtype");
+  TORCH_CHECK(x.scalar_type() == y.scalar_type(),
+              "fastkernel_example::add: x and y differ in dtype");
   TORCH_CHECK(x.numel() < (int64_t(1) << 31), "fastkernel_example::add: too many elements");
 }
 

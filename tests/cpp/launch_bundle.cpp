@@ -25,8 +25,8 @@ int main(int argc, char** argv) {
     fastkernel::ArgValue args[4] = {fastkernel::pointer_arg(x), fastkernel::pointer_arg(y),
                                     fastkernel::pointer_arg(out), fastkernel::int_arg(n)};
     std::printf("entry %s\n", bundle.select("add_kernel", args, 4).cubin_file.c_str());
-    bundle.launch("add_kernel", {grid, 1, 1}, reinterpret_cast<fastkernel::CUstream>(0x5EED5),
-                  args, 4);
+    bundle.launch("add_kernel", {grid, 1, 1}, reinterpret_cast<fastkernel::CUstream>(0x5EED5), args,
+                  4);
     stand_in::print_last_launch("");
     // A call no entry matches: a clear exception listing what the bundle has.
     fastkernel::ArgValue wrong[4] = {fastkernel::int_arg(1), args[1], args[2], args[3]};

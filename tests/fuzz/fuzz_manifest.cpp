@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "fastkernel/bundle.h"
 #include "../../csrc/sha256.h"
+#include "fastkernel/bundle.h"
 
 namespace {
 
@@ -134,11 +134,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::vector<fastkernel::ArgValue> args;
       for (const auto& p : entry->patterns) {
         switch (p.kind) {
-          case fastkernel::ArgKind::Tensor: args.push_back(fastkernel::pointer_arg(4096)); break;
-          case fastkernel::ArgKind::Int: args.push_back(fastkernel::int_arg(16)); break;
-          case fastkernel::ArgKind::Float: args.push_back(fastkernel::float_arg(1.5)); break;
-          case fastkernel::ArgKind::Bool: args.push_back(fastkernel::bool_arg(true)); break;
-          default: args.push_back(fastkernel::none_arg()); break;
+          case fastkernel::ArgKind::Tensor:
+            args.push_back(fastkernel::pointer_arg(4096));
+            break;
+          case fastkernel::ArgKind::Int:
+            args.push_back(fastkernel::int_arg(16));
+            break;
+          case fastkernel::ArgKind::Float:
+            args.push_back(fastkernel::float_arg(1.5));
+            break;
+          case fastkernel::ArgKind::Bool:
+            args.push_back(fastkernel::bool_arg(true));
+            break;
+          default:
+            args.push_back(fastkernel::none_arg());
+            break;
         }
       }
       (void)fastkernel::Bundle::matches(*entry, args.data(), args.size());

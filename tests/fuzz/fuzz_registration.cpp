@@ -26,9 +26,9 @@ constexpr int kArgs = 128;  // kMaxArgs of csrc/python/kernel_object.h
 
 using fastkernel_fuzz::Input;
 
-const char* const kTypes[] = {"*fp32", "*i8", "i1",  "i8",   "i16",  "i32",  "i64",
-                              "u1",    "u8",  "u16", "u32",  "u64",  "fp16", "bf16",
-                              "fp32",  "f32", "fp64", "nvTmaDesc", "*", "constexpr"};
+const char* const kTypes[] = {"*fp32", "*i8", "i1",   "i8",        "i16", "i32",      "i64",
+                              "u1",    "u8",  "u16",  "u32",       "u64", "fp16",     "bf16",
+                              "fp32",  "f32", "fp64", "nvTmaDesc", "*",   "constexpr"};
 
 std::string type(Input& in) {
   const uint8_t pick = in.take<uint8_t>();

@@ -53,10 +53,10 @@ struct ArgPattern {
   ArgKind kind = ArgKind::None;                         ///< Tensor, Int, Float, Bool, None
   IntWidth width = IntWidth::I32;                       ///< for Int (unless any_width)
   ValueClass value_class = ValueClass::NotSpecialized;  ///< for Tensor and Int
-  bool specialize = true;   ///< false under do_not_specialize
-  bool align = true;        ///< false under do_not_specialize_on_alignment
-  bool any_width = false;   ///< the parameter's type is annotated: any int fits
-  std::string type;         ///< Triton's type ("*fp32", "i32", "constexpr"), for messages
+  bool specialize = true;                               ///< false under do_not_specialize
+  bool align = true;       ///< false under do_not_specialize_on_alignment
+  bool any_width = false;  ///< the parameter's type is annotated: any int fits
+  std::string type;        ///< Triton's type ("*fp32", "i32", "constexpr"), for messages
 };
 
 /// The c10::ScalarType code (its enum value) of the elements a Triton pointer type points to
@@ -69,9 +69,9 @@ struct BundleEntry {
   std::vector<ArgPattern> patterns;  ///< one per runtime (non-constexpr) parameter
   std::string constexprs;            ///< the constexpr values it was compiled with (text)
   std::string cubin_file;
-  std::string cubin;                 ///< the image
-  int arch = 0;                      ///< compute capability, e.g. 90
-  LaunchRecord prototype;            ///< everything but the module and function
+  std::string cubin;                                    ///< the image
+  int arch = 0;                                         ///< compute capability, e.g. 90
+  LaunchRecord prototype;                               ///< everything but the module and function
   std::map<int, std::unique_ptr<LaunchRecord>> loaded;  ///< by device; written under the lock
   /// loaded[device].get() for devices below 16, published once loaded: a launch reads it
   /// without taking the lock.

@@ -19,7 +19,8 @@ using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
 
-/// One launch attribute of cuLaunchKernelEx (CUlaunchAttribute in cuda.h: 8-byte id slot, 64-byte value).
+/// One launch attribute of cuLaunchKernelEx (CUlaunchAttribute in cuda.h: 8-byte id slot, 64-byte
+/// value).
 struct CUlaunchAttribute {
   unsigned int id;
   char pad[4];
@@ -88,7 +89,8 @@ struct DriverApi {
   CUresult (*cuFuncSetAttribute)(CUfunction function, int attribute, int value);
   CUresult (*cuLaunchKernel)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
                              unsigned block_x, unsigned block_y, unsigned block_z,
-                             unsigned shared_mem_bytes, CUstream stream, void** params, void** extra);
+                             unsigned shared_mem_bytes, CUstream stream, void** params,
+                             void** extra);
   CUresult (*cuLaunchKernelEx)(const CUlaunchConfig* config, CUfunction f, void** params,
                                void** extra);
   /// Null on drivers before CUDA 12.4; where present, a loaded function's parameter count is
@@ -121,7 +123,8 @@ class DriverUnavailable : public std::runtime_error {
 };
 
 /// The driver, opened and cuInit'ed on first use (thread-safe). Throws DriverUnavailable.
-/// The library is `$FASTKERNEL_CUDA_DRIVER` when set (the tests' recording stand-in), else libcuda.so.1.
+/// The library is `$FASTKERNEL_CUDA_DRIVER` when set (the tests' recording stand-in), else
+/// libcuda.so.1.
 const DriverApi& driver();
 
 /// True once driver() has succeeded in this process; never opens the library itself.

@@ -9,8 +9,8 @@
 //   fastkernel::load_launch_record(rec, cubin.data(), cubin.size());
 //   fastkernel::ArgValue args[2];
 //   args[0].kind = fastkernel::ArgKind::Tensor; args[0].u = ptr;
-//   args[1].kind = fastkernel::ArgKind::Int; args[1].width = fastkernel::IntWidth::I32; args[1].i = n;
-//   fastkernel::launch(rec, {blocks, 1, 1}, stream, args, 0, 0);
+//   args[1].kind = fastkernel::ArgKind::Int; args[1].width = fastkernel::IntWidth::I32; args[1].i =
+//   n; fastkernel::launch(rec, {blocks, 1, 1}, stream, args, 0, 0);
 // \endcode
 #pragma once
 

@@ -17,7 +17,21 @@ namespace fastkernel {
 /// triton/backends/nvidia/driver.c extractors: i1 and u1 take 4-byte slots, floats are
 /// narrowed from the Python double, bf16 is the top half of the fp32 bits).
 enum class ParamType : uint8_t {
-  Pointer, I1, I8, I16, I32, I64, U1, U8, U16, U32, U64, FP16, BF16, FP32, FP64,
+  Pointer,
+  I1,
+  I8,
+  I16,
+  I32,
+  I64,
+  U1,
+  U8,
+  U16,
+  U32,
+  U64,
+  FP16,
+  BF16,
+  FP32,
+  FP64,
   /// A 128-byte CUtensorMap encoded from a host tensor descriptor's leaves ("nvTmaDesc"); the
   /// slot's arg_index is the descriptor's first leaf, and the k-th such parameter of a record
   /// is described by LaunchRecord::tensor_maps[k].
@@ -35,27 +49,28 @@ struct PackSlot {
 
 /// What a compiled specialization needs to launch, per device. Immutable once registered.
 struct LaunchRecord {
-  std::string kernel_name;    ///< the cubin's entry point (Triton's metadata.name)
-  std::string profile_name;   ///< the profiler range a launch is recorded under, when one is active
-  int device = 0;             ///< the device whose primary context holds `module`
+  std::string kernel_name;   ///< the cubin's entry point (Triton's metadata.name)
+  std::string profile_name;  ///< the profiler range a launch is recorded under, when one is active
+  int device = 0;            ///< the device whose primary context holds `module`
   CUmodule module = nullptr;
   CUfunction function = nullptr;
-  unsigned block_x = 0;       ///< 32 * num_warps threads
-  unsigned shared_mem = 0;    ///< dynamic shared memory, bytes
-  unsigned num_ctas = 1;      ///< cluster size along x; grid.x is multiplied by it
+  unsigned block_x = 0;     ///< 32 * num_warps threads
+  unsigned shared_mem = 0;  ///< dynamic shared memory, bytes
+  unsigned num_ctas = 1;    ///< cluster size along x; grid.x is multiplied by it
   bool cooperative_grid = false;
-  bool pdl = false;           ///< programmatic dependent launch
-  std::vector<PackSlot> plan; ///< declared non-constexpr parameters, in order
+  bool pdl = false;                        ///< programmatic dependent launch
+  std::vector<PackSlot> plan;              ///< declared non-constexpr parameters, in order
   std::vector<TensorMapSpec> tensor_maps;  ///< one per ParamType::TensorMap slot of `plan`
-  int num_scratch_params = 2; ///< pointers the installed Triton appends: 0 (<=3.2), 1 (3.3-3.4), 2
-  uint64_t global_scratch_size = 0;   ///< bytes per CTA; > 0 needs an allocation per launch
+  int num_scratch_params = 2;  ///< pointers the installed Triton appends: 0 (<=3.2), 1 (3.3-3.4), 2
+  uint64_t global_scratch_size = 0;  ///< bytes per CTA; > 0 needs an allocation per launch
   uint64_t global_scratch_align = 1;
   uint64_t profile_scratch_size = 0;  ///< bytes per CTA
   uint64_t profile_scratch_align = 1;
   /// Calls in flight that hold this record (they may run Python, which may register other
   /// records); the launch table never evicts or drops a pinned record. Serialized by the caller.
   mutable uint32_t pins = 0;
-  void* user_data = nullptr;  ///< opaque to fastkernel; the Python layer keeps its CompiledKernel here
+  void* user_data =
+      nullptr;  ///< opaque to fastkernel; the Python layer keeps its CompiledKernel here
   /// Opaque to fastkernel: the values a tuned config gives the parameters a call leaves out
   /// (the Python layer keeps a tuple, one item per parameter, for the callable grid and hooks).
   void* tuned_args = nullptr;

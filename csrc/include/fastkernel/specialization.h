@@ -2,9 +2,9 @@
 // written as 64-bit words into a fixed buffer so that building and hashing it never allocates.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
-#include <climits>
 
 namespace fastkernel {
 
@@ -13,33 +13,33 @@ constexpr int kMaxKeyWords = 96;
 
 /// The kinds of value an argument can carry into a launch (word tag, low 8 bits of a key word).
 enum class ArgKind : uint8_t {
-  Tensor = 1,         ///< a torch.Tensor: pointer parameter
-  Int = 2,            ///< a Python int: i32 / i64 / u64 parameter, or dropped when == 1
-  Float = 3,          ///< a Python float: fp32 parameter (or the annotated float type)
-  Bool = 4,           ///< a Python bool: u1 parameter (4-byte slot)
-  None = 5,           ///< None: specialized to a constexpr, dropped
-  ConstexprInt = 6,   ///< an int constexpr; the next word is its value
-  ConstexprFloat = 7, ///< a float constexpr; the next word is its IEEE-754 bits
-  ConstexprBool = 8,  ///< a bool constexpr (value in bit 8)
-  ConstexprNone = 9,  ///< a None constexpr
-  ConstexprStr = 10,  ///< a str constexpr; bits 8..39 are its byte length, the bytes follow
-  Option = 11,        ///< a compile option set by keyword; bits 8..15 its index, a value word follows
-  Device = 12,        ///< the device the launch runs on (bits 8..39)
-  ConstexprObject = 13,  ///< an immutable object keyed by identity (tl.dtype, jit function);
-                         ///< the next word is its address, kept alive by the registrant
-  ConstexprWrapped = 14, ///< a tl.constexpr object; its unwrapped value's words follow
+  Tensor = 1,          ///< a torch.Tensor: pointer parameter
+  Int = 2,             ///< a Python int: i32 / i64 / u64 parameter, or dropped when == 1
+  Float = 3,           ///< a Python float: fp32 parameter (or the annotated float type)
+  Bool = 4,            ///< a Python bool: u1 parameter (4-byte slot)
+  None = 5,            ///< None: specialized to a constexpr, dropped
+  ConstexprInt = 6,    ///< an int constexpr; the next word is its value
+  ConstexprFloat = 7,  ///< a float constexpr; the next word is its IEEE-754 bits
+  ConstexprBool = 8,   ///< a bool constexpr (value in bit 8)
+  ConstexprNone = 9,   ///< a None constexpr
+  ConstexprStr = 10,   ///< a str constexpr; bits 8..39 are its byte length, the bytes follow
+  Option = 11,  ///< a compile option set by keyword; bits 8..15 its index, a value word follows
+  Device = 12,  ///< the device the launch runs on (bits 8..39)
+  ConstexprObject = 13,   ///< an immutable object keyed by identity (tl.dtype, jit function);
+                          ///< the next word is its address, kept alive by the registrant
+  ConstexprWrapped = 14,  ///< a tl.constexpr object; its unwrapped value's words follow
   // Autotuning (fastkernel.autotune): what picks a tuned config joins the key, so a tuned call
   // is one native hit.
-  TunedAbsent = 15,   ///< a parameter a tuned config provides, not passed by the call
-  TuneValue = 16,     ///< the exact value of a scalar named in the autotune key; a word follows
-  TuneLayout = 17,    ///< a tensor's stride classes: bits 8..15 its dim, then 2 bits per dim
-  TuneSizes = 18,     ///< a named tensor's sizes: bits 8..15 its dim, one word per size follows
-  Tuple = 19,         ///< a tuple argument (flattened by Triton): bits 8..39 its length, its
-                      ///< elements' words follow
+  TunedAbsent = 15,     ///< a parameter a tuned config provides, not passed by the call
+  TuneValue = 16,       ///< the exact value of a scalar named in the autotune key; a word follows
+  TuneLayout = 17,      ///< a tensor's stride classes: bits 8..15 its dim, then 2 bits per dim
+  TuneSizes = 18,       ///< a named tensor's sizes: bits 8..15 its dim, one word per size follows
+  Tuple = 19,           ///< a tuple argument (flattened by Triton): bits 8..39 its length, its
+                        ///< elements' words follow
   ConstexprTuple = 20,  ///< a tuple constexpr: bits 8..39 its length, its elements' words follow
-  TensorDesc = 21,    ///< a host tensor descriptor: bits 8..15 its rank, 16..23 the base's dtype,
-                      ///< 24..31 its device type, 32..47 its device index; one word per block
-                      ///< dim follows (Triton's "tensordesc<dtype[block]>")
+  TensorDesc = 21,      ///< a host tensor descriptor: bits 8..15 its rank, 16..23 the base's dtype,
+                        ///< 24..31 its device type, 32..47 its device index; one word per block
+                        ///< dim follows (Triton's "tensordesc<dtype[block]>")
   ConstexprTyped = 22,  ///< a constexpr number of another type than int / float (numpy scalars,
                         ///< float subclasses): bit 8 set for a float; its type's address, then
                         ///< its value (int64, or IEEE-754 bits) follow
@@ -56,7 +56,8 @@ enum TuneFlag : uint8_t {
 /// The autotune class of a stride: 0, 1 or anything else (fastkernel.autotune's key).
 constexpr uint64_t stride_class(int64_t stride) { return stride == 0 ? 0 : stride == 1 ? 1 : 2; }
 
-/// Triton's integer widths (triton/_C specialize.cc: i32 when it fits, u64 when >= 2**63, else i64).
+/// Triton's integer widths (triton/_C specialize.cc: i32 when it fits, u64 when >= 2**63, else
+/// i64).
 enum class IntWidth : uint8_t { I32 = 0, I64 = 1, U64 = 2 };
 
 /// Triton's value classes for ints and pointers: divisible by 16 ("D"), not (""), == 1, or not
@@ -77,8 +78,9 @@ constexpr uint64_t int_word(IntWidth width, ValueClass value_class) {
 /// Triton's class for a pointer argument (specialize.cc handle_tensor): 16-byte aligned or not,
 /// or not specialized under do_not_specialize.
 constexpr ValueClass pointer_class(uint64_t address, bool specialize, bool align) {
-  return !specialize ? ValueClass::NotSpecialized
-                     : ((align && (address & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other);
+  return !specialize
+             ? ValueClass::NotSpecialized
+             : ((align && (address & 15) == 0) ? ValueClass::Divisible16 : ValueClass::Other);
 }
 
 /// Triton's width of a signed integer argument: i32 when it fits, else i64.

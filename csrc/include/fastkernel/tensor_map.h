@@ -12,18 +12,18 @@
 
 namespace fastkernel {
 
-constexpr int kTensorMapBytes = 128;   ///< sizeof(CUtensorMap)
-constexpr int kTensorMapAlign = 64;    ///< alignof(CUtensorMap)
-constexpr int kMaxTensorMapRank = 5;   ///< TensorDescriptor's limit (and the driver's)
-constexpr int kMaxTensorMaps = 16;     ///< tensor-map parameters one launch can take
+constexpr int kTensorMapBytes = 128;  ///< sizeof(CUtensorMap)
+constexpr int kTensorMapAlign = 64;   ///< alignof(CUtensorMap)
+constexpr int kMaxTensorMapRank = 5;  ///< TensorDescriptor's limit (and the driver's)
+constexpr int kMaxTensorMaps = 16;    ///< tensor-map parameters one launch can take
 
 /// What the compiled kernel fixes for one descriptor parameter: Triton's `tensordesc_meta` entry
 /// (swizzle, elem_size, elem_type mapped to the host enum, block_size, fp4_padded).
 struct TensorMapSpec {
-  int32_t data_type = 0;   ///< CUtensorMapDataType (host enum, after TMA_DTYPE_DEVICE_TO_HOST)
-  int32_t elem_size = 0;   ///< bytes per element, as the metadata gives it
-  int32_t swizzle = 0;     ///< CUtensorMapSwizzle
-  int32_t rank = 0;        ///< 1..5
+  int32_t data_type = 0;  ///< CUtensorMapDataType (host enum, after TMA_DTYPE_DEVICE_TO_HOST)
+  int32_t elem_size = 0;  ///< bytes per element, as the metadata gives it
+  int32_t swizzle = 0;    ///< CUtensorMapSwizzle
+  int32_t rank = 0;       ///< 1..5
   uint32_t block[kMaxTensorMapRank] = {};  ///< box dims, outermost first (Triton's block_size)
   bool fp4_padded = false;     ///< the innermost global dim is doubled (padded fp4 packing)
   bool tf32_rounding = false;  ///< round_f32_to_tf32 selects TFLOAT32 (Triton >= 3.7)

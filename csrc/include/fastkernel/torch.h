@@ -50,19 +50,19 @@ inline bool& host_tensors() {
 class Arg {
  public:
   Arg(const at::Tensor& tensor) : tensor_(&tensor) {}  // NOLINT(google-explicit-constructor)
-  Arg(const std::optional<at::Tensor>& tensor)          // NOLINT(google-explicit-constructor)
+  Arg(const std::optional<at::Tensor>& tensor)         // NOLINT(google-explicit-constructor)
       : tensor_(tensor ? &*tensor : nullptr), value_(none_arg()) {}
-  Arg(std::nullopt_t) : value_(none_arg()) {}            // NOLINT(google-explicit-constructor)
-  Arg(bool v) : value_(bool_arg(v)) {}                   // NOLINT(google-explicit-constructor)
-  Arg(int v) : value_(int_arg(v)) {}                     // NOLINT(google-explicit-constructor)
-  Arg(long v) : value_(int_arg(v)) {}                    // NOLINT(google-explicit-constructor)
-  Arg(long long v) : value_(int_arg(v)) {}               // NOLINT(google-explicit-constructor)
-  Arg(unsigned v) : value_(uint_arg(v)) {}              // NOLINT(google-explicit-constructor)
-  Arg(unsigned long v) : value_(uint_arg(v)) {}         // NOLINT(google-explicit-constructor)
-  Arg(unsigned long long v)                              // NOLINT(google-explicit-constructor)
+  Arg(std::nullopt_t) : value_(none_arg()) {}    // NOLINT(google-explicit-constructor)
+  Arg(bool v) : value_(bool_arg(v)) {}           // NOLINT(google-explicit-constructor)
+  Arg(int v) : value_(int_arg(v)) {}             // NOLINT(google-explicit-constructor)
+  Arg(long v) : value_(int_arg(v)) {}            // NOLINT(google-explicit-constructor)
+  Arg(long long v) : value_(int_arg(v)) {}       // NOLINT(google-explicit-constructor)
+  Arg(unsigned v) : value_(uint_arg(v)) {}       // NOLINT(google-explicit-constructor)
+  Arg(unsigned long v) : value_(uint_arg(v)) {}  // NOLINT(google-explicit-constructor)
+  Arg(unsigned long long v)                      // NOLINT(google-explicit-constructor)
       : value_(uint_arg(v)) {}
-  Arg(float v) : value_(float_arg(v)) {}                 // NOLINT(google-explicit-constructor)
-  Arg(double v) : value_(float_arg(v)) {}                // NOLINT(google-explicit-constructor)
+  Arg(float v) : value_(float_arg(v)) {}   // NOLINT(google-explicit-constructor)
+  Arg(double v) : value_(float_arg(v)) {}  // NOLINT(google-explicit-constructor)
 
   const at::Tensor* tensor() const { return tensor_; }
   const ArgValue& value() const { return value_; }
@@ -81,7 +81,8 @@ inline CUstream current_stream(int device) {
         "fastkernel: this torch build has no CUDA support: pass the stream to launch explicitly");
   }
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  const c10::Stream stream = impl->getStream(c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(device)));
+  const c10::Stream stream =
+      impl->getStream(c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(device)));
   return static_cast<CUstream>(impl->getStreamNativeHandle(stream));
 }
 
@@ -118,7 +119,8 @@ inline TensorCall tensor_call(const std::string& kernel, std::initializer_list<A
     const bool host = testing::host_tensors() && t->device().is_cpu();
     std::string problem;
     if (!t->device().is_cuda() && !host) {
-      problem = where + " is a tensor on '" + t->device().str() + "'; a GPU launch needs CUDA tensors";
+      problem =
+          where + " is a tensor on '" + t->device().str() + "'; a GPU launch needs CUDA tensors";
     } else if (t->layout() != c10::kStrided) {
       problem = where + " is not a strided tensor";
     } else {
@@ -133,9 +135,9 @@ inline TensorCall tensor_call(const std::string& kernel, std::initializer_list<A
       call.value_error = problem;
     }
     // A non-strided tensor has no data pointer to read; it never launches (value_error is set).
-    call.values.push_back(pointer_arg(
-        problem.empty() || t->layout() == c10::kStrided ? reinterpret_cast<uint64_t>(t->data_ptr())
-                                                        : 0));
+    call.values.push_back(pointer_arg(problem.empty() || t->layout() == c10::kStrided
+                                          ? reinterpret_cast<uint64_t>(t->data_ptr())
+                                          : 0));
     call.scalar_types.push_back(int(t->scalar_type()));
     ++index;
   }
@@ -151,7 +153,8 @@ inline at::Tensor allocate_scratch(const LaunchGrid& grid, unsigned num_ctas, ui
   const c10::Device where = testing::host_tensors()
                                 ? c10::Device(c10::DeviceType::CPU)
                                 : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(device));
-  at::Tensor buffer = at::empty({int64_t(bytes + align)}, at::TensorOptions().dtype(at::kByte).device(where));
+  at::Tensor buffer =
+      at::empty({int64_t(bytes + align)}, at::TensorOptions().dtype(at::kByte).device(where));
   const uint64_t address = reinterpret_cast<uint64_t>(buffer.data_ptr());
   *pointer = CUdeviceptr((address + align - 1) & ~(align - 1));
   return buffer;
@@ -170,8 +173,8 @@ inline void launch(Bundle& bundle, const std::string& kernel, const LaunchGrid& 
                    std::initializer_list<Arg> args, std::optional<CUstream> stream = std::nullopt) {
   TensorCall call = tensor_call(kernel, args);
   // Arity and kinds (an entry matching them) before values, as a Python call checks them.
-  BundleEntry& entry = bundle.select(kernel, call.values.data(), call.values.size(),
-                                     call.scalar_types.data());
+  BundleEntry& entry =
+      bundle.select(kernel, call.values.data(), call.values.size(), call.scalar_types.data());
   if (!call.value_error.empty()) {
     throw std::invalid_argument(call.value_error);
   }
