@@ -780,3 +780,48 @@ def test_a_value_triton_rejects_gets_tritons_error_and_is_no_fallback(stand_in):
                 kernels.add_kernel[(4,)](x, y, out, np.int64(N), BLOCK=1024)
             stats = _stats_of(kernels.add_kernel)
     assert stats["fallbacks"] == 0 and stats["fallback_reasons"] == {}
+
+
+_KNOB_METHODS = """
+from triton import knobs
+def knob_methods():
+    return [(c.__dict__.get("__setattr__"), c.__dict__.get("__delattr__"))
+            for c in (type(knobs.runtime), type(knobs.compilation))]
+"""
+
+
+def test_importing_fastkernel_leaves_triton_as_it_was_and_unpatch_restores_it():
+    # In a fresh process: the knob classes' methods change only at patch() or the first kernel,
+    # and unpatch() gives back the same objects when no kernel outside the patch needs them.
+    code = _KNOB_METHODS + (
+        "before = knob_methods()\n"
+        "import fastkernel\n"
+        "assert knob_methods() == before, 'import changed them'\n"
+        "fastkernel.patch()\n"
+        "assert knob_methods() != before, 'patch() did not install the notifications'\n"
+        "fastkernel.unpatch()\n"
+        "after = knob_methods()\n"
+        "assert all(a[0] is b[0] and a[1] is b[1] for a, b in zip(after, before)), after\n"
+        "print('ok')\n"
+    )
+    result = _run_python("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_a_decorated_kernel_keeps_the_knob_notifications_past_unpatch(tmp_path):
+    # A @fastkernel kernel outlives the patch: knob assignments must still reach its keys.
+    module = tmp_path / "kernels_mod.py"
+    module.write_text("import triton\n\n@triton.jit\ndef k(x):\n    pass\n")
+    code = _KNOB_METHODS + (
+        "import fastkernel, kernels_mod\n"
+        "before = knob_methods()\n"
+        "fastkernel.patch()\n"
+        "fastkernel.fastkernel(kernels_mod.k)\n"
+        "fastkernel.unpatch()\n"
+        "assert knob_methods() != before\n"
+        "print('ok')\n"
+    )
+    result = _run_python("-c", code, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -83,8 +83,8 @@ def unpatch_host_helpers() -> None:
 
 
 # ``from fastkernel import fastkernel`` users write ``@fastkernel.autotune(...)`` too.
-fastkernel.autotune = autotune
-fastkernel.heuristics = heuristics
+fastkernel.autotune = autotune  # type: ignore[attr-defined]
+fastkernel.heuristics = heuristics  # type: ignore[attr-defined]
 
 __version__ = "0.1.0"
 __all__ = [

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import triton
 from triton.runtime.autotuner import Autotuner, Config
@@ -37,6 +37,9 @@ from . import _cache_files, _env
 from . import _triton_abi as abi
 from . import cache as _cache
 from .kernel import FastKernel, NativeDispatch, _params_spec
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("fastkernel")
 
@@ -57,7 +60,7 @@ def stride_class(stride: int) -> int:
     return 0 if stride == 0 else 1 if stride == 1 else 2
 
 
-def _is_tensor(value: Any) -> bool:
+def _is_tensor(value: Any) -> TypeGuard[torch.Tensor]:
     import torch
 
     return isinstance(value, torch.Tensor)
@@ -732,7 +735,7 @@ def _interpreter_timer() -> Callable | None:
         import time
 
         times = []
-        for _ in range(3):
+        for _repeat in range(3):
             start = time.perf_counter()
             kernel_call()
             times.append((time.perf_counter() - start) * 1e3)

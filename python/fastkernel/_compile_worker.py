@@ -14,12 +14,13 @@ from __future__ import annotations
 import importlib
 import pickle
 import sys
+from typing import Any
 
 
 def _jit_function(module: str, qualname: str):
     from triton.runtime.jit import JITFunction
 
-    obj = importlib.import_module(module)
+    obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     for _ in range(16):  # Autotuned -> FastKernel -> JITFunction

@@ -171,19 +171,19 @@ def launch_plan(signature: dict[str, Any]) -> list[tuple[int, str]]:
             raise UnsupportedByNativePath(f"parameter {slot} has launch type {ty!r}")
         plan.append((slot, ty))
 
-    def add_descriptor(ty: str) -> None:
+    def add_descriptor(ty: str, rank: int) -> None:
         slot = next_leaf[0]
-        next_leaf[0] += descriptor_leaves(descriptor_rank(ty))
+        next_leaf[0] += descriptor_leaves(rank)
         add(slot, ty)
 
     def add_leaves(types: tuple) -> None:
         for ty in types:
             if isinstance(ty, tuple):
                 add_leaves(ty)
-            elif descriptor_rank(ty) is not None:
+            elif (rank := descriptor_rank(ty)) is not None:
                 if TRITON_VERSION <= (3, 7):  # its launcher expands top-level descriptors only
                     raise UnsupportedByNativePath("a tensor descriptor inside a tuple")
-                add_descriptor(ty)
+                add_descriptor(ty, rank)
             else:
                 slot = next_leaf[0]
                 next_leaf[0] += 1
@@ -192,8 +192,8 @@ def launch_plan(signature: dict[str, Any]) -> list[tuple[int, str]]:
     for index, ty in enumerate(signature.values()):
         if isinstance(ty, tuple):
             add_leaves(ty)
-        elif descriptor_rank(ty) is not None:
-            add_descriptor(ty)
+        elif (rank := descriptor_rank(ty)) is not None:
+            add_descriptor(ty, rank)
         else:
             add(index, ty)
     return plan

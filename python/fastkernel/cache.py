@@ -619,11 +619,11 @@ def _check_header(header: Any) -> None:
     launch = header["launch"]
     if set(launch) != set(_LAUNCH_FIELDS):
         raise CorruptEntry("the launch metadata has other fields than this version stores")
-    for field, kind in _LAUNCH_FIELDS.items():
+    for field, expected in _LAUNCH_FIELDS.items():
         value = launch[field]
         if (
-            type(value) is not kind
-            or (kind is int and not _in_launch_range(field, value))
+            type(value) is not expected
+            or (expected is int and not _in_launch_range(field, value))
             or (field == "tensordesc_meta" and not _valid_tensordesc_meta(value))
         ):
             raise CorruptEntry(f"launch field {field!r} is {_short(value)}")
@@ -662,7 +662,7 @@ _LAUNCH_RANGES: dict[str, tuple[int, int]] = {
 }
 
 
-def _in_launch_range(field: str, value: int) -> bool:
+def _in_launch_range(field: str, value: Any) -> bool:
     low, high = _LAUNCH_RANGES[field]
     if not low <= value <= high:
         return False
@@ -1105,7 +1105,7 @@ def _encode_spec(spec: abi.Specialization) -> dict[str, Any]:
     }
 
 
-def _decode_spec(doc: Mapping[str, Any], target) -> abi.Specialization:
+def _decode_spec(doc: Any, target) -> abi.Specialization:
     if not isinstance(doc, dict) or not all(
         isinstance(doc.get(field), list)
         and all(isinstance(p, list) and len(p) == 2 for p in doc[field])
@@ -1252,7 +1252,7 @@ def warm_store(
     try:
         doc = key_document(jit_fn, target, spec, root / "toolchain")
         path = _index_path(jit_fn, target, native_key, root, tuned)
-        record = {
+        record: dict[str, Any] = {
             "index": path.stem,
             "native_key": native_key[:-16].hex(),
             "entry": hashlib.sha256(_canonical(doc)).hexdigest(),

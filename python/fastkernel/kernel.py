@@ -42,32 +42,75 @@ except ImportError:
     pass
 
 
-def _notify_on_assignment(cls: type) -> None:
-    """Make attribute assignment on a Triton knob class mark the native knob state stale.
+# What the native path installs into Triton, at the first kernel creation (or by patch()):
+# under _triton_watch_lock, the knob classes' own __setattr__ / __delattr__ while replaced, and
+# whether a kernel outside the patch (which unpatch() leaves alone) needs them to stay.
+_triton_watch_lock = threading.Lock()
+_saved_knob_methods: dict[type, tuple[Any, Any]] | None = None
+_knob_dicts_watched = False
+_watch_kept = False
 
-    Dict watchers (and, on 3.11, dict version tags) see edits of the knobs' dicts, but on
-    Python 3.13 plain attribute stores bypass the dict, so assignment notifies explicitly.
+
+def install_triton_watch(keep: bool) -> None:
+    """Install what the native path needs to see inside Triton; idempotent.
+
+    The native knob state (the compile options in every key, the launch hooks) is recomputed
+    after a change: edits of the knobs' dicts are seen by dict watchers
+    (``_C.configure_knob_watch``), and assignments to knob attributes, which on Python 3.13 bypass
+    the dict, by the knob classes' ``__setattr__`` / ``__delattr__``, replaced by ones that also
+    mark the state stale (``triton/knobs.py``). Runs at the first kernel creation and in
+    :func:`fastkernel.patch`, never at import.
+
+    Parameters
+    ----------
+    keep : bool
+        True for a kernel that outlives the patch (``@fastkernel``, ``fastkernel.autotune``):
+        :func:`uninstall_triton_watch` then leaves the knob classes as they are.
     """
-    if cls.__dict__.get("_fastkernel_notifies"):
-        return
-    set_attr, del_attr = cls.__setattr__, cls.__delattr__
+    global _saved_knob_methods, _knob_dicts_watched, _watch_kept
+    with _triton_watch_lock:
+        _watch_kept = _watch_kept or keep
+        if _saved_knob_methods is not None:
+            return
+        saved: dict[type, tuple[Any, Any]] = {}
+        for cls in abi.knob_classes():
+            saved[cls] = (cls.__dict__.get("__setattr__"), cls.__dict__.get("__delattr__"))
+            set_attr, del_attr = cls.__setattr__, cls.__delattr__
 
-    def __setattr__(self, name, value):
-        set_attr(self, name, value)
-        _C.mark_knobs_dirty()
+            def __setattr__(self, name, value, _set=set_attr):
+                _set(self, name, value)
+                _C.mark_knobs_dirty()
 
-    def __delattr__(self, name):
-        del_attr(self, name)
-        _C.mark_knobs_dirty()
+            def __delattr__(self, name, _del=del_attr):
+                _del(self, name)
+                _C.mark_knobs_dirty()
 
-    cls.__setattr__ = __setattr__
-    cls.__delattr__ = __delattr__
-    cls._fastkernel_notifies = True
+            type.__setattr__(cls, "__setattr__", __setattr__)
+            type.__setattr__(cls, "__delattr__", __delattr__)
+        _saved_knob_methods = saved
+        if not _knob_dicts_watched:
+            _C.configure_knob_watch(abi.knob_dicts(), abi.knob_state)
+            _knob_dicts_watched = True
+        _C.mark_knobs_dirty()  # assignments made before this were not seen
 
 
-for _cls in abi.knob_classes():
-    _notify_on_assignment(_cls)
-_C.configure_knob_watch(abi.knob_dicts(), abi.knob_state)
+def uninstall_triton_watch() -> None:
+    """Give the knob classes back their own ``__setattr__`` / ``__delattr__`` (the same
+    objects), unless a kernel created outside the patch needs them; called by
+    :func:`fastkernel.unpatch`. The dict watchers stay: they only mark the state stale."""
+    global _saved_knob_methods
+    with _triton_watch_lock:
+        if _saved_knob_methods is None or _watch_kept:
+            return
+        for cls, methods in _saved_knob_methods.items():
+            for name, method in zip(("__setattr__", "__delattr__"), methods):
+                if method is None:
+                    type.__delattr__(cls, name)
+                else:
+                    type.__setattr__(cls, name, method)
+        _saved_knob_methods = None
+
+
 _C.set_hook_runners(abi.run_enter_hooks, abi.run_exit_hooks)
 
 #: Triton's own ``JITFunction.run``, captured before fastkernel.patch() can replace it: the launch
@@ -251,7 +294,11 @@ class NativeDispatch(_C.Kernel):
     and ``fastkernel.autotune``'s kernels: registration of compiled specializations, fallbacks to
     Triton, and the counters. Subclasses call :meth:`_init_native` and define ``_on_miss``."""
 
+    #: Whether the kernel exists only while :func:`fastkernel.patch` is in effect.
+    _serves_patch = False
+
     def _init_native(self, jit_fn: JITFunction, params_spec, pre_run_hooks) -> None:
+        install_triton_watch(keep=not self._serves_patch)
         #: The wrapped ``triton.jit`` function; ``jit_function[grid](...)`` is Triton's own launch.
         self.jit_function = jit_fn
         capacity = _max_specializations()
@@ -291,7 +338,7 @@ class NativeDispatch(_C.Kernel):
     def stats(self) -> dict[str, Any]:
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
         (registered now), ``evictions`` (ints) and ``fallback_reasons`` (reason -> count)."""
-        d = _C.stats(self)
+        d: dict[str, Any] = _C.stats(self)
         d["fallbacks"] += self._miss_fallbacks
         d["fallback_reasons"] = dict(self._fallback_reasons)
         return d

@@ -27,6 +27,7 @@ with its reason, as for ``@fastkernel``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import weakref
@@ -41,7 +42,15 @@ from triton.runtime.jit import JITFunction, KernelInterface
 from . import _C, SUPPORTED_TRITON, _env
 from . import _triton_abi as abi
 from ._autotune import _TUNE_CONFIG_PROVIDED, _TUNE_VALUE
-from .kernel import COMPILED_GETITEM, PATCH_ATTR, TRITON_RUN, NativeDispatch, _params_spec
+from .kernel import (
+    COMPILED_GETITEM,
+    PATCH_ATTR,
+    TRITON_RUN,
+    NativeDispatch,
+    _params_spec,
+    install_triton_watch,
+    uninstall_triton_watch,
+)
 
 log = logging.getLogger("fastkernel")
 
@@ -55,6 +64,11 @@ _saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they
 _served: dict[int, weakref.ref[JITFunction]] = {}
 
 
+def _forget_served(key: int, _ref: object) -> None:
+    """Weak-reference callback: a served kernel was collected."""
+    _served.pop(key, None)
+
+
 class PatchedKernel(NativeDispatch):
     """The native dispatch of one Triton ``JITFunction`` under :func:`patch`.
 
@@ -62,6 +76,8 @@ class PatchedKernel(NativeDispatch):
     Triton's, so ``isinstance`` checks, ``torch.compile`` capture and pickling see no change.
     ``stats()`` and ``fastkernel.stats()`` report it under the kernel's ``module.qualname``.
     """
+
+    _serves_patch = True
 
     def __init__(self, jit_fn: JITFunction):
         self._init_native(jit_fn, _params_spec(jit_fn), jit_fn.pre_run_hooks)
@@ -88,6 +104,8 @@ class PatchedAutotuner(NativeDispatch):
     A config picked for a key stays registered for that key: clearing ``autotuner.cache`` by
     hand does not re-tune keys already served natively (call :func:`unpatch` first).
     """
+
+    _serves_patch = True
 
     def __init__(self, autotuner: Autotuner, config_params: tuple[str, ...]):
         jit_fn = autotuner.fn
@@ -213,8 +231,7 @@ def _dispatch_for(obj: Any):
         if dispatch is None:
             dispatch = _new_dispatch(obj)
             obj.__dict__[PATCH_ATTR] = dispatch if dispatch is not None else False
-            key = id(obj)
-            _served[key] = weakref.ref(obj, lambda _ref, key=key: _served.pop(key, None))
+            _served[id(obj)] = weakref.ref(obj, functools.partial(_forget_served, id(obj)))
         return dispatch if dispatch is not False else None
 
 
@@ -253,7 +270,7 @@ def _patched_compiled_getitem(self, grid):
     dispatch = _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
     if dispatch is None:
         return runner
-    return dispatch._counted_handle_launch(runner)
+    return dispatch._counted_handle_launch(runner)  # a NativeDispatch (kernel.py)
 
 
 _patched_run._fastkernel_patched = True  # type: ignore[attr-defined]
@@ -318,6 +335,7 @@ def patch() -> bool:
         Autotuner.run = _patched_autotuner_run
         CompiledKernel.__getitem__ = _patched_compiled_getitem
         _host_helpers.install()
+        install_triton_watch(keep=False)
         _saved = saved
         log.debug("fastkernel.patch(): Triton kernels launch natively")
         return True
@@ -341,6 +359,7 @@ def unpatch() -> None:
                     delattr(cls, name)
         _host_helpers.uninstall()
         _C.uninstall_patch()
+        uninstall_triton_watch()
         for ref in list(_served.values()):
             jit_fn = ref()
             if jit_fn is not None:

@@ -1,0 +1,104 @@
+"""Types of ``fastkernel._C``, the native extension (csrc/python/module.cpp).
+
+A build configured with ``-DFASTKERNEL_TESTING=ON`` has more (``_testing``, ``BenchFloor``,
+``BenchBundle``, ``bench_floor``, ``bench_call_loop``); those are for the repository's tests and
+benchmark and are not described here.
+"""
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+TORCH_VERSION: str
+"""The torch version the extension was compiled against."""
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and the CUDA error."""
+
+class DriverUnavailableError(RuntimeError):
+    """The CUDA driver library cannot be opened or lacks a needed entry point."""
+
+class Kernel:
+    """Native state of a fastkernel kernel: parameters, launch table, launch entry.
+    ``kernel[grid]`` is a :class:`BoundLaunch`."""
+
+    def __getitem__(self, grid: Any) -> BoundLaunch: ...
+
+class BoundLaunch:
+    """A kernel with its grid: call it with the kernel's arguments to launch."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+class GridMeta(Mapping[str, Any]):
+    """What a callable grid receives: every declared parameter by name, mapped to its argument."""
+
+    def __getitem__(self, key: str) -> Any: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __len__(self) -> int: ...
+    def copy(self) -> dict[str, Any]: ...
+
+# (data type, element size, swizzle, block shape, fp4 padded, tf32 rounding) of one nvTmaDesc
+# plan entry (Triton's tensordesc_meta).
+_TensorMapFacts = tuple[int, int, int, Sequence[int], bool, bool]
+
+def configure(
+    kernel: Kernel,
+    name: str,
+    params: list[Any],
+    option_names: Sequence[str],
+    miss_handler: Callable[..., Any],
+    scratch_allocator: Any,
+    pre_run_hooks: Any = None,
+) -> None: ...
+def register(
+    kernel: Kernel,
+    key: bytes,
+    device: int,
+    kernel_name: str,
+    cubin: bytes,
+    block_x: int,
+    shared_mem: int,
+    num_ctas: int,
+    cooperative_grid: bool,
+    pdl: bool,
+    plan: Sequence[tuple[int, str]],
+    num_scratch_params: int,
+    global_scratch_size: int,
+    global_scratch_align: int,
+    profile_scratch_size: int,
+    profile_scratch_align: int,
+    compiled: Any,
+    tuned_args: tuple[Any, ...] | None = None,
+    tensor_maps: Sequence[_TensorMapFacts] = ...,
+    published: Any = None,
+) -> None: ...
+def set_global_checks(
+    kernel: Kernel, checks: tuple[tuple[dict[str, Any], str, Any], ...], on_change: Any
+) -> None: ...
+def set_publish(kernel: Kernel, owner: Any, name: str) -> None: ...
+def set_capacity(kernel: Kernel, capacity: int) -> None: ...
+def clear(kernel: Kernel) -> None: ...
+def stats(kernel: Kernel) -> dict[str, Any]: ...
+def configure_knob_watch(dicts: list[dict[str, Any]], refresh: Callable[[], object]) -> None: ...
+def mark_knobs_dirty() -> None: ...
+def set_constexpr_types(constexpr_type: type, identity_types: tuple[type, ...]) -> None: ...
+def set_tensor_descriptor_type(type: type | None) -> None: ...
+def set_hook_runners(enter: Callable[..., Any] | None, exit: Callable[..., Any] | None) -> None: ...
+def install_patch(
+    jit_type: type, factory: Callable[[Any], Kernel | None], triton_getitem: Callable[..., Any]
+) -> None: ...
+def uninstall_patch() -> None: ...
+def patched_dispatch(jit: Any) -> Any: ...
+
+"""The dispatch kernel (kernel.py's NativeDispatch) serving ``jit`` under the patch, or None."""
+
+def patch_slot_is_native(type: type) -> bool: ...
+def install_host_helpers(
+    constexpr_function_type: type,
+    constexpr_type: type,
+    triton_call: Callable[..., Any],
+    cdiv: Callable[..., Any],
+    next_power_of_2: Callable[..., Any],
+) -> None: ...
+def driver_library_path() -> str: ...
+def driver_loaded() -> bool: ...
+def device_capability(device: int) -> tuple[int, int]: ...
