@@ -9,8 +9,9 @@
 #                         torch without a CUDA toolkit (build only; downloads about 1.2 GB once)
 #   scripts/dev.sh fuzz [RUNS]  the fuzzers of every parser of untrusted input (scripts/fuzz.sh;
 #                         installs clang with apt-get when it is missing and may)
-#   scripts/dev.sh ci     test, cuda-build, sanitize, then a short fuzzing campaign (what .ci/run
-#                         runs)
+#   scripts/dev.sh lint   ruff (lint, format check), clang-format check, mypy (seconds)
+#   scripts/dev.sh ci     lint, test, cuda-build, sanitize, then a short fuzzing campaign (what
+#                         .ci/run runs)
 # Extra arguments go to the command (pytest, the demo or the benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,8 @@ fi
 # functions (tests/test_libraries.py). Pinned; their torch and triton requirements are already
 # met by what is installed above, so nothing else is fetched.
 "${pip[@]}" install liger-kernel==0.8.5 fla-core==0.6.0 einops conch-triton-kernels==1.3
+# The hygiene tools `lint` runs, pinned so that their verdicts do not drift.
+"${pip[@]}" install ruff==0.17.6 mypy==2.4.1 clang-format==18.1.8
 # The Python fuzzers' engine (scripts/fuzz.sh); a Python it has no wheel for skips it here and
 # fuzz.sh then says so.
 "${pip[@]}" install atheris==3.0.0 ||
@@ -58,6 +61,17 @@ rm -rf "$wheels"
 # The sanitized module: the same sources built with -fsanitize=address,undefined into
 # build/sanitize, staged beside a copy of the Python package so that it shadows the installed
 # wheel, and the sanitizer runtimes preloaded into the (uninstrumented) interpreter.
+# Configuration: pyproject.toml ([tool.ruff], [tool.mypy]) and .clang-format.
+lint() {
+  local bin
+  bin="$(dirname "$py")"
+  "$py" -m ruff check python benchmarks tests scripts
+  "$py" -m ruff format --check python benchmarks tests scripts
+  git ls-files -z '*.c' '*.cpp' '*.h' | xargs -0 "$bin/clang-format" --dry-run --Werror
+  "$py" -m mypy
+  echo "lint: ruff, clang-format and mypy found nothing"
+}
+
 sanitize() {
   local build=build/sanitize stage=build/sanitize-pkg flags
   flags="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
@@ -118,11 +132,14 @@ cuda_torch_build() {
 case "$command" in
   demo) exec "$py" -m fastkernel demo "$@" ;;
   bench) exec "$py" benchmarks/dispatch.py "$@" ;;
+  lint) lint ;;
   test) exec "$py" -m pytest tests "$@" ;;
   sanitize) sanitize "$@" ;;
   cuda-build) cuda_torch_build ;;
   fuzz) PYTHON="$py" exec bash scripts/fuzz.sh "$@" ;;
   ci)
+    echo "--- lint: ruff, clang-format, mypy ---"
+    lint
     "$py" -m pytest tests "$@"
     cuda_torch_build
     echo "--- the same suite against the AddressSanitizer/UBSan build of the native module ---"
@@ -137,6 +154,6 @@ case "$command" in
       exit "$fuzz_status"
     fi
     ;;
-  *) echo "usage: scripts/dev.sh demo|test|bench|sanitize|cuda-build|fuzz|ci [args...]" >&2
+  *) echo "usage: scripts/dev.sh demo|test|bench|lint|sanitize|cuda-build|fuzz|ci [args...]" >&2
      exit 2 ;;
 esac
