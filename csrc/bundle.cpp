@@ -18,7 +18,6 @@ namespace fastkernel {
 namespace {
 
 constexpr std::string_view kMagic = "fastkernel-bundle";
-constexpr std::string_view kVersion = "2";
 // Bounds on what a manifest may ask for: a bundle is read as untrusted input.
 constexpr size_t kMaxManifestBytes = size_t(16) << 20;
 constexpr size_t kMaxCubinBytes = size_t(256) << 20;
@@ -359,7 +358,7 @@ Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
                           "' is a version-1 kernel bundle, whose "
                           "entries carry no digest: export it again (fastkernel.export)");
       }
-      if (magic != kMagic || version != kVersion || !fields.done()) {
+      if (magic != kMagic || version != std::to_string(kBundleFormatVersion) || !fields.done()) {
         throw BundleError("fastkernel: '" + manifest_path + "' is not a version-2 kernel bundle");
       }
       continue;

@@ -227,7 +227,7 @@ def test_native_key_matches_triton(value, flags):
     words = key_words(native_key(PROBES[flags], [value]))
     assert len(words) == 3  # the argument's word, the device word, the knob-state word
     assert native_class(words[0], value) == reference_specialize(value, *flags)
-    assert words[1] == 12  # ArgKind::Device, device 0
+    assert words[1] == _C.ARG_KINDS["device"]  # device 0 in bits 8..39
     assert words[2] == abi.knob_state()[0]
 
 

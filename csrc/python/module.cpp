@@ -349,6 +349,24 @@ PYBIND11_MODULE(_C, m) {
         return patch_slot_is_native(reinterpret_cast<PyTypeObject*>(type.ptr()));
       },
       py::arg("type"), "Whether type's mp_subscript slot is the native patched subscript.");
+  // The numbers the Python side writes into parameter specs and bundle manifests, spelled once
+  // here from the C++ enums (csrc/include/fastkernel/specialization.h, bundle.h).
+  m.attr("ARG_KINDS") =
+      py::dict(py::arg("tensor") = int(ArgKind::Tensor), py::arg("int") = int(ArgKind::Int),
+               py::arg("float") = int(ArgKind::Float), py::arg("bool") = int(ArgKind::Bool),
+               py::arg("none") = int(ArgKind::None), py::arg("device") = int(ArgKind::Device));
+  m.attr("INT_WIDTHS") =
+      py::dict(py::arg("i32") = int(IntWidth::I32), py::arg("i64") = int(IntWidth::I64),
+               py::arg("u64") = int(IntWidth::U64));
+  m.attr("VALUE_CLASSES") = py::dict(py::arg("not_specialized") = int(ValueClass::NotSpecialized),
+                                     py::arg("divisible_16") = int(ValueClass::Divisible16),
+                                     py::arg("other") = int(ValueClass::Other),
+                                     py::arg("equals_one") = int(ValueClass::EqualsOne));
+  m.attr("TUNE_FLAGS") = py::dict(
+      py::arg("config_provided") = int(kTuneConfigProvided), py::arg("value") = int(kTuneValue),
+      py::arg("layout") = int(kTuneLayout), py::arg("sizes") = int(kTuneSizes));
+  m.attr("BUNDLE_FORMAT_VERSION") = kBundleFormatVersion;
+
   m.def("stats", &stats, py::arg("kernel"), "Hits, misses, fallbacks and specializations.");
   m.def(
       "set_capacity",

@@ -10,6 +10,16 @@ from typing import Any
 
 TORCH_VERSION: str
 """The torch version the extension was compiled against."""
+ARG_KINDS: dict[str, int]
+"""ArgKind values (csrc/include/fastkernel/specialization.h) by lower-case name."""
+INT_WIDTHS: dict[str, int]
+"""IntWidth values by Triton type (``i32``, ``i64``, ``u64``)."""
+VALUE_CLASSES: dict[str, int]
+"""ValueClass values: ``not_specialized``, ``divisible_16``, ``other``, ``equals_one``."""
+TUNE_FLAGS: dict[str, int]
+"""TuneFlag bits: ``config_provided``, ``value``, ``layout``, ``sizes``."""
+BUNDLE_FORMAT_VERSION: int
+"""The manifest format version ``fastkernel::Bundle::load`` reads."""
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the CUDA error."""

@@ -33,7 +33,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction
 
-from . import _cache_files, _env
+from . import _C, _cache_files, _env
 from . import _triton_abi as abi
 from . import cache as _cache
 from .kernel import FastKernel, NativeDispatch, _params_spec
@@ -43,11 +43,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastkernel")
 
-# TuneFlag bits (csrc/include/fastkernel/specialization.h).
-_TUNE_CONFIG_PROVIDED = 1
-_TUNE_VALUE = 2
-_TUNE_LAYOUT = 4
-_TUNE_SIZES = 8
+# TuneFlag bits (csrc/include/fastkernel/specialization.h), as the native module exports them.
+TUNE_CONFIG_PROVIDED: int = _C.TUNE_FLAGS["config_provided"]
+TUNE_VALUE: int = _C.TUNE_FLAGS["value"]
+TUNE_LAYOUT: int = _C.TUNE_FLAGS["layout"]
+TUNE_SIZES: int = _C.TUNE_FLAGS["sizes"]
 
 #: Bumped when the tuning record's layout or key document changes.
 TUNING_FORMAT_VERSION = 1
@@ -212,11 +212,11 @@ class Autotuned(NativeDispatch, Autotuner):
         heuristic_keys = self._heuristics.keys if self._heuristics is not None else []
         tune = {}
         for p in jit_fn.params:
-            flags = _TUNE_LAYOUT
+            flags = TUNE_LAYOUT
             if p.name in self._config_params:
-                flags |= _TUNE_CONFIG_PROVIDED
+                flags |= TUNE_CONFIG_PROVIDED
             if p.name in self.keys or p.name in heuristic_keys:
-                flags |= _TUNE_VALUE | _TUNE_SIZES
+                flags |= TUNE_VALUE | TUNE_SIZES
             tune[p.name] = flags
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
 
@@ -631,8 +631,8 @@ class Heuristics(NativeDispatch, TritonHeuristics):
             p.name for p in jit_fn.params if p.is_constexpr and p.name not in values
         ]
         tune = {
-            p.name: (_TUNE_CONFIG_PROVIDED if p.name in values else 0)
-            | (_TUNE_VALUE | _TUNE_SIZES if p.name in self.keys else 0)
+            p.name: (TUNE_CONFIG_PROVIDED if p.name in values else 0)
+            | (TUNE_VALUE | TUNE_SIZES if p.name in self.keys else 0)
             for p in jit_fn.params
         }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)

@@ -15,13 +15,17 @@ from __future__ import annotations
 import hashlib
 import pathlib
 
+from . import _C
 from . import _triton_abi as abi
 from .cache import atomic_write
 
-# Numeric values of the C++ enums (csrc/include/fastkernel/specialization.h).
-_KIND = {"tensor": 1, "int": 2, "float": 3, "bool": 4, "none": 5}
-_WIDTH = {"i32": 0, "i64": 1, "u64": 2}
-_NOT_SPECIALIZED, _DIVISIBLE_16, _OTHER, _EQUALS_ONE = 0, 1, 2, 3
+# The C++ enums' values, as the native module exports them (csrc/python/module.cpp).
+_KIND = _C.ARG_KINDS
+_WIDTH = _C.INT_WIDTHS
+_NOT_SPECIALIZED = _C.VALUE_CLASSES["not_specialized"]
+_DIVISIBLE_16 = _C.VALUE_CLASSES["divisible_16"]
+_OTHER = _C.VALUE_CLASSES["other"]
+_EQUALS_ONE = _C.VALUE_CLASSES["equals_one"]
 
 
 def _divisible(attrs, index: int) -> bool:
@@ -65,8 +69,8 @@ def _pattern(
     )
 
 
-#: The manifest format ``fastkernel::Bundle::load`` reads (csrc/bundle.cpp).
-BUNDLE_VERSION = 2
+#: The manifest format ``fastkernel::Bundle::load`` reads (csrc/include/fastkernel/bundle.h).
+BUNDLE_VERSION: int = _C.BUNDLE_FORMAT_VERSION
 
 
 def entry_digest(entry_lines: list[str], cubin: bytes) -> str:

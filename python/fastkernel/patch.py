@@ -41,7 +41,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C, SUPPORTED_TRITON, _env
 from . import _triton_abi as abi
-from ._autotune import _TUNE_CONFIG_PROVIDED, _TUNE_VALUE
+from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_VALUE
 from .kernel import (
     COMPILED_GETITEM,
     PATCH_ATTR,
@@ -112,8 +112,8 @@ class PatchedAutotuner(NativeDispatch):
         self.autotuner = autotuner
         self._config_params = config_params
         tune = {
-            p.name: (_TUNE_CONFIG_PROVIDED if p.name in config_params else 0)
-            | (_TUNE_VALUE if p.name in autotuner.keys else 0)
+            p.name: (TUNE_CONFIG_PROVIDED if p.name in config_params else 0)
+            | (TUNE_VALUE if p.name in autotuner.keys else 0)
             for p in jit_fn.params
         }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)

@@ -29,6 +29,9 @@
 
 namespace fastkernel {
 
+/// The manifest format version Bundle::load reads (its first line: "fastkernel-bundle 2").
+inline constexpr int kBundleFormatVersion = 2;
+
 /// A device pointer argument (a tensor's data pointer).
 ArgValue pointer_arg(uint64_t device_pointer);
 /// An integer argument (classified i32 / i64 as Triton does).
