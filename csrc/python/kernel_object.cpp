@@ -302,13 +302,13 @@ PyObject* run_enter_hook(KernelObject* kernel, const LaunchRecord& rec, const La
   return PyObject_Vectorcall(g_hook_enter, hook_args, 6, nullptr);
 }
 
-// Allocates one scratch buffer through the Python allocator (Triton's sizing: grid CTAs times
-// num_ctas times the per-CTA size). Returns the buffer object (new reference; it must outlive
-// the launch call) and its device pointer, or nullptr with an exception set.
+// Allocates one scratch buffer of scratch_bytes(...) through the Python allocator. Returns the
+// buffer object (new reference; it must outlive the launch call) and its device pointer, or nullptr
+// with an exception set.
 PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t align,
                            const LaunchRecord& rec, const LaunchGrid& grid, CUstream stream,
                            const char* kind, CUdeviceptr* out) {
-  const uint64_t bytes = uint64_t(grid.x) * grid.y * grid.z * rec.num_ctas * per_cta;
+  const uint64_t bytes = scratch_bytes(grid, rec.num_ctas, per_cta);
   Ref size(PyLong_FromUnsignedLongLong(bytes));
   Ref alignment(PyLong_FromUnsignedLongLong(align));
   Ref stream_handle(PyLong_FromVoidPtr(stream));

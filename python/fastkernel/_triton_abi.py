@@ -33,16 +33,9 @@ IDENTITY_CONSTEXPR_TYPES = (
 )
 
 
-def num_scratch_params(version: tuple[int, int] = TRITON_VERSION) -> int:
-    """Device pointers Triton appends after the declared parameters.
-
-    Triton <= 3.2 appends none, 3.3 and 3.4 only ``global_scratch``, 3.5 and later both
-    ``global_scratch`` and ``profile_scratch`` (driver.c ``launchKernel``).
-    """
-    if version <= (3, 2):
-        return 0
-    if version <= (3, 4):
-        return 1
+def num_scratch_params() -> int:
+    """Device pointers Triton appends after the declared parameters: ``global_scratch`` and
+    ``profile_scratch`` in every supported Triton (>= 3.5; driver.c ``launchKernel``)."""
     return 2
 
 

@@ -149,7 +149,7 @@ inline TensorCall tensor_call(const std::string& kernel, std::initializer_list<A
 /// that owns it (keep it until the launch is issued) and sets `*pointer`.
 inline at::Tensor allocate_scratch(const LaunchGrid& grid, unsigned num_ctas, uint64_t per_cta,
                                    uint64_t align, int device, CUdeviceptr* pointer) {
-  const uint64_t bytes = uint64_t(grid.x) * grid.y * grid.z * num_ctas * per_cta;
+  const uint64_t bytes = scratch_bytes(grid, num_ctas, per_cta);
   const c10::Device where = testing::host_tensors()
                                 ? c10::Device(c10::DeviceType::CPU)
                                 : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(device));

@@ -15,6 +15,13 @@ struct LaunchGrid {
   uint32_t x = 1, y = 1, z = 1;
 };
 
+/// Bytes of one scratch buffer for a launch on `grid`: every CTA of the grid, times num_ctas,
+/// times `per_cta` bytes (Triton's sizing: third_party/nvidia/backends/driver.py, the launcher's
+/// global and profile scratch allocation).
+inline uint64_t scratch_bytes(const LaunchGrid& grid, unsigned num_ctas, uint64_t per_cta) {
+  return uint64_t(grid.x) * grid.y * grid.z * num_ctas * per_cta;
+}
+
 /// Writes one parameter of type `type` from `value` into `slot` (8 bytes, zeroed first).
 /// Throws ParamError (with arg_index = -1; the caller knows which argument) on a bad value.
 void pack_param(ParamType type, const ArgValue& value, void* slot);
