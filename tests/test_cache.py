@@ -182,7 +182,7 @@ def test_key_changes_with_each_ingredient(cache_root, make_module, monkeypatch, 
         m.setattr(triton, "__version__", "3.9.0+other")
         keys["triton version"] = key_of(base_mod.kern, args, kw)
     with monkeypatch.context() as m:
-        m.setattr(cache, "_triton_key_digest", lambda memo_dir: "0" * 64)
+        m.setattr(cache.key, "_triton_key_digest", lambda memo_dir: "0" * 64)
         keys["triton_key (compiler sources, libtriton)"] = key_of(base_mod.kern, args, kw)
     with monkeypatch.context() as m:
         # Another ptxas (TRITON_PTXAS_BLACKWELL_PATH, as Triton's knobs find it) reporting
@@ -232,14 +232,14 @@ def test_key_covers_a_non_constexpr_global_that_triton_does_not_hash(
 def test_entries_store_every_launch_metadata_field():
     """An entry holds all of abi.LaunchMetadata; a new field there needs a FORMAT_VERSION bump
     and a new entry field (else a warm start would register without it)."""
-    assert set(cache._LAUNCH_FIELDS) | {"cubin"} == {
+    assert set(cache.entry.LAUNCH_FIELDS) | {"cubin"} == {
         f.name for f in dataclasses.fields(abi.LaunchMetadata)
     }
 
 
 def test_values_are_rendered_with_their_type():
     rendered = [
-        cache._render(v)
+        cache.key.render(v)
         for v in (
             1,
             True,
@@ -255,11 +255,11 @@ def test_values_are_rendered_with_their_type():
         )
     ]
     assert len({json.dumps(r) for r in rendered}) == len(rendered)
-    assert cache._render(0.1) == ["float", (0.1).hex()]  # exact, not a rounded repr
+    assert cache.key.render(0.1) == ["float", (0.1).hex()]  # exact, not a rounded repr
     with pytest.raises(cache.Uncacheable, match="SimpleNamespace"):
         import types
 
-        cache._render(types.SimpleNamespace(k=2))
+        cache.key.render(types.SimpleNamespace(k=2))
 
 
 # -- the miss path ------------------------------------------------------------------------------
@@ -445,7 +445,7 @@ def test_concurrent_processes_leave_one_good_entry(cache_root, tmp_path):
 
 
 WARM_SCRIPT = """
-    import json, os, struct, sys, torch, triton
+    import hashlib, json, os, struct, sys, torch, triton
     from fastkernel import fastkernel, _C, cache
     from fastkernel import _triton_abi as abi
     from stand_in_driver.recording import RecordingDriver
@@ -470,7 +470,7 @@ WARM_SCRIPT = """
     ptrs = {struct.pack("<Q", t.data_ptr()): "tensor%d" % i for i, t in enumerate(tensors)}
     print(json.dumps({
         "handles": [type(h).__name__ for h in handles],
-        "cubins": [cache.hashlib.sha256(h.asm["cubin"]).hexdigest() for h in handles],
+        "cubins": [hashlib.sha256(h.asm["cubin"]).hexdigest() for h in handles],
         "misses": add.stats()["misses"] + scalars.stats()["misses"],
         "launches": [{"name": l.name, "grid": list(l.grid), "block": list(l.block),
                       "shared_mem": l.shared_mem, "is_ex": l.is_ex,
@@ -652,7 +652,7 @@ def test_cli_info_list_clear(stand_in, cache_root, capsys):
     assert sum("kernels:constexpr_kernel" in line and "cuda:90" in line for line in lines) == 1
 
     assert cli.main(["cache", "clear"]) == 0
-    assert f"removed 3 entries ({cache._human(size)})" in capsys.readouterr().out
+    assert f"removed 3 entries ({cache.cli._human(size)})" in capsys.readouterr().out
     assert entry_files(cache_root) == []
     assert cli.main(["cache", "info"]) == 0
     assert "entries    0 (0 B)" in capsys.readouterr().out

@@ -16,8 +16,9 @@ import pytest
 import torch
 from test_cache import binder_calls, cache_root, compiles, entry_files, index_files, resign  # noqa: F401 - fixtures
 
-from fastkernel import _C, _cache_files, cache
+from fastkernel import _C, cache
 from fastkernel import fastkernel as fk
+from fastkernel.cache import files as _cache_files
 
 
 def _one_entry(stand_in, root: pathlib.Path) -> pathlib.Path:
@@ -329,7 +330,7 @@ def test_an_index_record_resigned_onto_another_call_does_not_serve_it(
     a, b = by_path[aligned_path], by_path[unaligned_path]
     for target, source in ((aligned_path, b), (unaligned_path, a)):
         forged = dict(source, index=target.stem, native_key=by_path[target]["native_key"])
-        forged["checksum"] = cache._index_checksum(forged)
+        forged["checksum"] = cache.index._index_checksum(forged)
         target.write_text(json.dumps(forged, sort_keys=True))
     fresh = fk(kernels.add_kernel)
     with caplog.at_level(logging.WARNING, logger="fastkernel"):
@@ -384,7 +385,7 @@ def test_cache_import_follows_no_links_and_writes_only_into_the_cache(
     cache.clear(cache_root)
     import unittest.mock
 
-    with unittest.mock.patch.object(cache, "read_entry", reading):
+    with unittest.mock.patch.object(cache.store, "read_entry", reading):
         imported, skipped = cache.import_entries(export, target)
     assert imported == 1 and skipped == 0
     assert seen == [good]

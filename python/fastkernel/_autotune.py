@@ -33,9 +33,13 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction
 
-from . import _C, _cache_files, _env
+from . import _C, _env
 from . import _triton_abi as abi
 from . import cache as _cache
+from .cache import files as _cache_files
+from .cache.entry import canonical
+from .cache.key import render, target_dict
+from .cache.settings import log_once, usable_root, warn_untrusted
 from .kernel import FastKernel, NativeDispatch, _params_spec
 
 if TYPE_CHECKING:
@@ -85,7 +89,7 @@ def _progress(items: Sequence[Any], desc: str) -> Iterable[Any]:
 
 def _config_doc(config: Config) -> dict[str, Any]:
     return {
-        "kwargs": sorted([k, _cache._render(v)] for k, v in config.all_kwargs().items()),
+        "kwargs": sorted([k, render(v)] for k, v in config.all_kwargs().items()),
         "pre_hook": config.pre_hook is not None,
     }
 
@@ -494,7 +498,7 @@ class Autotuned(NativeDispatch, Autotuner):
     def record_document(self, tuning_key: tuple[Any, ...], target) -> dict[str, Any]:
         """What decides a tuning result, as JSON data: the kernel (Triton's ``cache_key``: its
         source, the jit functions it calls and the constexpr globals it reads), the configs, the
-        key names and the key, the target, the toolchain fingerprint (fastkernel/cache.py) and
+        key names and the key, the target, the toolchain fingerprint (fastkernel/cache/key.py) and
         Triton's cache-invalidating environment variables. Raises ``cache.Uncacheable``."""
         from triton._C.libtriton import get_cache_invalidating_env_vars
 
@@ -509,8 +513,8 @@ class Autotuned(NativeDispatch, Autotuner):
             "kernel": kernel_key,
             "configs": [_config_doc(c) for c in self.configs],
             "key_names": list(self.keys),
-            "key": _cache._render(tuning_key),
-            "target": _cache._target_dict(target),
+            "key": render(tuning_key),
+            "target": target_dict(target),
             "toolchain": _cache.toolchain_fingerprint(target, _cache.cache_dir() / "toolchain"),
             "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
         }
@@ -521,13 +525,13 @@ class Autotuned(NativeDispatch, Autotuner):
         trusted, or the kernel uncacheable)."""
         if not self.cache_results:
             return None
-        root = _cache._usable_root()
+        root = usable_root()
         if root is None:
             return None
         try:
             doc = self.record_document(tuning_key, target)
         except _cache.Uncacheable as exc:
-            _cache._log_once(
+            log_once(
                 logging.WARNING,
                 ("autotune-uncacheable", self.__name__, str(exc)),
                 "fastkernel: tuning results of %s are not kept on disk: %s",
@@ -535,11 +539,11 @@ class Autotuned(NativeDispatch, Autotuner):
                 exc,
             )
             return None
-        digest = hashlib.sha256(_cache._canonical(doc)).hexdigest()
+        digest = hashlib.sha256(canonical(doc)).hexdigest()
         try:
             directory = _cache_files.ensure_dir(root, "autotune", digest[:2])
         except OSError as exc:
-            _cache._warn_untrusted(root / "autotune" / digest[:2], exc)
+            warn_untrusted(root / "autotune" / digest[:2], exc)
             return None
         return directory / f"{digest}.json"
 

@@ -26,6 +26,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 from . import _C, _env
 from . import _triton_abi as abi
 from . import cache as _cache
+from .cache.settings import log_once
 
 log = logging.getLogger("fastkernel")
 
@@ -418,7 +419,7 @@ class NativeDispatch(_C.Kernel):
                 spec, meta, compiled = warm
                 problem = _warm_spec_problem(self.jit_function, spec, args, kwargs)
                 if problem is not None:
-                    _cache._log_once(
+                    log_once(
                         logging.WARNING,
                         ("warm-misfit", self._stats_name(), problem),
                         "fastkernel: %s: a warm index record does not fit the call "

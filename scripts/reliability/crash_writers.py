@@ -6,7 +6,7 @@ driver): two versions of a cache entry for one key (the same cubin, different cr
 two versions of a warm index record and of a tuning record, and two bundle exports of one kernel
 with different specializations. A writer process then rewrites them in a loop, each time with a
 version picked at random, through the same write primitive fastkernel uses for each of them
-(``fastkernel._cache_files.write_file``: a private temporary file, fsync, rename; a bundle's
+(``fastkernel.cache.files.write_file``: a private temporary file, fsync, rename; a bundle's
 cubins first, its manifest last, as ``fastkernel.export`` writes them). The parent kills it with
 SIGKILL after a random delay and, after every kill, reads everything back:
 
@@ -95,7 +95,7 @@ def make_artifacts(work: pathlib.Path) -> dict:
     index_versions = []
     for i in range(2):
         record = dict(index_record, spec=dict(index_record["spec"], note=i))
-        record["checksum"] = cache._index_checksum(record)
+        record["checksum"] = cache.index._index_checksum(record)
         path = versions / f"index-{i}"
         path.write_text(json.dumps(record, sort_keys=True))
         index_versions.append(path)
@@ -191,7 +191,7 @@ def check(artifacts: dict, outcomes: dict[str, int]) -> list[str]:
             failures.append(f"the {name} record is neither version")
     try:
         record = json.loads(artifacts["index"].read_text())
-        if record.get("checksum") != cache._index_checksum(record):
+        if record.get("checksum") != cache.index._index_checksum(record):
             failures.append("the index record's checksum does not hold")
     except ValueError as exc:
         failures.append(f"the index record is not JSON: {exc}")
@@ -233,7 +233,7 @@ def main(argv: list[str]) -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="fastkernel-crash-"))
     try:
         artifacts = make_artifacts(work)
-        from fastkernel import _cache_files
+        from fastkernel.cache import files as _cache_files
 
         outcomes = {
             "entry loaded intact": 0,

@@ -19,9 +19,9 @@ from fastkernel import cache
 
 for _fn in (
     cache.decode_entry,
-    cache._check_header,
-    cache._valid_tensordesc_meta,
-    cache._in_launch_range,
+    cache.entry._check_header,
+    cache.entry._valid_tensordesc_meta,
+    cache.entry._in_launch_range,
     cache.CachedKernel.from_entry,
 ):
     atheris.instrument_func(_fn)

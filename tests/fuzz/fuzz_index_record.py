@@ -19,7 +19,7 @@ from fastkernel import cache
 TARGET = abi.cuda_target(9, 0)
 INDEX, NATIVE_KEY = "0" * 64, "00"
 
-for _fn in (cache.decode_index_record, cache._decode_spec, cache._dec):
+for _fn in (cache.decode_index_record, cache.index._decode_spec, cache.index._dec):
     atheris.instrument_func(_fn)
 
 
@@ -30,7 +30,7 @@ def test_one_input(data: bytes) -> None:
         record = None
     if isinstance(record, dict):
         record.update(index=INDEX, native_key=NATIVE_KEY)
-        record["checksum"] = cache._index_checksum(record)
+        record["checksum"] = cache.index._index_checksum(record)
         try:
             data = json.dumps(record).encode()
         except (ValueError, RecursionError):  # circular or too deep to re-encode: as given

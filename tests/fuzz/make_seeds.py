@@ -63,7 +63,7 @@ def main(out: pathlib.Path) -> int:
         shutil.rmtree(bundle)
     for i, path in enumerate(sorted((cache_dir / "entries").rglob("*.fkc"))):
         entry = cache.read_entry(path)
-        header = cache._canonical(dict(entry.header))
+        header = cache.entry.canonical(dict(entry.header))
         (out / "cache_entry" / f"entry-{i}").write_bytes(
             struct.pack("<I", len(header)) + header + entry.cubin
         )

@@ -1,0 +1,127 @@
+"""``python -m fastkernel cache info|list|clear|export|import``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import sys
+import time
+
+import triton
+
+from .entry import FORMAT_VERSION
+from .settings import always_compile, cache_dir, default_cache_dir, enabled
+from .store import clear, export_entries, import_entries, scan, temp_files
+
+log = logging.getLogger("fastkernel.cache")
+
+
+# -- python -m fastkernel cache ... ---------------------------------------------------------
+
+
+def _entries(count: int) -> str:
+    return f"{count} {'entry' if count == 1 else 'entries'}"
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def _state() -> str:
+    if not enabled():
+        return "disabled (FASTKERNEL_CACHE=0)"
+    if always_compile():
+        return "enabled, always compiling (FASTKERNEL_ALWAYS_COMPILE=1)"
+    return "enabled"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fastkernel cache info|list|clear|export DIR|import DIR``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fastkernel cache",
+        description="Inspect, clear, export and import fastkernel's on-disk kernel cache "
+        "(FASTKERNEL_CACHE_DIR, default " + str(default_cache_dir()) + ").",
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("info", help="where the cache is, its state, entries and size")
+    sub.add_parser("list", help="one line per entry: key, kernel, target, size, age")
+    sub.add_parser("clear", help="remove every entry")
+    p = sub.add_parser("export", help="copy every entry into DIR (to ship to other machines)")
+    p.add_argument("dir", type=pathlib.Path)
+    p = sub.add_parser("import", help="install the entries in DIR that match this toolchain")
+    p.add_argument("dir", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    root = cache_dir()
+
+    if args.action == "info":
+        entries, bad = scan(root)
+        size = sum(e.path.stat().st_size for e in entries)
+        print(
+            f"directory  {root}"
+            + (
+                ""
+                if os.environ.get("FASTKERNEL_CACHE_DIR")
+                else "  (default; set FASTKERNEL_CACHE_DIR to move it)"
+            )
+        )
+        print(f"state      {_state()}")
+        kernels = len({e.header["kernel"] for e in entries})
+        print(
+            f"entries    {len(entries)} ({_human(size)}) of {kernels} "
+            f"kernel{'' if kernels == 1 else 's'}"
+        )
+        if bad:
+            print(f"bad files  {len(bad)} (removed when a launch reads them, or by clear)")
+        tuned = list((root / "autotune").glob("*/*.json"))
+        print(f"tunings    {len(tuned)} autotune result{'' if len(tuned) == 1 else 's'}")
+        temps = temp_files(root)
+        if temps:
+            print(f"temporary  {len(temps)} (writes in progress or interrupted)")
+        import fastkernel
+
+        print(
+            f"toolchain  fastkernel {fastkernel.__version__}, triton {triton.__version__}, "
+            f"format {FORMAT_VERSION}"
+        )
+        return 0
+    if args.action == "list":
+        entries, bad = scan(root)
+        now = time.time()
+        print(f"{'key':16}  {'kernel':40}  {'symbol':24}  {'target':8}  {'size':>9}  age")
+        for e in sorted(entries, key=lambda e: (e.header["kernel"], e.key)):
+            h = e.header
+            age = max(0.0, now - float(h.get("created", now)))
+            age_text = f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min"
+            target = f"{h['target']['backend']}:{h['target']['arch']}"
+            print(
+                f"{e.key[:16]}  {h['kernel']:40}  {h['launch']['name']:24}  {target:8}  "
+                f"{_human(e.path.stat().st_size):>9}  {age_text}"
+            )
+        for path, reason in bad:
+            print(f"{'(bad)':16}  {str(path)}: {reason}")
+        return 0
+    if args.action == "clear":
+        count, size = clear(root)
+        print(f"removed {_entries(count)} ({_human(size)}) from {root}")
+        return 0
+    if args.action == "export":
+        count = export_entries(args.dir, root)
+        print(f"exported {_entries(count)} to {args.dir}")
+        return 0
+    try:
+        imported, skipped = import_entries(args.dir, root)
+    except (RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    skipped_text = f", skipped {skipped}" if skipped else ""
+    print(f"imported {_entries(imported)} into {root}{skipped_text}")
+    return 0

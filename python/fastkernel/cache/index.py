@@ -1,0 +1,256 @@
+"""The warm index: native key -> specialization records, so that a fresh process registers a
+cached kernel without running Triton's binder (docs/cache.md, "Warm index")."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import triton
+
+from .. import _triton_abi as abi
+from . import files as _fs
+from .entry import canonical, entry_path
+from .key import Uncacheable, key_document, render, target_dict, toolchain_fingerprint
+from .settings import always_compile, enabled, log_once, usable_root, warn_untrusted
+from .store import entry_artifact, kernel_name, load
+
+log = logging.getLogger("fastkernel.cache")
+_MAX_INDEX_RECORD = 1 << 20
+
+
+# -- the warm index: a native key to its specialization, so a warm process skips the binder ----
+#
+# Triton's binder costs a warm process most of its first call (Triton 3.9 imports
+# triton.experimental.gluon on its first use: ~70 ms here). The native key already decides the
+# specialization (same key iff same specialization, given the kernel, its globals, the
+# binary-changing knobs, the target, the toolchain and the environment), so the index maps it,
+# with those, to the Specialization the binder produced, stored as JSON. A decoded
+# specialization is trusted only when the record's checksum holds, the record names this very
+# native key, its recomputed entry key is the one stored beside it and that entry loads and
+# verifies; and the caller checks it against the call's pointer alignments and int classes.
+# Anything else falls back to the binder.
+
+INDEX_FORMAT = 2  # 2: records carry their native key and a checksum
+
+
+class _NotEncodable(Exception):
+    pass
+
+
+def _enc(value: Any) -> Any:
+    """A reversible JSON encoding of the values a Specialization holds."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return {"i": str(value)}
+    if isinstance(value, float):
+        return {"f": value.hex()}
+    if isinstance(value, tuple):
+        return {"t": [_enc(v) for v in value]}
+    if isinstance(value, list):
+        return [_enc(v) for v in value]
+    if isinstance(value, triton.language.dtype) and type(value) is triton.language.dtype:
+        return {"dtype": value.name}
+    raise _NotEncodable(type(value).__name__)
+
+
+def _dec(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_dec(v) for v in value]
+    if isinstance(value, dict):
+        ((tag, inner),) = value.items()
+        if tag == "i":
+            return int(inner)
+        if tag == "f":
+            return float.fromhex(inner)
+        if tag == "t":
+            return tuple(_dec(v) for v in inner)
+        if tag == "dtype":
+            return triton.language.dtype(inner)
+        raise ValueError(f"unknown tag {tag!r}")
+    return value
+
+
+def _encode_spec(spec: abi.Specialization) -> dict[str, Any]:
+    return {
+        "signature": [[k, _enc(v)] for k, v in spec.signature.items()],
+        "constexprs": [[_enc(k), _enc(v)] for k, v in spec.constexprs.items()],
+        "attrs": [[_enc(k), _enc(v)] for k, v in spec.attrs.items()],
+        "options": [[k, _enc(v)] for k, v in spec.options.__dict__.items()],
+    }
+
+
+def _decode_spec(doc: Any, target) -> abi.Specialization:
+    if not isinstance(doc, dict) or not all(
+        isinstance(doc.get(field), list)
+        and all(isinstance(p, list) and len(p) == 2 for p in doc[field])
+        for field in ("signature", "constexprs", "attrs", "options")
+    ):
+        raise ValueError("the specialization is not four lists of pairs")
+    if not all(isinstance(k, str) for k, _ in doc["signature"] + doc["options"]):
+        raise ValueError("a signature or option name is not a string")
+    defaults = abi.backend_for(target).parse_options({})
+    options = dataclasses.replace(defaults, **{k: _dec(v) for k, v in doc["options"]})
+    signature = {k: _dec(v) for k, v in doc["signature"]}
+    # The plan is derived, never stored: the entry key check covers the signature it comes from.
+    return abi.Specialization(
+        signature=signature,
+        constexprs={_dec(k): _dec(v) for k, v in doc["constexprs"]},
+        attrs={_dec(k): _dec(v) for k, v in doc["attrs"]},
+        options=options,
+        plan=abi.launch_plan(signature),
+    )
+
+
+def decode_index_record(
+    data: bytes, index: str, native_key: str, target
+) -> tuple[dict[str, Any], abi.Specialization]:
+    """``(record, spec)`` from the bytes of a warm index record, read as untrusted input: it
+    must be a JSON object whose checksum holds, that names ``index`` (its file's stem) and
+    ``native_key`` (hex, without the per-process words), names an entry key, and whose
+    specialization decodes for ``target``.
+
+    Raises
+    ------
+    ValueError
+        For anything else: not JSON, nested past the recursion limit, a missing or mistyped
+        field, a checksum that does not hold, another key's record, an unknown option or tag.
+    """
+    try:
+        record = json.loads(data)
+        if not isinstance(record, dict) or record.get("checksum") != _index_checksum(record):
+            raise ValueError("the record's checksum does not hold")
+        if record.get("index") != index or record.get("native_key") != native_key:
+            raise ValueError("a record for another native key")  # copied, renamed or re-keyed
+        entry = record.get("entry")
+        if not (
+            isinstance(entry, str)
+            and len(entry) == 64
+            and all(c in "0123456789abcdef" for c in entry)
+        ):
+            raise ValueError("the record names no entry key")
+        spec = _decode_spec(record.get("spec"), target)
+    except ValueError:
+        raise
+    except (
+        TypeError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        AssertionError,
+        OverflowError,
+        RecursionError,
+        UnicodeDecodeError,
+        abi.UnsupportedByNativePath,
+    ) as exc:
+        raise ValueError(f"a malformed record ({type(exc).__name__}: {exc})") from None
+    return record, spec
+
+
+def _index_checksum(record: Mapping[str, Any]) -> str:
+    """sha256 of a warm index record's canonical JSON without its ``checksum`` field."""
+    return hashlib.sha256(
+        canonical({k: v for k, v in record.items() if k != "checksum"})
+    ).hexdigest()
+
+
+def _index_path(
+    jit_fn, target, native_key: bytes, root: pathlib.Path, tuned: Mapping[str, Any] | None = None
+) -> pathlib.Path:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    # Globals, options and the rest of the binary's identity are checked through the entry key
+    # the decoded specialization must reproduce (warm_lookup).
+    doc = {
+        "format": INDEX_FORMAT,
+        "kernel": jit_fn.cache_key,
+        # The device and knob-state words (the last two) are per process; the knob values are not.
+        "native_key": native_key[:-16].hex(),
+        "knobs": list(abi.binary_knobs()),
+        "target": target_dict(target),
+        "toolchain": toolchain_fingerprint(target, root / "toolchain"),
+        "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
+        # A tuned kernel's key leaves its config out: the config's values are part of the doc.
+        "tuned": sorted([str(k), render(v)] for k, v in (tuned or {}).items()),
+    }
+    digest = hashlib.sha256(canonical(doc)).hexdigest()
+    return root / "index" / digest[:2] / f"{digest}.json"
+
+
+def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | None = None):
+    """``(spec, meta, handle)`` for a native key whose specialization the warm index holds and
+    whose entry verifies, else None (then the caller specializes with Triton's binder). ``tuned``:
+    the values a tuned config (or keyed heuristics) gave, which a tuned kernel's native key does
+    not hold. Never raises for cache problems."""
+    if not enabled() or always_compile():
+        return None
+    root = usable_root()
+    if root is None:
+        return None
+    try:
+        path = _index_path(jit_fn, target, native_key, root, tuned)
+        _fs.check_dirs(root, "index", path.parent.name)
+        record, spec = decode_index_record(
+            _fs.read_file(path, _MAX_INDEX_RECORD)[0], path.stem, native_key[:-16].hex(), target
+        )
+        doc = key_document(jit_fn, target, spec, root / "toolchain")
+        key = hashlib.sha256(canonical(doc)).hexdigest()
+        if key != record["entry"]:
+            raise ValueError("the specialization does not give the recorded entry")
+    except FileNotFoundError:
+        return None
+    except _fs.UntrustedPath as exc:
+        warn_untrusted(path, exc)
+        return None
+    except Exception as exc:  # a damaged or stale index record: the binder decides
+        log.debug("fastkernel: warm index unusable for %s: %r", kernel_name(jit_fn), exc)
+        return None
+    entry = load(entry_path(root, key), key, target, doc["toolchain"])
+    if entry is None:
+        return None
+    artifact = entry_artifact(entry, jit_fn, spec)
+    return None if artifact is None else (spec, *artifact)
+
+
+def warm_store(
+    jit_fn,
+    target,
+    native_key: bytes,
+    spec: abi.Specialization,
+    tuned: Mapping[str, Any] | None = None,
+) -> None:
+    """Record ``native_key -> spec`` in the warm index (after its entry was written). Skipped
+    quietly when the cache is off or a value has no JSON encoding."""
+    root = usable_root()
+    if root is None:
+        return
+    try:
+        doc = key_document(jit_fn, target, spec, root / "toolchain")
+        path = _index_path(jit_fn, target, native_key, root, tuned)
+        record: dict[str, Any] = {
+            "index": path.stem,
+            "native_key": native_key[:-16].hex(),
+            "entry": hashlib.sha256(canonical(doc)).hexdigest(),
+            "spec": _encode_spec(spec),
+        }
+        record["checksum"] = _index_checksum(record)
+        if not entry_path(root, record["entry"]).is_file():
+            return
+        directory = _fs.ensure_dir(root, "index", path.parent.name)
+        _fs.write_file(directory / path.name, json.dumps(record, sort_keys=True).encode())
+    except (_NotEncodable, Uncacheable) as exc:
+        log.debug("fastkernel: no warm index record for %s: %s", kernel_name(jit_fn), exc)
+    except OSError as exc:
+        log_once(
+            logging.DEBUG,
+            ("index-write", str(root)),
+            "fastkernel: cannot write the warm index under %s: %s",
+            root,
+            exc,
+        )

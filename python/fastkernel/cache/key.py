@@ -1,0 +1,297 @@
+"""The cache key: everything that changes a compiled binary (kernel source and dependencies,
+specialization, compile options, target, Triton and backend fingerprints), as a canonical
+document and its SHA-256 (docs/cache.md, "The key")."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import pathlib
+import sysconfig
+from typing import Any
+
+import triton
+
+from .. import _triton_abi as abi
+from . import files as _fs
+from .entry import FORMAT_VERSION, canonical
+from .settings import log_once
+
+log = logging.getLogger("fastkernel.cache")
+
+
+# -- the key --------------------------------------------------------------------------------
+
+
+class Uncacheable(Exception):
+    """A specialization whose binary identity cannot be written down stably (so it is compiled
+    and launched, but not stored on disk)."""
+
+
+def render(value: Any) -> Any:
+    """A JSON-able rendering of a constexpr, attribute or global value that is equal across
+    processes and machines exactly when the value compiles to the same code.
+
+    Types are tagged (``1``, ``1.0`` and ``True`` differ); floats are exact (``float.hex``);
+    dtypes by their fields; jit functions by Triton's ``cache_key`` (a hash of their source and
+    of the jit functions and constexpr globals they use). Anything else raises Uncacheable.
+    """
+    if value is None:
+        return ["none"]
+    if isinstance(value, bool):
+        return ["bool", value]
+    if isinstance(value, int):
+        return ["int", str(value)]
+    if isinstance(value, float):
+        return ["float", value.hex()]
+    if isinstance(value, str):
+        return ["str", value]
+    if isinstance(value, (tuple, list)):
+        return [type(value).__name__, [render(v) for v in value]]
+    if isinstance(value, triton.language.constexpr):
+        return ["constexpr", render(value.value)]
+    if isinstance(value, triton.language.dtype):
+        fields = sorted(vars(value).items())
+        return ["dtype", type(value).__qualname__, [[k, render(v)] for k, v in fields]]
+    if isinstance(value, abi.IDENTITY_CONSTEXPR_TYPES):  # jit functions (JITCallable)
+        return ["jit", value.cache_key, bool(getattr(value, "noinline", False))]
+    raise Uncacheable(
+        f"a value of type {type(value).__module__}.{type(value).__qualname__} "
+        f"has no stable rendering for the cache key"
+    )
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _triton_key_sources() -> list[str]:
+    """The files Triton's ``triton_key()`` hashes (triton/runtime/cache.py: the frontend, the
+    compiler and backend packages, libtriton, the language package), as a superset: every .py
+    file under those packages."""
+    root = os.path.dirname(os.path.abspath(triton.__file__))
+    paths = [os.path.join(root, "runtime", "cache.py")]
+    for sub in ("compiler", "backends", "language"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            paths += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
+    paths.append(os.path.join(root, "_C", f"libtriton.{ext}"))
+    return paths
+
+
+@functools.cache
+def _stat_part(path: str) -> str:
+    """One file's identity for a stat signature: path, size, mtime, inode and device."""
+    try:
+        st = os.stat(path)
+        return f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}"
+    except OSError:
+        return f"{path}\0missing"
+
+
+def _triton_stat_signature() -> str:
+    """A hash of the installed Triton's version and the path, size, mtime, inode and device of
+    every file ``triton_key()`` reads. Taken once per process: the Triton this process runs is
+    the one it imported."""
+    parts = [triton.__version__] + [_stat_part(path) for path in _triton_key_sources()]
+    return _sha256("\n".join(parts))
+
+
+def _compute_triton_key_digest() -> str:
+    from triton.runtime.cache import triton_key
+
+    return _sha256(triton_key())
+
+
+_digests: dict[tuple[str, str], str] = {}
+memos_written: set = set()
+
+
+def _memoized_digest(kind: str, signature: str, compute, memo_dir: str | None) -> str:
+    """``compute()`` (a sha256 hex digest), memoized in the process and on disk under
+    ``memo_dir`` as ``<kind>-<signature>.txt``, where ``signature`` hashes the stats of every
+    input (the way ccache's direct mode trusts file stats): a changed input changes a stat and
+    the digest is computed again. The memo is local; entries carry the digest itself."""
+    digest = _digests.get((kind, signature))
+    memo = pathlib.Path(memo_dir) / f"{kind}-{signature[:40]}.txt" if memo_dir else None
+    if digest is None and memo is not None:
+        try:
+            _fs.check_dirs(memo.parent.parent, memo.parent.name)
+            text = _fs.read_file(memo, 128)[0].decode("ascii").strip()
+            if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+                digest = text
+        except (OSError, UnicodeDecodeError):
+            pass
+    if digest is None:
+        digest = compute()
+    _digests[(kind, signature)] = digest
+    if memo is not None and (memo_dir, kind, signature) not in memos_written:
+        memos_written.add((memo_dir, kind, signature))
+        try:
+            if not memo.exists():
+                _fs.ensure_dir(memo.parent.parent, memo.parent.name)
+                _fs.write_file(memo, digest.encode("ascii"))
+        except OSError as exc:
+            log_once(
+                logging.DEBUG, ("memo", memo_dir), "fastkernel: cannot write %s: %s", memo, exc
+            )
+    return digest
+
+
+def _triton_key_digest(memo_dir: str | None) -> str:
+    """sha256 of Triton's ``triton_key()`` (its version and a hash of its compiler's sources and
+    of libtriton, about 500 MB read in Triton 3.9). Hashing libtriton takes about 0.4 s, which
+    would dominate a warm start, so it is memoized by :func:`_triton_stat_signature`."""
+    return _memoized_digest(
+        "triton", _triton_stat_signature(), _compute_triton_key_digest, memo_dir
+    )
+
+
+def _backend_stat_signature(target) -> str:
+    """A hash of what the backend's ``hash()`` depends on for CUDA (the ptxas it runs, found as
+    triton/knobs.py ``env_nvidia_tool`` finds it, and the mock version knob) by path and stats."""
+    from triton import knobs
+
+    parts = [
+        _triton_stat_signature(),
+        str(target.arch),
+        str(target.backend),
+        repr(getattr(getattr(knobs, "nvidia", None), "mock_ptx_version", None)),
+    ]
+    bin_dir = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    for tool in ("ptxas", "ptxas-blackwell"):
+        env = os.environ.get(f"TRITON_{tool.upper().replace('-', '_')}_PATH")
+        parts += [_stat_part(path) for path in ([env] if env else []) + [str(bin_dir / tool)]]
+    return _sha256("\n".join(parts))
+
+
+def _backend_digest(target, memo_dir: str | None) -> str:
+    """sha256 of the backend's ``hash()`` (for CUDA the ptxas version text and the arch: two
+    ``ptxas --version`` runs, ~15 ms), memoized by :func:`_backend_stat_signature`."""
+    if target.backend != "cuda":
+        return _sha256(abi.backend_for(target).hash())
+    return _memoized_digest(
+        "backend",
+        _backend_stat_signature(target),
+        lambda: _sha256(abi.backend_for(target).hash()),
+        memo_dir,
+    )
+
+
+def toolchain_fingerprint(target, memo_dir: pathlib.Path | None = None) -> dict[str, Any]:
+    """What identifies the toolchain that compiles for ``target``; stored in every entry and part
+    of its key.
+
+    Parameters
+    ----------
+    target : triton.backends.compiler.GPUTarget
+        The compile target (its backend hash depends on the arch: Triton 3.9 runs
+        ``ptxas-blackwell`` for sm_90 and later, ``ptxas`` below).
+    memo_dir : pathlib.Path, optional
+        Where the ``triton_key`` digest is memoized (the cache directory's ``toolchain/``).
+
+    Returns
+    -------
+    dict
+        ``format`` (this module's FORMAT_VERSION), ``fastkernel`` (its version), ``triton`` (its
+        version), ``triton_key`` (sha256 of ``triton.runtime.cache.triton_key()``), ``backend``
+        (sha256 of the backend's ``hash()``: for CUDA the ptxas version text and the arch,
+        triton/backends/nvidia/compiler.py ``CUDABackend.hash``).
+    """
+    import fastkernel
+
+    return {
+        "format": FORMAT_VERSION,
+        "fastkernel": fastkernel.__version__,
+        "triton": triton.__version__,
+        "triton_key": _triton_key_digest(str(memo_dir) if memo_dir else None),
+        "backend": _backend_digest(target, str(memo_dir) if memo_dir else None),
+    }
+
+
+def target_dict(target) -> dict[str, Any]:
+    return {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
+
+
+def key_document(
+    jit_fn, target, spec: abi.Specialization, memo_dir: pathlib.Path | None = None
+) -> dict[str, Any]:
+    """Everything that decides the binary Triton compiles for one specialization, as JSON data.
+
+    Parameters
+    ----------
+    jit_fn : triton.runtime.jit.JITFunction
+        The kernel.
+    target : triton.backends.compiler.GPUTarget
+        The compile target.
+    spec : fastkernel._triton_abi.Specialization
+        The call's specialization (``abi.specialize``).
+    memo_dir : pathlib.Path, optional
+        Passed to :func:`toolchain_fingerprint`.
+
+    Returns
+    -------
+    dict
+        ``toolchain`` and ``target`` (see :func:`toolchain_fingerprint`); ``source``: Triton's own
+        ``ASTSource.hash()`` (triton/compiler/compiler.py: the kernel's ``cache_key``, attrs,
+        signature and constants), the identity Triton's on-disk cache uses; ``kernel``: the
+        kernel's ``cache_key`` (triton/runtime/jit.py: the source, the ``cache_key`` of every jit
+        function it calls, the values of the constexpr globals it reads, its line number);
+        ``globals``: every global it and its callees read, by name and current value (Triton's
+        ``cache_key`` covers only the constexpr ones, as first seen); ``signature``,
+        ``constexprs``, ``attrs``: the specialization, values rendered with type tags and jit
+        functions by their ``cache_key``; ``options``: the backend options' ``hash()`` (a sorted
+        dict of every option, with extern libraries such as libdevice by content, not path);
+        ``env``: Triton's cache-invalidating environment variables that are set
+        (``get_cache_invalidating_env_vars()``, as ``triton.compile`` reads them).
+
+    Raises
+    ------
+    Uncacheable
+        When the kernel's source or dependencies cannot be hashed, a value has no stable
+        rendering, or ``TRITON_KERNEL_OVERRIDE`` substitutes IR from files outside the key.
+    """
+    from triton import knobs
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler import ASTSource
+
+    if knobs.compilation.override:
+        raise Uncacheable("TRITON_KERNEL_OVERRIDE substitutes IR from files outside the key")
+    try:
+        kernel_key = jit_fn.cache_key  # also fills jit_fn.used_global_vals
+        source_key = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs).hash()
+    except Exception as exc:  # Triton's DependenciesFinder raises RuntimeError, parsing OSError...
+        raise Uncacheable(f"its source cannot be hashed ({type(exc).__name__}: {exc})") from exc
+    # The value compiled in is the one in the globals dict now (Triton's code generator reads
+    # it at compile time); used_global_vals holds a copy taken when cache_key was first computed.
+    missing = object()
+    globals_used = []
+    for (name, _), (first_value, var_dict) in jit_fn.used_global_vals.items():
+        value = var_dict.get(name, missing)
+        globals_used.append([name, render(first_value if value is missing else value)])
+    globals_used.sort()
+    env_vars = get_cache_invalidating_env_vars()
+    return {
+        "format": FORMAT_VERSION,
+        "toolchain": toolchain_fingerprint(target, memo_dir),
+        "target": target_dict(target),
+        "source": source_key,
+        "kernel": kernel_key,
+        "globals": globals_used,
+        "signature": [[str(name), str(ty)] for name, ty in spec.signature.items()],
+        "constexprs": sorted([list(path), render(v)] for path, v in spec.constexprs.items()),
+        "attrs": sorted([list(path), render(v)] for path, v in spec.attrs.items()),
+        "options": spec.options.hash(),
+        "env": sorted([str(k), str(v)] for k, v in env_vars.items()),
+    }
+
+
+def entry_key(
+    jit_fn, target, spec: abi.Specialization, memo_dir: pathlib.Path | None = None
+) -> str:
+    """The entry key: the sha256 (hex) of :func:`key_document` serialized canonically (JSON,
+    sorted keys, no whitespace). Raises Uncacheable as :func:`key_document` does."""
+    return hashlib.sha256(canonical(key_document(jit_fn, target, spec, memo_dir))).hexdigest()

@@ -1,0 +1,108 @@
+"""Where the kernel cache lives and whether it is used: ``FASTKERNEL_CACHE_DIR``,
+``FASTKERNEL_CACHE``, ``FASTKERNEL_ALWAYS_COMPILE`` (read at each call), the usable root with its
+trust checks, and the once-per-cause log of why the cache was not used."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import sys
+from typing import Any
+
+from .. import _env
+from . import files as _fs
+
+log = logging.getLogger("fastkernel.cache")
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> pathlib.Path:
+    """The cache directory used when ``FASTKERNEL_CACHE_DIR`` is not set.
+
+    Follows each platform's convention for per-user caches (the same choices as the
+    ``platformdirs`` package's ``user_cache_dir``): ``$XDG_CACHE_HOME/fastkernel`` (when
+    ``XDG_CACHE_HOME`` is an absolute path, per the XDG Base Directory specification), else
+    ``~/.cache/fastkernel`` on Linux and other Unix systems; ``~/Library/Caches/fastkernel`` on
+    macOS; ``%LOCALAPPDATA%\\fastkernel\\Cache`` on Windows.
+
+    Returns
+    -------
+    pathlib.Path
+        The directory (not created here).
+    """
+    home = pathlib.Path.home()
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        return pathlib.Path(base) / "fastkernel" / "Cache"
+    if sys.platform == "darwin":
+        return home / "Library" / "Caches" / "fastkernel"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = pathlib.Path(xdg) if xdg and os.path.isabs(xdg) else home / ".cache"
+    return base / "fastkernel"
+
+
+def cache_dir() -> pathlib.Path:
+    """The cache directory in effect now: ``FASTKERNEL_CACHE_DIR`` if set, else
+    :func:`default_cache_dir`. Read from the environment at each call."""
+    configured = os.environ.get("FASTKERNEL_CACHE_DIR", "")
+    return pathlib.Path(configured).expanduser() if configured else default_cache_dir()
+
+
+def enabled() -> bool:
+    """False when ``FASTKERNEL_CACHE=0`` (or ``false``, ``off``, ``no``) turns the disk cache
+    off."""
+    return _env.flag("FASTKERNEL_CACHE", True)
+
+
+def always_compile() -> bool:
+    """True when ``FASTKERNEL_ALWAYS_COMPILE=1``: compile on every miss, still write the entry."""
+    return _env.flag("FASTKERNEL_ALWAYS_COMPILE")
+
+
+_logged: set = set()
+
+
+def log_once(level: int, tag: tuple[Any, ...], msg: str, *args: Any) -> None:
+    if tag not in _logged:
+        _logged.add(tag)
+        log.log(level, msg, *args)
+
+
+def usable_root() -> pathlib.Path | None:
+    """The cache directory in effect, created private (0700) if missing; None when the cache is
+    off, or when the directory is not trusted (another user's, or writable by group or others:
+    whoever can write it could make this process launch their code), then warned once."""
+    if not enabled():
+        return None
+    root = cache_dir()
+    problem = _fs.usable_root(root)
+    if problem is not None:
+        hint = (
+            "set FASTKERNEL_CACHE_DIR to a directory you can write"
+            if problem.startswith("it cannot") or problem.startswith("it is not a")
+            else f"make it private to you (chmod 700 {root}) or set FASTKERNEL_CACHE_DIR"
+        )
+        log_once(
+            logging.WARNING,
+            ("untrusted-root", str(root), problem),
+            "fastkernel: cannot use the kernel cache %s: %s; kernels still run, compiled "
+            "in each process (%s)",
+            root,
+            problem,
+            hint,
+        )
+        return None
+    return root
+
+
+def warn_untrusted(path: pathlib.Path, exc: OSError) -> None:
+    log_once(
+        logging.WARNING,
+        ("untrusted", str(path)),
+        "fastkernel: not using %s: %s; compiling instead",
+        path,
+        exc.strerror or exc,
+    )

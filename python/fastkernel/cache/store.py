@@ -1,0 +1,580 @@
+"""The miss path and the cache directory: load an entry or compile and store it under a
+per-entry cross-process lock, discard an entry the driver refused, and the directory
+operations (scan, clear, export, import)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import shutil
+import time
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .. import _env
+from .. import _triton_abi as abi
+from . import files as _fs
+from .entry import (
+    ENTRY_SUFFIX,
+    FORMAT_VERSION,
+    LAUNCH_FIELDS,
+    MAX_ENTRY_FILE,
+    CorruptEntry,
+    Entry,
+    canonical,
+    decode_entry,
+    encode_entry,
+    entries_dir,
+    entry_path,
+    read_entry,
+)
+from .key import (
+    Uncacheable,
+    entry_key,
+    key_document,
+    memos_written,
+    target_dict,
+    toolchain_fingerprint,
+)
+from .settings import always_compile, cache_dir, enabled, log_once, usable_root, warn_untrusted
+
+log = logging.getLogger("fastkernel.cache")
+# An import reads an export (flat) or a cache directory (entries/<xx>/): a few levels at most.
+_IMPORT_MAX_DEPTH = 4
+_IMPORT_MAX_FILES = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CachedKernel:
+    """What a launch returns for a specialization registered from the disk cache, in place of
+    Triton's ``CompiledKernel`` (which a warm process never builds). Read-only.
+
+    It has the attributes of a ``CompiledKernel`` that describe the binary, with the same
+    meaning, but cannot launch through Triton (no ``run``, ``function``, ``packed_metadata``).
+
+    Attributes
+    ----------
+    name : str
+        The kernel's symbol name in the cubin (``CompiledKernel.name``).
+    metadata : namedtuple
+        Triton's compiled metadata as ``CompiledKernel.metadata`` has it (a ``KernelMetadata``
+        namedtuple of the fields Triton produced when it compiled: ``num_warps``, ``shared``
+        (bytes), ``hash``, ``target`` as a ``GPUTarget``, ...), so launch hooks and
+        ``launch_metadata`` callbacks see the same object either way.
+    asm : mapping
+        ``{"cubin": bytes}`` (``CompiledKernel.asm`` also has the IRs, which are not stored).
+    src : triton.compiler.ASTSource
+        The compile source of this specialization (kernel, signature, constants, attrs), as
+        ``CompiledKernel.src``.
+    hash : str
+        Triton's own cache key of the binary (``CompiledKernel.hash``).
+    key : str
+        fastkernel's entry key (64 hex digits).
+    path : str
+        The entry file it was read from.
+    kernel : str
+        ``module:qualname`` of the Python kernel that produced it.
+    launch : mapping
+        The launch metadata it was registered with: ``block_x`` (threads), ``shared_mem``
+        (bytes), ``num_ctas``, ``cooperative_grid``, ``pdl``, scratch sizes and alignments
+        (bytes).
+    """
+
+    name: str
+    metadata: Any
+    asm: Mapping[str, bytes]
+    src: Any
+    hash: str
+    key: str
+    path: str
+    kernel: str
+    launch: Mapping[str, Any]
+
+    @property
+    def target(self):
+        """The compile target (``triton.backends.compiler.GPUTarget``)."""
+        return self.metadata.target
+
+    @classmethod
+    def from_entry(cls, entry: Entry, src: Any = None) -> CachedKernel:
+        import collections
+
+        from triton.backends.compiler import GPUTarget
+
+        h = entry.header
+        md = dict(h["triton_metadata"])
+        t = h["target"]  # the same target, checked by _check_header
+        # As CompiledKernel.__init__ (triton/compiler/compiler.py) rebuilds it from its JSON.
+        md["target"] = GPUTarget(t["backend"], t["arch"], t["warp_size"])
+        kernel_metadata = collections.namedtuple("KernelMetadata", sorted(md))(**md)
+        return cls(
+            name=h["launch"]["name"],
+            metadata=kernel_metadata,
+            asm=types.MappingProxyType({"cubin": entry.cubin}),
+            src=src,
+            hash=str(md.get("hash", "")),
+            key=h["key"],
+            path=str(entry.path),
+            kernel=h["kernel"],
+            launch=types.MappingProxyType(dict(h["launch"])),
+        )
+
+
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one (see
+    :func:`fastkernel.cache.files.write_file`), creating the directory if needed. For files
+    outside the cache (bundles, exports): mode 0666 less the umask, like any file the user
+    creates. Files inside the cache are written private to the user."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _fs.write_file(path, data, 0o666)
+
+
+def _store_entry(root: pathlib.Path, key: str, data: bytes) -> None:
+    """Write entry ``key`` into cache directory ``root`` (private directories and file)."""
+    directory = _fs.ensure_dir(root, "entries", key[:2])
+    _fs.write_file(directory / f"{key}{ENTRY_SUFFIX}", data)
+
+
+def _remove_if_unchanged(path: pathlib.Path, seen: os.stat_result | None) -> None:
+    """Remove a bad entry unless another process has replaced it since it was read."""
+    try:
+        now = os.stat(path)
+        if seen is None or (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns) == (
+            seen.st_ino,
+            seen.st_dev,
+            seen.st_size,
+            seen.st_mtime_ns,
+        ):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) -> Entry | None:
+    """The verified entry at ``path``, or None (missing; untrusted, then warned once; or bad,
+    then logged and removed)."""
+    try:
+        _fs.check_dirs(path.parent.parent.parent, path.parent.parent.name, path.parent.name)
+        data, seen = _fs.read_file(path, MAX_ENTRY_FILE)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except _fs.UntrustedPath as exc:
+        warn_untrusted(path, exc)
+        return None
+    except OSError as exc:
+        log_once(
+            logging.WARNING,
+            ("read", str(path.parent)),
+            "fastkernel: cannot read cache entry %s (%s); compiling",
+            path,
+            exc,
+        )
+        return None
+    try:
+        entry = decode_entry(data, path)
+        if entry.key != key:
+            raise CorruptEntry(f"a foreign entry (key {entry.key[:16]}...)")
+        if dict(entry.header["target"]) != target_dict(target):
+            raise CorruptEntry(f"an entry for target {dict(entry.header['target'])}")
+        if dict(entry.header["toolchain"]) != dict(toolchain):
+            raise CorruptEntry(
+                "an entry built by another toolchain "
+                f"({_describe_toolchain(entry.header['toolchain'])})"
+            )
+    except CorruptEntry as exc:
+        log.warning("fastkernel: removed cache entry %s: %s; compiling again", path, exc)
+        _remove_if_unchanged(path, seen)
+        return None
+    return entry
+
+
+def _describe_toolchain(toolchain: Mapping[str, Any]) -> str:
+    return (
+        f"fastkernel {toolchain.get('fastkernel')}, triton {toolchain.get('triton')}, "
+        f"triton_key {str(toolchain.get('triton_key'))[:12]}, "
+        f"backend {str(toolchain.get('backend'))[:12]}, format {toolchain.get('format')}"
+    )
+
+
+def kernel_name(jit_fn) -> str:
+    return f"{getattr(jit_fn, 'module', '?')}:{getattr(jit_fn.fn, '__qualname__', jit_fn.__name__)}"
+
+
+def _triton_metadata(compiled) -> dict[str, Any]:
+    """CompiledKernel.metadata as Triton writes it to its own cache (json.dumps(default=vars))."""
+    md = compiled.metadata
+    md = md._asdict() if hasattr(md, "_asdict") else dict(vars(md))
+    return json.loads(json.dumps(md, default=vars))
+
+
+def _header(
+    key: str, jit_fn, target, doc: Mapping[str, Any], meta: abi.LaunchMetadata, compiled
+) -> dict[str, Any]:
+    launch = {field: getattr(meta, field) for field in LAUNCH_FIELDS}
+    for field, kind in LAUNCH_FIELDS.items():
+        launch[field] = kind(launch[field])
+    return {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "kernel": kernel_name(jit_fn),
+        "launch": launch,
+        "target": target_dict(target),
+        "toolchain": doc["toolchain"],
+        "triton_metadata": _triton_metadata(compiled),
+        # For `cache list` only; the key already covers them.
+        "signature": doc["signature"],
+        "created": time.time(),
+    }
+
+
+# -- the miss path --------------------------------------------------------------------------
+
+
+def _compile(jit_fn, target, spec):
+    compiled = abi.compile_specialization(jit_fn, target, spec)
+    return abi.launch_metadata(compiled), compiled
+
+
+def load_or_compile(jit_fn, target, spec: abi.Specialization):
+    """The launch artifact of a specialization: from the disk cache, or compiled and stored.
+
+    Parameters
+    ----------
+    jit_fn : triton.runtime.jit.JITFunction
+        The kernel.
+    target : triton.backends.compiler.GPUTarget
+        The compile target of the device.
+    spec : fastkernel._triton_abi.Specialization
+        The call's specialization, from ``abi.specialize``.
+
+    Returns
+    -------
+    (fastkernel._triton_abi.LaunchMetadata, handle)
+        ``handle`` is a :class:`CachedKernel` for an entry read from disk, Triton's
+        ``CompiledKernel`` when compiled here.
+
+    Raises
+    ------
+    fastkernel._triton_abi.UnsupportedByNativePath
+        For a binary the native launcher cannot call (then nothing is written).
+    Exception
+        Whatever Triton's compiler raises. Cache problems are never raised: an unreadable or bad
+        entry is logged, removed and compiled again; a failed write is logged.
+    """
+    root = usable_root()
+    if root is None:
+        return _compile(jit_fn, target, spec)
+    memo_dir = root / "toolchain"
+    try:
+        doc = key_document(jit_fn, target, spec, memo_dir)
+    except Uncacheable as exc:
+        log_once(
+            logging.WARNING,
+            ("uncacheable", kernel_name(jit_fn), str(exc)),
+            "fastkernel: %s is not cached on disk: %s",
+            kernel_name(jit_fn),
+            exc,
+        )
+        return _compile(jit_fn, target, spec)
+    key = hashlib.sha256(canonical(doc)).hexdigest()
+    if always_compile():
+        return _compile_and_store(jit_fn, target, spec, root, key, doc)
+    artifact = _read_artifact(root, key, target, doc, jit_fn, spec)
+    if artifact is not None:
+        return artifact
+    # One process compiles a specialization at a time; the others wait, then read its entry.
+    with _entry_lock(root, key, jit_fn):
+        artifact = _read_artifact(root, key, target, doc, jit_fn, spec)
+        if artifact is not None:
+            return artifact
+        return _compile_and_store(jit_fn, target, spec, root, key, doc)
+
+
+def _read_artifact(
+    root: pathlib.Path, key: str, target, doc: Mapping[str, Any], jit_fn, spec: abi.Specialization
+):
+    path = entry_path(root, key)
+    entry = load(path, key, target, doc["toolchain"])
+    if entry is None:
+        return None
+    artifact = entry_artifact(entry, jit_fn, spec)
+    if artifact is not None:
+        log.debug("fastkernel: %s loaded from %s", kernel_name(jit_fn), path)
+    return artifact
+
+
+#: How long a process waits for another one compiling the same specialization (seconds) before
+#: it compiles the specialization itself. A holder that dies releases its lock at once.
+_LOCK_TIMEOUT = 600.0
+
+
+@contextlib.contextmanager
+def _entry_lock(root: pathlib.Path, key: str, jit_fn) -> Iterator[None]:
+    """Hold the cross-process lock of entry ``key`` (a ``filelock`` lock file beside it) for the
+    block; a no-op when ``FASTKERNEL_CACHE_LOCK=0`` (file systems without working locks) or when
+    the lock cannot be taken (then logged once), so that a launch never fails for it."""
+    if not _env.flag("FASTKERNEL_CACHE_LOCK", True):
+        yield
+        return
+    from filelock import FileLock, Timeout
+
+    try:
+        lock = FileLock(
+            str(_fs.ensure_dir(root, "entries", key[:2]) / f".{key}.lock"), timeout=_LOCK_TIMEOUT
+        )
+        lock.acquire()
+    except Timeout:
+        log_once(
+            logging.WARNING,
+            ("lock-timeout", key),
+            "fastkernel: waited %.0f s for another process compiling %s; compiling here",
+            _LOCK_TIMEOUT,
+            kernel_name(jit_fn),
+        )
+        yield
+        return
+    except OSError as exc:
+        log_once(
+            logging.WARNING,
+            ("lock", str(root)),
+            "fastkernel: cannot lock entries under "
+            "%s (%s); processes may compile the same kernel at once",
+            root,
+            exc,
+        )
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def entry_artifact(entry: Entry, jit_fn, spec: abi.Specialization):
+    """``(LaunchMetadata, CachedKernel)`` of a verified entry, or None when they cannot be made
+    from it (a header that passed the schema but not Python's rules for what it becomes): the
+    entry is then corrupt, removed and logged."""
+    from triton.compiler import ASTSource
+
+    try:
+        src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
+        return entry.launch_metadata(), CachedKernel.from_entry(entry, src)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the entry is not usable
+        log.warning("fastkernel: removed cache entry %s: %r; compiling again", entry.path, exc)
+        _remove_if_unchanged(entry.path, None)
+        return None
+
+
+def _compile_and_store(
+    jit_fn, target, spec: abi.Specialization, root: pathlib.Path, key: str, doc: Mapping[str, Any]
+):
+    meta, compiled = _compile(jit_fn, target, spec)
+    try:
+        header = _header(key, jit_fn, target, doc, meta, compiled)
+        _store_entry(root, key, encode_entry(header, meta.cubin))
+    except Exception as exc:  # a failed store must not fail a launch that compiled
+        log_once(
+            logging.WARNING,
+            ("write", str(root), type(exc).__name__),
+            "fastkernel: cannot write the kernel cache under %s (%s: %s); kernels still "
+            "run, compiled in each process",
+            root,
+            type(exc).__name__,
+            exc,
+        )
+    return meta, compiled
+
+
+def compile_and_store(jit_fn, target, spec: abi.Specialization):
+    """Compile a specialization with Triton and write its entry (replacing any), as
+    :func:`load_or_compile` does on a miss; for a caller that found the cached entry unusable.
+    Returns and raises as :func:`load_or_compile`."""
+    root = usable_root()
+    if root is None:
+        return _compile(jit_fn, target, spec)
+    try:
+        doc = key_document(jit_fn, target, spec, root / "toolchain")
+    except Uncacheable:
+        return _compile(jit_fn, target, spec)
+    key = hashlib.sha256(canonical(doc)).hexdigest()
+    return _compile_and_store(jit_fn, target, spec, root, key, doc)
+
+
+def discard(handle: CachedKernel, reason: str) -> None:
+    """Remove the entry ``handle`` was read from, which verified but could not become a native
+    registration (``reason``); logged once per entry file."""
+    log_once(
+        logging.WARNING,
+        ("discard", handle.path),
+        "fastkernel: removed cache entry %s (%s): %s; compiling again",
+        handle.path,
+        handle.kernel,
+        reason,
+    )
+    _remove_if_unchanged(pathlib.Path(handle.path), None)
+
+
+def is_cached(jit_fn, target, spec: abi.Specialization) -> bool:
+    """Whether the on-disk cache has an entry file for this specialization (not verified;
+    :func:`load_or_compile` verifies it). False when the cache is off or the kernel uncacheable."""
+    if not enabled():
+        return False
+    root = cache_dir()
+    try:
+        key = entry_key(jit_fn, target, spec, root / "toolchain")
+    except Uncacheable:
+        return False
+    return entry_path(root, key).is_file()
+
+
+# -- managing a cache directory -------------------------------------------------------------
+
+
+def iter_entry_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
+    """Every regular ``*.fkc`` file under ``root`` (a cache directory or an export), at most
+    ``_IMPORT_MAX_DEPTH`` directories down, never through a symbolic link, in sorted order.
+    Raises ``files.UntrustedPath`` past ``_IMPORT_MAX_FILES`` files."""
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return iter(())
+    return _fs.walk_files(root, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES)
+
+
+def temp_files(root: pathlib.Path) -> list[pathlib.Path]:
+    entries = entries_dir(root)
+    return sorted(entries.rglob(".*.tmp")) if entries.is_dir() else []
+
+
+def scan(root: pathlib.Path | None = None) -> tuple[list[Entry], list[tuple[pathlib.Path, str]]]:
+    """Read every entry under cache directory ``root`` (default :func:`cache_dir`).
+
+    Returns
+    -------
+    (entries, bad)
+        The verified entries, and ``(path, reason)`` for each file that failed verification
+        (left in place; a launch that needs one removes it).
+    """
+    root = cache_dir() if root is None else pathlib.Path(root)
+    good, bad = [], []
+    for path in iter_entry_files(entries_dir(root)):
+        try:
+            good.append(read_entry(path))
+        except (OSError, CorruptEntry) as exc:
+            bad.append((path, str(exc)))
+    return good, bad
+
+
+def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
+    """Remove every entry, temporary file, toolchain memo and tuning record (``autotune/``)
+    under cache directory ``root`` (default :func:`cache_dir`). Other files there are left
+    alone.
+
+    Returns
+    -------
+    (int, int)
+        Entry files removed, and their total size in bytes.
+    """
+    root = cache_dir() if root is None else pathlib.Path(root)
+    count = size = 0
+    for path in iter_entry_files(entries_dir(root)):
+        try:
+            st = path.stat()
+            path.unlink()
+        except OSError:
+            continue
+        count += 1
+        size += st.st_size
+    for sub in ("entries", "toolchain", "autotune", "index"):
+        shutil.rmtree(root / sub, ignore_errors=True)
+    memos_written.clear()
+    return count, size
+
+
+def export_entries(dest: pathlib.Path, root: pathlib.Path | None = None) -> int:
+    """Copy every verified entry of cache directory ``root`` into directory ``dest`` (created),
+    as ``dest/<key>.fkc``. Entries carry their target and toolchain; bad files are skipped with
+    a log line.
+
+    Returns
+    -------
+    int
+        Entries exported.
+    """
+    entries, bad = scan(root)
+    for path, reason in bad:
+        log.warning("fastkernel: not exported %s: %s", path, reason)
+    dest = pathlib.Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        # Re-encoded from what was verified (the same bytes: headers are canonical JSON).
+        atomic_write(dest / (entry.key + ENTRY_SUFFIX), encode_entry(entry.header, entry.cubin))
+    return len(entries)
+
+
+def import_entries(src: pathlib.Path, root: pathlib.Path | None = None) -> tuple[int, int]:
+    """Install the entries found under directory ``src`` (an export or another cache directory)
+    into cache directory ``root`` (default :func:`cache_dir`).
+
+    An entry is skipped, with a log line, when it fails verification or when its toolchain
+    fingerprint differs from this machine's for the entry's target (another Triton, fastkernel,
+    ptxas or format): its key could never be looked up here. Entries for targets this machine
+    has no device for are installed (targets are not probed here). ``src`` is read as untrusted
+    input: no symbolic link is followed, only regular files of at most an entry's largest size
+    are read, at most ``_IMPORT_MAX_DEPTH`` directories down; entries are written only under
+    ``root``, each re-encoded from what was verified.
+
+    Returns
+    -------
+    (int, int)
+        Entries imported, entries skipped.
+
+    Raises
+    ------
+    RuntimeError
+        ``root`` cannot be used (not creatable, or not private to this user).
+    fastkernel.cache.files.UntrustedPath
+        ``src`` holds more than ``_IMPORT_MAX_FILES`` entry files.
+    """
+    root = cache_dir() if root is None else pathlib.Path(root)
+    imported = skipped = 0
+    local: dict[tuple[str, int, int], dict[str, Any]] = {}
+    problem = _fs.usable_root(root)
+    if problem is not None:
+        raise RuntimeError(f"the kernel cache {root} cannot be used: {problem}")
+    for path in iter_entry_files(src):
+        try:
+            entry = read_entry(path, trusted=False)
+        except (OSError, CorruptEntry) as exc:
+            log.warning("fastkernel: skipped %s: %s", path, exc)
+            skipped += 1
+            continue
+        t = entry.header["target"]
+        tkey = (t["backend"], t["arch"], t["warp_size"])
+        if tkey not in local:
+            try:
+                from triton.backends.compiler import GPUTarget
+
+                local[tkey] = toolchain_fingerprint(GPUTarget(*tkey), root / "toolchain")
+            except Exception as exc:  # no backend for this target here
+                local[tkey] = {"error": str(exc)}
+        if dict(entry.header["toolchain"]) != local[tkey]:
+            log.warning(
+                "fastkernel: skipped %s (%s for %s): built by %s, this machine has %s",
+                path.name,
+                entry.header["kernel"],
+                tkey,
+                _describe_toolchain(entry.header["toolchain"]),
+                _describe_toolchain(local[tkey]),
+            )
+            skipped += 1
+            continue
+        _store_entry(root, entry.key, encode_entry(entry.header, entry.cubin))
+        imported += 1
+    return imported, skipped
