@@ -270,28 +270,16 @@ def test_the_native_registration_checks_refuse_launch_facts_a_launch_could_not_t
     key = b"\x07" * 8  # a key no call builds: registering it changes no call
 
     def register(facts):
-        _C.register(
-            k,
-            key,
-            facts["device"],
-            facts.get("name", entry.header["launch"]["name"]),
-            entry.cubin,
-            facts["block_x"],
-            0,
-            facts["num_ctas"],
-            False,
-            False,
-            facts["plan"],
-            facts["num_scratch_params"],
-            0,
-            1,
-            0,
-            1,
-            None,
-            None,
-            facts["tensor_maps"],
-            None,
+        launch = _C.LaunchFacts(
+            kernel_name=facts.get("name", entry.header["launch"]["name"]),
+            device=facts["device"],
+            block_x=facts["block_x"],
+            num_ctas=facts["num_ctas"],
+            plan=facts["plan"],
+            num_scratch_params=facts["num_scratch_params"],
+            tensor_maps=[_C.TensorMapFacts(*t) for t in facts["tensor_maps"]],
         )
+        _C.register(k, key, launch, entry.cubin, None)
 
     before = k.stats()["specializations"]
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):

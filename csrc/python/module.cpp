@@ -20,6 +20,7 @@
 #include "launch_context.h"
 #include "patch_hook.h"
 #include "python_errors.h"
+#include "registration.h"
 #if FASTKERNEL_TESTING
 #include "testing.h"
 #endif
@@ -98,72 +99,6 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   }
   Py_XSETREF(kernel->pre_run_hooks,
              pre_run_hooks.is_none() ? nullptr : pre_run_hooks.inc_ref().ptr());
-}
-
-void register_record(
-    py::handle kernel_obj, py::bytes key_bytes, int device, const std::string& kernel_name,
-    py::bytes cubin, unsigned block_x, unsigned shared_mem, unsigned num_ctas,
-    bool cooperative_grid, bool pdl, const std::vector<std::pair<int, std::string>>& plan,
-    int num_scratch_params, uint64_t global_scratch_size, uint64_t global_scratch_align,
-    uint64_t profile_scratch_size, uint64_t profile_scratch_align, py::handle compiled,
-    py::handle tuned_args,
-    const std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>& tensor_maps,
-    py::handle published) {
-  KernelObject* kernel = as_kernel(kernel_obj);
-  const std::string key_data = key_bytes;
-  if (key_data.size() % sizeof(uint64_t) != 0 ||
-      key_data.size() / sizeof(uint64_t) > size_t(kMaxKeyWords)) {
-    throw py::value_error("fastkernel: malformed specialization key");
-  }
-  SpecializationKey key;
-  key.size = int(key_data.size() / sizeof(uint64_t));
-  std::memcpy(key.words, key_data.data(), key_data.size());
-  LaunchFacts facts;
-  facts.kernel_name = kernel_name;
-  facts.device = device;
-  facts.block_x = block_x;
-  facts.shared_mem = shared_mem;
-  facts.num_ctas = num_ctas;
-  facts.cooperative_grid = cooperative_grid;
-  facts.pdl = pdl;
-  facts.plan = plan;
-  facts.num_scratch_params = num_scratch_params;
-  facts.global_scratch_size = global_scratch_size;
-  facts.global_scratch_align = global_scratch_align;
-  facts.profile_scratch_size = profile_scratch_size;
-  facts.profile_scratch_align = profile_scratch_align;
-  // Tensor maps: (data type, element size, swizzle, block shape, fp4 padded, tf32 rounding).
-  for (const auto& [data_type, elem_size, swizzle, block, fp4_padded, tf32_rounding] :
-       tensor_maps) {
-    facts.tensor_maps.push_back({data_type, elem_size, swizzle, block, fp4_padded, tf32_rounding});
-  }
-  const size_t num_args = kernel->state->params.size();
-  std::unique_ptr<LaunchRecord> rec;
-  try {
-    rec = make_launch_record(facts, kMaxArgs);
-  } catch (const std::invalid_argument& e) {
-    throw py::value_error(e.what());
-  }
-  // The record owns a reference to what a launch returns; dropped with the record (eviction,
-  // clear, kernel deallocation, or a check below failing), always under the GIL.
-  rec->release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
-  rec->user_data = compiled.inc_ref().ptr();
-  if (!tuned_args.is_none()) {
-    if (!PyTuple_Check(tuned_args.ptr()) ||
-        size_t(PyTuple_GET_SIZE(tuned_args.ptr())) != num_args) {
-      throw py::value_error("fastkernel: tuned_args must be a tuple with one item per parameter");
-    }
-    rec->tuned_args = tuned_args.inc_ref().ptr();
-  }
-  if (!published.is_none()) {
-    rec->published = published.inc_ref().ptr();
-  }
-  const std::string image = cubin;
-  with_python_errors([&] {
-    load_launch_record(*rec, image.data(), image.size());
-    return 0;
-  });
-  kernel->state->table.insert(key, std::move(rec));
 }
 
 py::dict stats(py::handle kernel_obj) {
@@ -248,22 +183,7 @@ PYBIND11_MODULE(_C, m) {
       [](py::object enter, py::object exit) { set_hook_runners(enter.ptr(), exit.ptr()); },
       py::arg("enter"), py::arg("exit"),
       "Python callables that run Triton's launch hooks around a native launch.");
-  m.def("register", &register_record, py::arg("kernel"), py::arg("key"), py::arg("device"),
-        py::arg("kernel_name"), py::arg("cubin"), py::arg("block_x"), py::arg("shared_mem"),
-        py::arg("num_ctas"), py::arg("cooperative_grid"), py::arg("pdl"), py::arg("plan"),
-        py::arg("num_scratch_params"), py::arg("global_scratch_size"),
-        py::arg("global_scratch_align"), py::arg("profile_scratch_size"),
-        py::arg("profile_scratch_align"), py::arg("compiled"), py::arg("tuned_args") = py::none(),
-        py::arg("tensor_maps") =
-            std::vector<std::tuple<int, int, int, std::vector<uint32_t>, bool, bool>>{},
-        py::arg("published") = py::none(),
-        "Load a compiled specialization on `device` and register its launch record under `key`.\n"
-        "`tuned_args` (a tuple, one item per parameter, or None): what a tuned config gives the\n"
-        "parameters a call leaves out, for the callable grid and the launch hooks.\n"
-        "`tensor_maps`: (data type, element size, swizzle, block shape, fp4 padded, tf32\n"
-        "rounding) for each \"nvTmaDesc\" plan entry, in order (Triton's tensordesc_meta).\n"
-        "`published` (or None): set as the publish owner's attribute by a hit on this record\n"
-        "(see set_publish).");
+  register_registration(m);
   m.def(
       "set_publish",
       [](py::handle kernel_obj, py::handle owner, py::str name) {

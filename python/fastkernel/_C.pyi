@@ -46,9 +46,64 @@ class GridMeta(Mapping[str, Any]):
     def __len__(self) -> int: ...
     def copy(self) -> dict[str, Any]: ...
 
-# (data type, element size, swizzle, block shape, fp4 padded, tf32 rounding) of one nvTmaDesc
-# plan entry (Triton's tensordesc_meta).
-_TensorMapFacts = tuple[int, int, int, Sequence[int], bool, bool]
+class TensorMapFacts:
+    """How a launch encodes one host tensor descriptor (an ``nvTmaDesc`` plan entry): Triton's
+    tensordesc_meta entry."""
+
+    FIELDS: tuple[str, ...]
+    data_type: int
+    elem_size: int
+    swizzle: int
+    block: list[int]
+    fp4_padded: bool
+    tf32_rounding: bool
+    def __init__(
+        self,
+        data_type: int,
+        elem_size: int,
+        swizzle: int,
+        block: Sequence[int],
+        fp4_padded: bool = False,
+        tf32_rounding: bool = False,
+    ) -> None: ...
+
+class LaunchFacts:
+    """The launch facts of one compiled specialization (csrc/include/fastkernel/launch_record.h
+    LaunchFacts); :func:`register` checks them."""
+
+    FIELDS: tuple[str, ...]
+    kernel_name: str
+    device: int
+    block_x: int
+    shared_mem: int
+    num_ctas: int
+    cooperative_grid: bool
+    pdl: bool
+    plan: list[tuple[int, str]]
+    num_scratch_params: int
+    global_scratch_size: int
+    global_scratch_align: int
+    profile_scratch_size: int
+    profile_scratch_align: int
+    tensor_maps: list[TensorMapFacts]
+    def __init__(
+        self,
+        *,
+        kernel_name: str,
+        device: int,
+        block_x: int,
+        shared_mem: int = 0,
+        num_ctas: int = 1,
+        cooperative_grid: bool = False,
+        pdl: bool = False,
+        plan: Sequence[tuple[int, str]],
+        num_scratch_params: int = 2,
+        global_scratch_size: int = 0,
+        global_scratch_align: int = 1,
+        profile_scratch_size: int = 0,
+        profile_scratch_align: int = 1,
+        tensor_maps: Sequence[TensorMapFacts] = (),
+    ) -> None: ...
 
 def configure(
     kernel: Kernel,
@@ -62,23 +117,10 @@ def configure(
 def register(
     kernel: Kernel,
     key: bytes,
-    device: int,
-    kernel_name: str,
+    facts: LaunchFacts,
     cubin: bytes,
-    block_x: int,
-    shared_mem: int,
-    num_ctas: int,
-    cooperative_grid: bool,
-    pdl: bool,
-    plan: Sequence[tuple[int, str]],
-    num_scratch_params: int,
-    global_scratch_size: int,
-    global_scratch_align: int,
-    profile_scratch_size: int,
-    profile_scratch_align: int,
     compiled: Any,
     tuned_args: tuple[Any, ...] | None = None,
-    tensor_maps: Sequence[_TensorMapFacts] = ...,
     published: Any = None,
 ) -> None: ...
 def set_global_checks(

@@ -504,28 +504,23 @@ class NativeDispatch(_C.Kernel):
                 raise
             return f"its launch metadata does not fit the specialization: {exc!r}"
         try:
-            _C.register(
-                self,
-                key,
-                device,
-                meta.name,
-                meta.cubin,
-                meta.block_x,
-                meta.shared_mem,
-                meta.num_ctas,
-                meta.cooperative_grid,
-                meta.pdl,
-                plan,
-                abi.num_scratch_params(),
-                meta.global_scratch_size,
-                meta.global_scratch_align,
-                meta.profile_scratch_size,
-                meta.profile_scratch_align,
-                compiled,
-                tuned_args,
-                tensor_maps,
-                published,
+            facts = _C.LaunchFacts(
+                kernel_name=meta.name,
+                device=device,
+                block_x=meta.block_x,
+                shared_mem=meta.shared_mem,
+                num_ctas=meta.num_ctas,
+                cooperative_grid=meta.cooperative_grid,
+                pdl=meta.pdl,
+                plan=plan,
+                num_scratch_params=abi.num_scratch_params(),
+                global_scratch_size=meta.global_scratch_size,
+                global_scratch_align=meta.global_scratch_align,
+                profile_scratch_size=meta.profile_scratch_size,
+                profile_scratch_align=meta.profile_scratch_align,
+                tensor_maps=[_C.TensorMapFacts(*t) for t in tensor_maps],
             )
+            _C.register(self, key, facts, meta.cubin, compiled, tuned_args, published)
         except _C.DriverUnavailableError:
             raise
         except (_C.CudaError, ValueError) as exc:
