@@ -5,6 +5,7 @@ else the real GPU. On a GPU machine run pytest twice to cover both."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -81,4 +82,14 @@ def stand_in():
     _C._testing.set_host_testing(True, 0, TEST_STREAM)
     yield driver
     _C._testing.set_host_testing(False)
+    # Kernels Triton launched on the stand-in (tests/triton_reference.py) unload their modules
+    # through Triton's active driver when collected, and JITFunctions sit in reference cycles:
+    # collect the test's garbage now, with the stand-in active, rather than at some later
+    # collection when no Triton driver is.
+    from triton_reference import TritonReference
+
+    if TritonReference.entered:
+        with TritonReference(driver, TEST_STREAM):
+            gc.collect()
+        TritonReference.entered = False
     driver.reset()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import importlib
+import logging
 import os
 import pathlib
 import re
@@ -183,12 +184,12 @@ def test_every_corpus_case_launches_the_same_bytes_under_the_patch(
         assert s["fallbacks"] == 0 and s["misses"] >= 1, (name, s)
 
 
-def test_triton_heuristics_launch_natively_underneath(stand_in, patch_on):
+def test_triton_heuristics_launch_natively(stand_in, patch_on):
     heuristic = triton.heuristics({"BLOCK": lambda args: 512})(kernels.add_kernel)
     x, y, out = _tensors()
     for _ in range(3):
         heuristic[(8,)](x, y, out, N)
-    stats = _stats_of(kernels.add_kernel)
+    stats = _stats_of(heuristic)
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0)
     launches = stand_in.launches()
     assert [(launch.block, launch.grid) for launch in launches] == [((128, 1, 1), (8, 1, 1))] * 3
@@ -825,3 +826,80 @@ def test_a_decorated_kernel_keeps_the_knob_notifications_past_unpatch(tmp_path):
     result = _run_python("-c", code, cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def _grid_by_block(meta):
+    return (triton.cdiv(meta["n"], meta["BLOCK"]),)
+
+
+def test_a_call_of_triton_heuristics_is_one_native_hit(stand_in):
+    # BLOCK follows n, so n joins the key by value; each launch is the one Triton makes.
+    heuristic = triton.heuristics({"BLOCK": lambda args: 256 if args["n"] <= N // 2 else 1024})(
+        _fresh_add_kernel()
+    )
+    _KEPT.append(heuristic)
+    x, y, out = _tensors()
+    calls = (N, N // 2, N, N // 2, N)
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = {n: reference.launch(heuristic, _grid_by_block, x, y, out, n) for n in (N, N // 2)}
+    stand_in.reset()
+    with fastkernel.patched():
+        for n in calls:
+            heuristic[_grid_by_block](x, y, out, n)
+        stats = _stats_of(heuristic)
+    ours = stand_in.launches()
+    assert len(ours) == len(calls)
+    for n, launch in zip(calls, ours):
+        assert_same_launch(launch, theirs[n])
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
+    assert [launch.block[0] for launch in ours] == [128, 128, 128, 128, 128]  # num_warps 4
+    assert [launch.grid[0] for launch in ours] == [4, 8, 4, 8, 4]
+
+
+_KEY_NAME = "n"
+
+
+@pytest.mark.parametrize(
+    "values, call_kwargs, reason",
+    [
+        (
+            {"BLOCK": lambda args: 1024 if args["x_ptr"].shape[0] > 8 else 256},
+            {},
+            "a heuristic reads argument 'x_ptr' of type Tensor; only scalars are keyed",
+        ),
+        (
+            {"BLOCK": lambda args: 1024 if len(args) > 3 else 256},
+            {},
+            "a heuristic reads its arguments as a whole",
+        ),
+        (
+            {"BLOCK": lambda args: 1024 if args[_KEY_NAME] > 8 else 256},
+            {},
+            "a heuristic reads 'n', which its code does not name",
+        ),
+        (
+            {"BLOCK": lambda args: 1024},
+            {"BLOCK": 256},
+            "argument 'BLOCK' is computed by the heuristics",
+        ),
+    ],
+    ids=["tensor", "whole", "unnamed", "passed"],
+)
+def test_heuristics_the_key_cannot_follow_run_through_triton(
+    values, call_kwargs, reason, stand_in, caplog
+):
+    heuristic = triton.heuristics(values)(_fresh_add_kernel())
+    _KEPT.append(heuristic)
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(heuristic, _grid_by_block, x, y, out, N, **call_kwargs)
+    stand_in.reset()
+    with fastkernel.patched(), caplog.at_level(logging.INFO, logger="fastkernel"):
+        for _ in range(2):
+            heuristic[_grid_by_block](x, y, out, N, **call_kwargs)
+        stats = _stats_of(heuristic)
+    for launch in stand_in.launches():
+        assert_same_launch(launch, theirs)
+    assert stats["fallbacks"] == 2 and stats["hits"] == 0
+    (counted,) = stats["fallback_reasons"]
+    assert counted.startswith(reason), counted

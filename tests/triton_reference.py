@@ -50,6 +50,9 @@ def _other_libcuda(stand_in: pathlib.Path):
 class TritonReference:
     """Runs calls through ``JITFunction.run`` on the stand-in and returns what it recorded."""
 
+    #: Set by every use; the stand_in fixture collects a test's garbage when it is (conftest.py).
+    entered = False
+
     def __init__(self, recording: RecordingDriver, stream: int, device: int = 0):
         self.recording = recording
         other = _other_libcuda(recording.path)
@@ -77,6 +80,7 @@ class TritonReference:
         # Restored as it was on exit (reset_active would probe for a real driver and fail).
         self._saved = triton.runtime.driver._active
         triton.runtime.driver.set_active(d)
+        TritonReference.entered = True
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,6 +15,10 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   Triton's own ``@triton.autotune`` over a ``triton.jit`` function is one native hit
   (:class:`PatchedAutotuner`). Its misses run Triton's ``Autotuner.run`` itself, so tuning,
   pruning, hooks, ``cache_results`` and the chosen config are Triton's.
+- ``Heuristics.__getitem__`` likewise: a call of Triton's own ``@triton.heuristics`` over a
+  ``triton.jit`` function is one native hit when its functions read only scalars and
+  constexprs, each named in their code (:class:`PatchedHeuristics`); other heuristics run in
+  Python on every call and launch natively underneath.
 - Each kernel gets its dispatch at its first launch, kept in the kernel's ``__dict__`` under
   ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again.
 
@@ -30,6 +34,7 @@ import contextlib
 import functools
 import logging
 import threading
+import types
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +42,7 @@ from typing import Any
 import triton
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.autotuner import Autotuner
+from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C, SUPPORTED_TRITON, _env
@@ -57,6 +63,7 @@ log = logging.getLogger("fastkernel")
 
 #: Triton's own ``Autotuner.run``, as it was when fastkernel was imported.
 AUTOTUNER_RUN = Autotuner.run
+HEURISTICS_RUN = TritonHeuristics.run
 
 _lock = threading.RLock()
 _saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they were, while patched
@@ -201,11 +208,185 @@ class PatchedAutotuner(NativeDispatch):
         return result if result is not None else True
 
 
+def _names_in_code(code: types.CodeType) -> set[str]:
+    """Every string constant of a code object and the code objects nested in it."""
+    names: set[str] = set()
+    for const in code.co_consts:
+        if isinstance(const, str):
+            names.add(const)
+        elif isinstance(const, types.CodeType):
+            names |= _names_in_code(const)
+    return names
+
+
+class _RecordedArguments(dict):
+    """The mapping a heuristic function receives (a dict, as Triton passes), noting each name
+    it reads; reading it as a whole (iteration, ``len``, views, a copy) is noted too."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+        self.read_whole = False
+
+    def __getitem__(self, name):
+        self.read.add(name)
+        return super().__getitem__(name)
+
+    def get(self, name, default=None):
+        self.read.add(name)
+        return super().get(name, default)
+
+    def __contains__(self, name):
+        self.read.add(name)
+        return super().__contains__(name)
+
+    def _whole(self, method: str):
+        def read_whole(*args, **kwargs):
+            self.read_whole = True
+            return getattr(dict, method)(self, *args, **kwargs)
+
+        return read_whole
+
+    def __getattribute__(self, name):
+        if name in ("keys", "values", "items", "copy", "__iter__", "__len__", "__eq__", "__or__"):
+            return object.__getattribute__(self, "_whole")(name)
+        return object.__getattribute__(self, name)
+
+    def __iter__(self):
+        self.read_whole = True
+        return dict.__iter__(self)
+
+    def __len__(self):
+        self.read_whole = True
+        return dict.__len__(self)
+
+
+class PatchedHeuristics(NativeDispatch):
+    """The native dispatch of Triton's own ``@triton.heuristics`` over a ``triton.jit`` function,
+    under :func:`patch`: each computed value is compiled into the launch record of its key, so a
+    call is one native hit.
+
+    The key is the kernel's own plus the exact value of every parameter whose name a heuristic
+    function's code spells (its string constants, nested functions included). On a miss the
+    functions run as Triton runs them (``Heuristics.run``: each sees the positional arguments by
+    name, the keywords, ``grid`` and ``warmup``, and the values computed before it) on a mapping
+    that notes what they read; the record is registered only when every read is a parameter the
+    key holds by value (an int, float, bool or None, or a constexpr), an earlier value, a
+    compile option passed by keyword, or ``warmup``. Anything else (a tensor, a tuple, the grid,
+    a name the code does not spell, reading the mapping as a whole, a computed parameter passed
+    by the caller) sends that call through Triton's ``Heuristics.run``, counted with the reason;
+    its launch underneath is still native.
+    """
+
+    _serves_patch = True
+
+    def __init__(self, heuristics: TritonHeuristics, spelled: frozenset[str]):
+        jit_fn = heuristics.fn
+        self.heuristics = heuristics
+        self._values = dict(heuristics.values)
+        by_name = {p.name: p for p in jit_fn.params}
+        self._constexprs = frozenset(p.name for p in jit_fn.params if p.is_constexpr)
+        self._keyed = frozenset(n for n in spelled if n in by_name and n not in self._values)
+        tune = {
+            p.name: (TUNE_CONFIG_PROVIDED if p.name in self._values else 0)
+            | (TUNE_VALUE if p.name in self._keyed else 0)
+            for p in jit_fn.params
+        }
+        self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
+
+    @classmethod
+    def for_heuristics(cls, heuristics: TritonHeuristics) -> PatchedHeuristics | None:
+        """Its dispatch, or None when a computed name is not a constexpr parameter of the kernel
+        (a compile option or a runtime argument, which the record cannot carry)."""
+        params = {p.name: p for p in heuristics.fn.params}
+        spelled: set[str] = set()
+        for name, fn in heuristics.values.items():
+            p = params.get(name)
+            if p is None or not p.is_constexpr:
+                return None
+            code = getattr(fn, "__code__", None)
+            if code is None:
+                return None
+            spelled |= _names_in_code(code)
+        return cls(heuristics, frozenset(spelled))
+
+    def __repr__(self) -> str:
+        return f"PatchedHeuristics({self._stats_name()})"
+
+    def _stats_name(self) -> str:
+        return super()._stats_name() + " [triton.heuristics]"
+
+    def _not_native(
+        self, read: set[str], seen: dict[str, Any], values: dict[str, Any]
+    ) -> str | None:
+        """Why values computed from the names in ``read`` (the call's arguments by name in
+        ``seen``) are not implied by the native key, or None."""
+        for name in sorted(read):
+            if name in values or name == "warmup" or name in self._constexprs:
+                continue
+            if name not in self._keyed:
+                if name in seen and name not in self.heuristics.arg_names and name != "grid":
+                    continue  # a compile option passed by keyword: keyed with its value
+                return f"a heuristic reads {name!r}, which its code does not name"
+            value = seen.get(name)
+            if value is not None and type(value) not in (int, float, bool):
+                return (
+                    f"a heuristic reads argument {name!r} of type {type(value).__name__}; "
+                    f"only scalars are keyed by value"
+                )
+        return None
+
+    def _on_miss(
+        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
+    ):
+        heuristics = self.heuristics
+        if key is not None:
+            given = [name for name in self._values if name in kwargs]
+            if given:
+                reason = f"argument {given[0]!r} is computed by the heuristics"
+        if key is None or reason is not None:
+            return self._through_triton(grid, args, kwargs, key, reason or "unsupported call")
+        positional = dict(zip(heuristics.arg_names, args))
+        merged = {"grid": grid, "warmup": False, **kwargs}
+        read: set[str] = set()
+        for name, fn in self._values.items():
+            seen = _RecordedArguments({**positional, **merged})
+            merged[name] = fn(seen)
+            if seen.read_whole:
+                reason = "a heuristic reads its arguments as a whole"
+            read |= seen.read
+        values = {name: merged[name] for name in self._values}
+        if reason is None:
+            reason = self._not_native(read, {**positional, **merged}, values)
+        if reason is not None:
+            return self._through_triton(grid, args, kwargs, key, reason)
+        call_kwargs = {**kwargs, **values}
+        tuned_args = self._tuned_args(call_kwargs, self._values)
+        return self._register_miss(grid, args, call_kwargs, key, device, tuned_args)
+
+    def _through_triton(self, grid, args, kwargs, key, reason: str):
+        """Triton's ``Heuristics.run`` for this call, counted as a fallback with ``reason``."""
+        try:
+            result = HEURISTICS_RUN(self.heuristics, *args, grid=grid, warmup=False, **kwargs)
+        except BaseException:
+            if key is None:  # counted as a fallback natively; Triton rejected the call
+                self._miss_fallbacks -= 1
+            raise
+        if key is not None:
+            self._miss_fallbacks += 1
+        self._count_fallback(reason, what="computes its values through Triton's Heuristics.run")
+        return result if result is not None else True
+
+
 def _new_dispatch(obj: Any) -> NativeDispatch | None:
     """A new dispatch for a kernel object, or None when that object keeps Triton's path."""
     if isinstance(obj, JITFunction):
         return PatchedKernel(obj)
     fn = getattr(obj, "fn", None)
+    if isinstance(obj, TritonHeuristics):
+        if isinstance(fn, JITFunction) and getattr(type(fn).run, "_fastkernel_patched", False):
+            return PatchedHeuristics.for_heuristics(obj)
+        return None  # over another heuristics or an autotuner: Triton's run, native underneath
     if (
         not isinstance(obj, Autotuner)
         or not isinstance(fn, JITFunction)
@@ -222,7 +403,8 @@ def _dispatch_for(obj: Any):
     """The patch factory (called natively at a kernel object's first launch): its dispatch;
     None when this object keeps Triton's own path; False when every instance of its type does
     (a subclass with its own ``run``)."""
-    if not getattr(type(obj).run, "_fastkernel_patched", False):
+    run = type(obj).run
+    if not getattr(run, "_fastkernel_patched", False) and run is not HEURISTICS_RUN:
         return False  # a subclass with its own run: its behaviour is its own
     with _lock:  # not while unpatch() runs in another thread
         if _saved is None:
@@ -324,13 +506,14 @@ def patch() -> bool:
 
         saved = {
             (cls, name): cls.__dict__[name]
-            for cls in (JITFunction, Autotuner, CompiledKernel)
+            for cls in (JITFunction, Autotuner, TritonHeuristics, CompiledKernel)
             for name in ("__getitem__", "run")
             if name in cls.__dict__
         }
         triton_getitem = KernelInterface.__dict__["__getitem__"]
         _C.install_patch(JITFunction, _dispatch_for, triton_getitem)
         _C.install_patch(Autotuner, _dispatch_for, triton_getitem)
+        _C.install_patch(TritonHeuristics, _dispatch_for, triton_getitem)
         JITFunction.run = _patched_run
         Autotuner.run = _patched_autotuner_run
         CompiledKernel.__getitem__ = _patched_compiled_getitem
@@ -351,7 +534,7 @@ def unpatch() -> None:
             return
         from . import _host_helpers
 
-        for cls in (JITFunction, Autotuner, CompiledKernel):
+        for cls in (JITFunction, Autotuner, TritonHeuristics, CompiledKernel):
             for name in ("__getitem__", "run"):
                 if (cls, name) in _saved:
                     setattr(cls, name, _saved[(cls, name)])
