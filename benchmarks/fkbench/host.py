@@ -43,6 +43,8 @@ HOST_LABELS: dict[str, str] = {
     "triton_autotuned": "Triton's triton.autotune, tuned call (stand-in)",
     "patched": "fastkernel.patch(): Triton kernel[grid]",
     "patched_autotuned": "fastkernel.patch(): Triton's triton.autotune, tuned hit",
+    "triton_heuristics": "Triton's triton.heuristics (BLOCK from n) (stand-in)",
+    "patched_heuristics": "fastkernel.patch(): Triton's triton.heuristics, hit",
     "enter_hook": "fastkernel, a no-op launch_enter_hook set",
     "enter_exit_hooks": "fastkernel, no-op launch_enter_hook and launch_exit_hook set",
 }
@@ -210,6 +212,12 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 systems["triton_autotuned"] = common.Timed(
                     common.call_loop(triton_tuned[0], grid, triton_tuned[1])
                 )
+            heuristics = triton_heuristics_call(shape) if reference is not None else None
+            if heuristics is not None:
+                heuristics[0][grid](*heuristics[1])  # Triton compiles its specialization
+                systems["triton_heuristics"] = common.Timed(
+                    common.call_loop(heuristics[0], grid, heuristics[1])
+                )
             before = fk.stats()
             shape_results[shape.name] = common.time_systems(
                 systems, iterations, repeats, no_sync, before_repeat=drv.reset
@@ -225,7 +233,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 }
             if reference is not None:
                 shape_results[shape.name + PATCHED_GROUP] = time_patched(
-                    shape, fk, triton_tuned, iterations, repeats, no_sync, drv.reset
+                    shape, fk, triton_tuned, heuristics, iterations, repeats, no_sync, drv.reset
                 )
                 shape_info[shape.name + PATCHED_GROUP] = {
                     "num_args": shape.num_args,
@@ -339,15 +347,16 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 for s in patched_rows
             )
         )
-        print("Triton's own triton.autotune tuned call / the same call patched:")
-        print(
-            "  "
-            + "  ".join(
-                f"{s}: {us[(s, 'triton_autotuned')] / us[(s + PATCHED_GROUP, 'patched_autotuned')]:.1f}x"
+        for wrapper, theirs, ours in (
+            ("triton.autotune tuned call", "triton_autotuned", "patched_autotuned"),
+            ("triton.heuristics call", "triton_heuristics", "patched_heuristics"),
+        ):
+            ratios = [
+                f"{s}: {us[(s, theirs)] / us[(s + PATCHED_GROUP, ours)]:.1f}x"
                 for s in shape_results
-                if (s, "triton_autotuned") in us and (s + PATCHED_GROUP, "patched_autotuned") in us
-            )
-        )
+                if (s, theirs) in us and (s + PATCHED_GROUP, ours) in us
+            ]
+            print(f"Triton's own {wrapper} / the same call patched:\n  " + "  ".join(ratios))
     for name, row in library.items():
         print(
             f"{name}, through its own Python function: unpatched {row['unpatched']:.2f} us, "
@@ -454,11 +463,28 @@ def triton_autotuned_call(shape) -> tuple[Any, tuple] | None:
     return kernel, args
 
 
+def triton_heuristics_call(shape) -> tuple[Any, tuple] | None:
+    """The shape's kernel under Triton's own ``triton.heuristics`` computing BLOCK from ``n``
+    (as Liger-Kernel and flash-linear-attention compute block sizes), and its call arguments
+    without BLOCK; None for shapes without a BLOCK constexpr."""
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+        return None
+    block = shape.make_args("cpu")[-1]
+    kernel = triton.heuristics({"BLOCK": lambda args: block if args["n"] >= block else 2 * block})(
+        JITFunction(shape.kernel.fn)
+    )
+    return kernel, shape.make_args("cpu")[:-1]
+
+
 def time_patched(
-    shape, fk, triton_tuned, iterations: int, repeats: int, sync, reset
+    shape, fk, triton_tuned, triton_heuristics, iterations: int, repeats: int, sync, reset
 ) -> dict[str, list[float]]:
-    """With fastkernel.patch() on: a Triton kernel's ``kernel[grid]`` and Triton's autotuned
-    kernel's tuned call, interleaved with the ``@fastkernel`` kernel's hit."""
+    """With fastkernel.patch() on: a Triton kernel's ``kernel[grid]``, Triton's autotuned
+    kernel's tuned call and Triton's heuristics kernel's call, interleaved with the
+    ``@fastkernel`` kernel's hit."""
     from triton.runtime.jit import JITFunction
 
     from fastkernel.patch import patched
@@ -473,6 +499,10 @@ def time_patched(
         if triton_tuned is not None:
             systems["patched_autotuned"] = common.Timed(
                 common.call_loop(triton_tuned[0], shape.grid, triton_tuned[1])
+            )
+        if triton_heuristics is not None:
+            systems["patched_heuristics"] = common.Timed(
+                common.call_loop(triton_heuristics[0], shape.grid, triton_heuristics[1])
             )
         return common.time_systems(systems, iterations, repeats, sync, before_repeat=reset)
 
