@@ -67,7 +67,8 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _triton_key_sources() -> list[str]:
+@functools.cache
+def _triton_key_sources() -> tuple[str, ...]:
     """The files Triton's ``triton_key()`` hashes (triton/runtime/cache.py: the frontend, the
     compiler and backend packages, libtriton, the language package), as a superset: every .py
     file under those packages."""
@@ -79,7 +80,7 @@ def _triton_key_sources() -> list[str]:
             paths += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
     ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
     paths.append(os.path.join(root, "_C", f"libtriton.{ext}"))
-    return paths
+    return tuple(paths)
 
 
 @functools.cache
@@ -92,10 +93,12 @@ def _stat_part(path: str) -> str:
         return f"{path}\0missing"
 
 
+@functools.cache
 def _triton_stat_signature() -> str:
     """A hash of the installed Triton's version and the path, size, mtime, inode and device of
     every file ``triton_key()`` reads. Taken once per process: the Triton this process runs is
-    the one it imported."""
+    the one it imported (Triton's own ``triton_key()`` is likewise computed once per process,
+    ``functools.lru_cache`` in triton/runtime/cache.py)."""
     parts = [triton.__version__] + [_stat_part(path) for path in _triton_key_sources()]
     return _sha256("\n".join(parts))
 

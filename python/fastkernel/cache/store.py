@@ -4,8 +4,10 @@ operations (scan, clear, export, import)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -48,6 +50,13 @@ log = logging.getLogger("fastkernel.cache")
 # An import reads an export (flat) or a cache directory (entries/<xx>/): a few levels at most.
 _IMPORT_MAX_DEPTH = 4
 _IMPORT_MAX_FILES = 1_000_000
+
+
+@functools.cache
+def _metadata_type(fields: tuple[str, ...]) -> type:
+    """The KernelMetadata namedtuple class for ``fields`` (made once per field set: making a
+    namedtuple class costs about a millisecond)."""
+    return collections.namedtuple("KernelMetadata", fields)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -103,8 +112,6 @@ class CachedKernel:
 
     @classmethod
     def from_entry(cls, entry: Entry, src: Any = None) -> CachedKernel:
-        import collections
-
         from triton.backends.compiler import GPUTarget
 
         h = entry.header
@@ -112,7 +119,7 @@ class CachedKernel:
         t = h["target"]  # the same target, checked by _check_header
         # As CompiledKernel.__init__ (triton/compiler/compiler.py) rebuilds it from its JSON.
         md["target"] = GPUTarget(t["backend"], t["arch"], t["warp_size"])
-        kernel_metadata = collections.namedtuple("KernelMetadata", sorted(md))(**md)
+        kernel_metadata = _metadata_type(tuple(sorted(md)))(**md)
         return cls(
             name=h["launch"]["name"],
             metadata=kernel_metadata,
