@@ -332,6 +332,84 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
   return buffer.release();
 }
 
+// The steps of a launch after the key: registration on a miss, the grid, the scratch buffers.
+
+// A miss: the Python handler compiles (or loads) and registers the specialization, or launches
+// through Triton itself. Returns the new record, or nullptr with `*handled` set to the handler's
+// result (a new reference: what Triton's launch returned) or left nullptr with an exception.
+[[gnu::cold]] const LaunchRecord* register_on_miss(BoundLaunchObject* self, PyObject* const* args,
+                                                   Py_ssize_t nargs, PyObject* kwnames,
+                                                   const BoundCall& call, int device, uint64_t hash,
+                                                   PyObject** handled) {
+  KernelObject* kernel = self->kernel;
+  ++kernel->state->misses;
+  Ref result(call_miss_handler(kernel, self->grid, args, nargs, kwnames, &call, device, nullptr));
+  if (!result) {
+    return nullptr;
+  }
+  if (result.get() != Py_None) {
+    *handled = result.release();
+    return nullptr;
+  }
+  const LaunchRecord* rec = kernel->state->table.find(call.key, hash);
+  if (rec == nullptr) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "%U: the compile-on-miss handler registered no launch record for this call",
+                 kernel->name);
+  }
+  return rec;
+}
+
+// The grid of this launch: a tuple, or what a callable grid returns for the call's arguments;
+// checked against the record's cluster size. False with an exception set when malformed.
+inline bool resolve_grid(KernelObject* kernel, PyObject* grid_arg, const BoundCall& call,
+                         const LaunchRecord& rec, LaunchGrid* grid) {
+  if (!PyTuple_CheckExact(grid_arg) && PyCallable_Check(grid_arg)) {
+    Ref result(call_grid(kernel, grid_arg, call));
+    if (!result || !parse_grid(kernel, result.get(), grid)) {
+      return false;
+    }
+  } else if (!parse_grid(kernel, grid_arg, grid)) {
+    return false;
+  }
+  if (uint64_t(grid->x) * rec.num_ctas > kMaxGridX) {
+    PyErr_Format(PyExc_ValueError, "%U: grid[0] * num_ctas exceeds %llu", kernel->name,
+                 (unsigned long long)kMaxGridX);
+    return false;
+  }
+  return true;
+}
+
+// The global and profile scratch buffers of one launch and their device pointers (0: none).
+struct Scratch {
+  Ref global_buffer, profile_buffer;
+  CUdeviceptr global_pointer = 0, profile_pointer = 0;
+};
+
+// Allocates the record's scratch buffers for `grid` through the Python allocator. False with an
+// exception set when an allocation fails.
+[[gnu::cold]] bool allocate_scratch_buffers(KernelObject* kernel, const LaunchRecord& rec,
+                                            const LaunchGrid& grid, CUstream stream,
+                                            Scratch* scratch) {
+  if (rec.global_scratch_size > 0) {
+    scratch->global_buffer.reset(allocate_scratch(kernel, rec.global_scratch_size,
+                                                  rec.global_scratch_align, rec, grid, stream,
+                                                  "global", &scratch->global_pointer));
+    if (!scratch->global_buffer) {
+      return false;
+    }
+  }
+  if (rec.profile_scratch_size > 0) {
+    scratch->profile_buffer.reset(allocate_scratch(kernel, rec.profile_scratch_size,
+                                                   rec.profile_scratch_align, rec, grid, stream,
+                                                   "profile", &scratch->profile_pointer));
+    if (!scratch->profile_buffer) {
+      return false;
+    }
+  }
+  return true;
+}
+
 PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t nargsf,
                        PyObject* kwnames) {
   KernelObject* kernel = self->kernel;
@@ -374,25 +452,14 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     finish_key(&call.key, ctx.device, knobs->key_word);
     const uint64_t hash = call.key.hash();
     const LaunchRecord* rec = st.table.find(call.key, hash);
-    if (rec == nullptr) {
-      ++st.misses;
-      Ref handled(
-          call_miss_handler(kernel, self->grid, args, nargs, kwnames, &call, ctx.device, nullptr));
-      if (!handled) {
-        return nullptr;
-      }
-      if (handled.get() != Py_None) {
-        return handled.release();  // the handler launched through Triton itself
-      }
-      rec = st.table.find(call.key, hash);
-      if (rec == nullptr) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "%U: the compile-on-miss handler registered no launch record for this call",
-                     kernel->name);
-        return nullptr;
-      }
-    } else {
+    if (rec != nullptr) {
       ++st.hits;
+    } else {
+      PyObject* handled = nullptr;
+      rec = register_on_miss(self, args, nargs, kwnames, call, ctx.device, hash, &handled);
+      if (rec == nullptr) {
+        return handled;  // launched through Triton by the handler, or nullptr with an error
+      }
     }
     // From here Python runs (globals' __eq__, a callable grid, the scratch allocator, hooks) and
     // may launch this kernel again; the pin keeps `rec` from being evicted under us.
@@ -413,38 +480,13 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       return nullptr;
     }
     LaunchGrid grid;
-    if (!PyTuple_CheckExact(self->grid) && PyCallable_Check(self->grid)) {
-      Ref result(call_grid(kernel, self->grid, call));
-      if (!result || !parse_grid(kernel, result.get(), &grid)) {
-        return nullptr;
-      }
-    } else if (!parse_grid(kernel, self->grid, &grid)) {
+    if (!resolve_grid(kernel, self->grid, call, *rec, &grid)) {
       return nullptr;
     }
-    if (uint64_t(grid.x) * rec->num_ctas > kMaxGridX) {
-      PyErr_Format(PyExc_ValueError, "%U: grid[0] * num_ctas exceeds %llu", kernel->name,
-                   (unsigned long long)kMaxGridX);
+    Scratch scratch;  // its buffers live until the launch is issued
+    if (rec->needs_scratch() && grid.x && grid.y && grid.z &&
+        !allocate_scratch_buffers(kernel, *rec, grid, ctx.stream, &scratch)) {
       return nullptr;
-    }
-    CUdeviceptr global_scratch = 0, profile_scratch = 0;
-    Ref global_holder, profile_holder;  // scratch buffers live until the launch is issued
-    if (rec->needs_scratch() && grid.x && grid.y && grid.z) {
-      if (rec->global_scratch_size > 0) {
-        global_holder.reset(allocate_scratch(kernel, rec->global_scratch_size,
-                                             rec->global_scratch_align, *rec, grid, ctx.stream,
-                                             "global", &global_scratch));
-        if (!global_holder) {
-          return nullptr;
-        }
-      }
-      if (rec->profile_scratch_size > 0) {
-        profile_holder.reset(allocate_scratch(kernel, rec->profile_scratch_size,
-                                              rec->profile_scratch_align, *rec, grid, ctx.stream,
-                                              "profile", &profile_scratch));
-        if (!profile_holder) {
-          return nullptr;
-        }
-      }
     }
     // Launch hooks (Triton's knobs.runtime.launch_enter_hook / launch_exit_hook), only when set.
     Ref hook_metadata;
@@ -459,10 +501,10 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     // profilerEnabled() reads one thread-local; at::hasCallbacks() scans callback lists and
     // cost ~200 instructions per call (callgrind), more than the rest of the entry.
     if (C10_UNLIKELY(torch::profiler::impl::profilerEnabled())) {
-      launch_in_profiler_range(*rec, grid, ctx.stream, call.values, global_scratch,
-                               profile_scratch);
+      launch_in_profiler_range(*rec, grid, ctx.stream, call.values, scratch.global_pointer,
+                               scratch.profile_pointer);
     } else {
-      launch(*rec, grid, ctx.stream, call.values, global_scratch, profile_scratch);
+      launch(*rec, grid, ctx.stream, call.values, scratch.global_pointer, scratch.profile_pointer);
     }
     if (hooked) {
       Ref r(PyObject_CallOneArg(g_hook_exit, hook_metadata.get()));
