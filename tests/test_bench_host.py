@@ -268,4 +268,7 @@ def test_warm_start_is_measured_in_fresh_processes(host_report):
     for system in ("fastkernel_cold", "fastkernel_warm"):
         assert warm[system]["start_to_first_launch_s"] > warm[system]["first_call_s"] > 0
     assert "triton_warm" in warm["absent"] and warm["warm_speedup"] is None
+    imports = warm["import"]
+    assert imports["torch_triton_ms"] > 0 and imports["fastkernel_ms"] > 0
+    assert "import fastkernel after them" in stdout
     assert "warm start (fresh processes" in stdout

@@ -81,6 +81,36 @@ def _run_child(system: str, host: bool, stream: int, env: dict[str, str]) -> dic
     }
 
 
+# The import child: how long `import torch, triton` takes, then `import fastkernel` after it.
+_IMPORT_CHILD = r"""
+import json, time
+start = time.perf_counter()
+import torch, triton
+middle = time.perf_counter()
+import fastkernel
+end = time.perf_counter()
+print(json.dumps({"torch_triton_s": middle - start, "fastkernel_s": end - middle}))
+"""
+
+
+def import_cost(repeats: int = 5) -> dict[str, float]:
+    """Milliseconds to import torch and Triton, and what ``import fastkernel`` adds after them,
+    each the median over ``repeats`` fresh processes."""
+    samples = []
+    for _ in range(repeats):
+        done = subprocess.run(
+            [sys.executable, "-c", _IMPORT_CHILD], capture_output=True, text=True, timeout=600
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"import child failed:\n{done.stderr[-3000:]}")
+        samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {
+        "torch_triton_ms": 1e3 * statistics.median(s["torch_triton_s"] for s in samples),
+        "fastkernel_ms": 1e3 * statistics.median(s["fastkernel_s"] for s in samples),
+        "repeats": repeats,
+    }
+
+
 def measure(
     host: bool, repeats: int = 3, stream: int = 0, driver_library: str | None = None
 ) -> dict[str, Any]:
@@ -101,7 +131,7 @@ def measure(
     dict
         Per system: medians of ``start_to_first_launch_s`` and ``first_call_s``, the
         ``triton_compiles`` of each run; ``absent``: system -> why; ``warm_speedup``: (c)'s first
-        call over (b)'s (None host-side).
+        call over (b)'s (None host-side); ``import``: :func:`import_cost`.
     """
     with tempfile.TemporaryDirectory(prefix="fastkernel-warm-") as tmp:
         env = dict(
@@ -130,6 +160,7 @@ def measure(
             "first_call_s": statistics.median(s["first_call_s"] for s in samples),
             "triton_compiles": [s["triton_compiles"] for s in samples],
         }
+    result["import"] = import_cost(5 if repeats > 1 else 3)
     warm, triton_warm = result.get("fastkernel_warm"), result.get("triton_warm")
     result["warm_speedup"] = (
         triton_warm["first_call_s"] / warm["first_call_s"] if warm and triton_warm else None
@@ -149,6 +180,12 @@ def print_report(result: dict[str, Any]) -> None:
             )
         else:
             print(f"  {system:18}  absent: {result['absent'][system]}")
+    imports = result["import"]
+    print(
+        f"  import torch, triton {imports['torch_triton_ms']:.0f} ms; import fastkernel after "
+        f"them {imports['fastkernel_ms']:.1f} ms (median of {imports['repeats']} processes; "
+        f"target <= 30 ms)"
+    )
     if result["warm_speedup"] is not None:
         print(
             f"  Triton warm first call / fastkernel warm first call = "
