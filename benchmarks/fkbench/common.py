@@ -34,6 +34,11 @@ SYSTEM_LABELS: dict[str, str] = {
     "fastkernel_cpp": "fastkernel C++ Bundle::launch",
     "inductor_static": "Inductor static CUDA launcher",
     "cuda_graph": "CUDA graph replay, per launch",
+    "triton_autotuned": "Triton's triton.autotune, tuned call",
+    "triton_heuristics": "Triton's triton.heuristics (BLOCK from n)",
+    "patched": "fastkernel.patch(): Triton kernel[grid]",
+    "patched_autotuned": "fastkernel.patch(): Triton's triton.autotune, tuned hit",
+    "patched_heuristics": "fastkernel.patch(): Triton's triton.heuristics, hit",
 }
 
 #: Launches captured in one CUDA graph for the amortized reference.
@@ -788,3 +793,80 @@ def print_floor_vs_graph(rows: list[dict[str, Any]]) -> None:
             f"note: the floor is within 10% of CUDA graph replay at {', '.join(close)}: there "
             f"the GPU's run time, not the launch, may bound the floor, which compresses ratios"
         )
+
+
+# ---- Triton's own wrappers, and the patch --------------------------------------------------
+
+#: The name suffix of a shape's group timed with fastkernel.patch() on.
+PATCHED_GROUP = " (patched)"
+
+
+def triton_autotuned_call(
+    shape, device: str, do_bench: Callable | None = None
+) -> tuple[Any, tuple] | None:
+    """The shape's kernel under Triton's own ``triton.autotune`` (two BLOCK configs, key
+    ``["n"]``) on ``device``, tuned by one first call (with ``do_bench``, else Triton's timer),
+    and its call arguments without BLOCK; None for shapes without a BLOCK constexpr."""
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+        return None
+    block = shape.make_args(device)[-1]
+    configs = [triton.Config({"BLOCK": block}), triton.Config({"BLOCK": 2 * block})]
+    kernel = triton.autotune(configs, key=["n"], do_bench=do_bench)(JITFunction(shape.kernel.fn))
+    args = shape.make_args(device)[:-1]
+    kernel[shape.grid](*args)
+    return kernel, args
+
+
+def triton_heuristics_call(shape, device: str) -> tuple[Any, tuple] | None:
+    """The shape's kernel under Triton's own ``triton.heuristics`` computing BLOCK from ``n``
+    (as Liger-Kernel and flash-linear-attention compute block sizes), and its call arguments on
+    ``device`` without BLOCK; None for shapes without a BLOCK constexpr."""
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+        return None
+    block = shape.make_args(device)[-1]
+    kernel = triton.heuristics({"BLOCK": lambda args: block if args["n"] >= block else 2 * block})(
+        JITFunction(shape.kernel.fn)
+    )
+    return kernel, shape.make_args(device)[:-1]
+
+
+def time_patched(
+    shape,
+    device: str,
+    fk,
+    triton_tuned,
+    triton_heuristics,
+    iterations: int,
+    repeats: int,
+    sync,
+    reset=None,
+) -> dict[str, list[float]]:
+    """With fastkernel.patch() on: a Triton kernel's ``kernel[grid]``, Triton's autotuned
+    kernel's tuned call and Triton's heuristics kernel's call, interleaved with the
+    ``@fastkernel`` kernel's hit."""
+    from triton.runtime.jit import JITFunction
+
+    from fastkernel.patch import patched
+
+    args = shape.make_args(device)
+    jit = JITFunction(shape.kernel.fn)  # a kernel of its own: its dispatch is made here
+    with patched():
+        systems = {
+            "fastkernel": Timed(call_loop(fk, shape.grid, args)),
+            "patched": Timed(call_loop(jit, shape.grid, args)),
+        }
+        if triton_tuned is not None:
+            systems["patched_autotuned"] = Timed(
+                call_loop(triton_tuned[0], shape.grid, triton_tuned[1])
+            )
+        if triton_heuristics is not None:
+            systems["patched_heuristics"] = Timed(
+                call_loop(triton_heuristics[0], shape.grid, triton_heuristics[1])
+            )
+        return time_systems(systems, iterations, repeats, sync, before_repeat=reset)

@@ -76,6 +76,17 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
                 systems["fastkernel_autotuned"] = common.Timed(
                     common.call_loop(tuned[0], grid, tuned[1])
                 )
+            triton_tuned = common.triton_autotuned_call(shape, "cuda")  # tuned by Triton's timer
+            if triton_tuned is not None:
+                systems["triton_autotuned"] = common.Timed(
+                    common.call_loop(triton_tuned[0], grid, triton_tuned[1])
+                )
+            heuristics = common.triton_heuristics_call(shape, "cuda")
+            if heuristics is not None:
+                heuristics[0][grid](*heuristics[1])  # Triton compiles its specialization
+                systems["triton_heuristics"] = common.Timed(
+                    common.call_loop(heuristics[0], grid, heuristics[1])
+                )
             systems["fastkernel_cpp"] = common.bundle_timed(
                 fk, args, grid, device, stream, pathlib.Path(scratch_dir) / shape.name
             )
@@ -98,6 +109,13 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
             after = fk.stats()
             fast_path[shape.name] = common.fast_path_record(before, after)
             shape_info[shape.name] = {"num_args": shape.num_args, "num_tensors": shape.num_tensors}
+            # Triton's own kernel, autotuner and heuristics under fastkernel.patch(), in their
+            # own interleaved group beside the @fastkernel hit.
+            group = shape.name + common.PATCHED_GROUP
+            shape_results[group] = common.time_patched(
+                shape, "cuda", fk, triton_tuned, heuristics, iterations, repeats, sync
+            )
+            shape_info[group] = shape_info[shape.name]
             cold[shape.name] = _gpu_cold_costs(fk, jit, shape, args, cold_repeats, sync)
 
     for system, why in absent.items():

@@ -207,12 +207,18 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             systems["fastkernel_cpp"] = common.bundle_timed(
                 fk, args, grid, 0, HOST_STREAM, pathlib.Path(bundles) / shape.name
             )
-            triton_tuned = triton_autotuned_call(shape) if reference is not None else None
+            triton_tuned = (
+                common.triton_autotuned_call(shape, "cpu", _first_config_wins)
+                if reference is not None
+                else None
+            )
             if triton_tuned is not None:
                 systems["triton_autotuned"] = common.Timed(
                     common.call_loop(triton_tuned[0], grid, triton_tuned[1])
                 )
-            heuristics = triton_heuristics_call(shape) if reference is not None else None
+            heuristics = (
+                common.triton_heuristics_call(shape, "cpu") if reference is not None else None
+            )
             if heuristics is not None:
                 heuristics[0][grid](*heuristics[1])  # Triton compiles its specialization
                 systems["triton_heuristics"] = common.Timed(
@@ -232,10 +238,18 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                     "num_tensors": shape.num_tensors,
                 }
             if reference is not None:
-                shape_results[shape.name + PATCHED_GROUP] = time_patched(
-                    shape, fk, triton_tuned, heuristics, iterations, repeats, no_sync, drv.reset
+                shape_results[shape.name + common.PATCHED_GROUP] = common.time_patched(
+                    shape,
+                    "cpu",
+                    fk,
+                    triton_tuned,
+                    heuristics,
+                    iterations,
+                    repeats,
+                    no_sync,
+                    drv.reset,
                 )
-                shape_info[shape.name + PATCHED_GROUP] = {
+                shape_info[shape.name + common.PATCHED_GROUP] = {
                     "num_args": shape.num_args,
                     "num_tensors": shape.num_tensors,
                 }
@@ -301,7 +315,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         report, common.results_dir(opts.out, repo), stem, list(HOST_LABELS), HOST_LABELS, "ns"
     )
     us = {(r["shape"], r["system"]): r["us_per_call"] for r in rows}
-    plain = [s for s in shape_results if not s.endswith((PATCHED_GROUP, HOOKS_GROUP))]
+    plain = [s for s in shape_results if not s.endswith((common.PATCHED_GROUP, HOOKS_GROUP))]
     print("\nfastkernel's own cost per hit (tuple grid minus the floor), ns:")
     print(
         "  "
@@ -329,7 +343,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             if (s, "fastkernel_autotuned") in us
         )
     )
-    patched_rows = [s for s in shape_results if s.endswith(PATCHED_GROUP)]
+    patched_rows = [s for s in shape_results if s.endswith(common.PATCHED_GROUP)]
     if patched_rows:
         print(
             "patched Triton kernel / @fastkernel kernel, and patched triton.autotune tuned hit "
@@ -338,7 +352,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         print(
             "  "
             + "  ".join(
-                f"{s[: -len(PATCHED_GROUP)]}: {us[(s, 'patched')] / us[(s, 'fastkernel')]:.3f}"
+                f"{s[: -len(common.PATCHED_GROUP)]}: {us[(s, 'patched')] / us[(s, 'fastkernel')]:.3f}"
                 + (
                     f", {us[(s, 'patched_autotuned')] / us[(s, 'patched')]:.3f}"
                     if (s, "patched_autotuned") in us
@@ -352,9 +366,9 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             ("triton.heuristics call", "triton_heuristics", "patched_heuristics"),
         ):
             ratios = [
-                f"{s}: {us[(s, theirs)] / us[(s + PATCHED_GROUP, ours)]:.1f}x"
+                f"{s}: {us[(s, theirs)] / us[(s + common.PATCHED_GROUP, ours)]:.1f}x"
                 for s in shape_results
-                if (s, theirs) in us and (s + PATCHED_GROUP, ours) in us
+                if (s, theirs) in us and (s + common.PATCHED_GROUP, ours) in us
             ]
             print(f"Triton's own {wrapper} / the same call patched:\n  " + "  ".join(ratios))
     for name, row in library.items():
@@ -405,8 +419,6 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     return 0 if ok else 1
 
 
-#: The name suffix of a shape's group timed with fastkernel.patch() on.
-PATCHED_GROUP = " (patched)"
 #: The name suffix of the group timed with Triton's launch hooks set.
 HOOKS_GROUP = " (hooks)"
 
@@ -442,69 +454,6 @@ def time_hooks(
         return common.time_systems(systems, iterations, repeats, sync, before_repeat=reset)
     finally:
         hooks(False, False)()
-
-
-def triton_autotuned_call(shape) -> tuple[Any, tuple] | None:
-    """The shape's kernel under Triton's own ``triton.autotune`` (two BLOCK configs, key
-    ``["n"]``), tuned by one first call (the first config wins: no GPU to time on), and its
-    call arguments without BLOCK; None for shapes without a BLOCK constexpr."""
-    import triton
-    from triton.runtime.jit import JITFunction
-
-    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
-        return None
-    block = shape.make_args("cpu")[-1]
-    configs = [triton.Config({"BLOCK": block}), triton.Config({"BLOCK": 2 * block})]
-    kernel = triton.autotune(configs, key=["n"], do_bench=_first_config_wins)(
-        JITFunction(shape.kernel.fn)
-    )
-    args = shape.make_args("cpu")[:-1]
-    kernel[shape.grid](*args)
-    return kernel, args
-
-
-def triton_heuristics_call(shape) -> tuple[Any, tuple] | None:
-    """The shape's kernel under Triton's own ``triton.heuristics`` computing BLOCK from ``n``
-    (as Liger-Kernel and flash-linear-attention compute block sizes), and its call arguments
-    without BLOCK; None for shapes without a BLOCK constexpr."""
-    import triton
-    from triton.runtime.jit import JITFunction
-
-    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
-        return None
-    block = shape.make_args("cpu")[-1]
-    kernel = triton.heuristics({"BLOCK": lambda args: block if args["n"] >= block else 2 * block})(
-        JITFunction(shape.kernel.fn)
-    )
-    return kernel, shape.make_args("cpu")[:-1]
-
-
-def time_patched(
-    shape, fk, triton_tuned, triton_heuristics, iterations: int, repeats: int, sync, reset
-) -> dict[str, list[float]]:
-    """With fastkernel.patch() on: a Triton kernel's ``kernel[grid]``, Triton's autotuned
-    kernel's tuned call and Triton's heuristics kernel's call, interleaved with the
-    ``@fastkernel`` kernel's hit."""
-    from triton.runtime.jit import JITFunction
-
-    from fastkernel.patch import patched
-
-    args = shape.make_args("cpu")
-    jit = JITFunction(shape.kernel.fn)  # a kernel of its own: its dispatch is made here
-    with patched():
-        systems = {
-            "fastkernel": common.Timed(common.call_loop(fk, shape.grid, args)),
-            "patched": common.Timed(common.call_loop(jit, shape.grid, args)),
-        }
-        if triton_tuned is not None:
-            systems["patched_autotuned"] = common.Timed(
-                common.call_loop(triton_tuned[0], shape.grid, triton_tuned[1])
-            )
-        if triton_heuristics is not None:
-            systems["patched_heuristics"] = common.Timed(
-                common.call_loop(triton_heuristics[0], shape.grid, triton_heuristics[1])
-            )
-        return common.time_systems(systems, iterations, repeats, sync, before_repeat=reset)
 
 
 def _liger_rms_norm() -> Callable[[], Any] | None:
