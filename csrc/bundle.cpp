@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <stdexcept>
 #include <string_view>
 
 namespace fastkernel {
@@ -380,7 +381,7 @@ Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
         fail("'entry' before the previous entry's 'end'");
       }
       auto e = std::make_unique<BundleEntry>();
-      LaunchRecord& r = e->prototype;
+      LaunchFacts& r = e->facts;
       e->kernel = fields.name(fail, "kernel");
       e->cubin_file = fields.name(fail, "cubin file");
       r.kernel_name = fields.name(fail, "kernel symbol");
@@ -446,7 +447,7 @@ Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
       if (!parse_type(type, &pt) || pt == ParamType::TensorMap || !fields.done()) {
         fail("malformed plan line");
       }
-      entry->prototype.plan.push_back({uint16_t(index), pt});
+      entry->facts.plan.push_back({int(index), type});
     } else if (tag == "digest") {
       const std::string_view recorded = fields.next();
       if (recorded.size() != 64 || !fields.done()) {
@@ -467,6 +468,14 @@ Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,
       }
       if (!digest_seen) {
         fail("entry '" + entry->kernel + "' has no digest line");
+      }
+      // The same checks as a Python registration's (make_launch_record), with the entry's
+      // arguments as the bound-argument array every plan index must fall in.
+      try {
+        fill_launch_record(entry->facts, int(entry->patterns.size()), &entry->prototype);
+      } catch (const std::invalid_argument& e) {
+        const std::string_view what = e.what();
+        fail(std::string(what.substr(what.rfind("fastkernel: ", 0) == 0 ? 12 : 0)));
       }
       check_plan(*entry, fail);
       entry = nullptr;
@@ -552,22 +561,14 @@ const LaunchRecord* load_entry(BundleEntry& entry, int device, std::mutex& mutex
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<LaunchRecord>& record = entry.loaded[device];
   if (!record) {
-    auto r = std::make_unique<LaunchRecord>();
-    const LaunchRecord& p = entry.prototype;
-    r->kernel_name = p.kernel_name;
-    r->profile_name = "fastkernel::" + p.kernel_name;
-    r->device = device;
-    r->block_x = p.block_x;
-    r->shared_mem = p.shared_mem;
-    r->num_ctas = p.num_ctas;
-    r->cooperative_grid = p.cooperative_grid;
-    r->pdl = p.pdl;
-    r->plan = p.plan;
-    r->num_scratch_params = p.num_scratch_params;
-    r->global_scratch_size = p.global_scratch_size;
-    r->global_scratch_align = p.global_scratch_align;
-    r->profile_scratch_size = p.profile_scratch_size;
-    r->profile_scratch_align = p.profile_scratch_align;
+    LaunchFacts facts = entry.facts;
+    facts.device = device;
+    std::unique_ptr<LaunchRecord> r;
+    try {
+      r = make_launch_record(facts, int(entry.patterns.size()));
+    } catch (const std::invalid_argument& e) {
+      throw BundleError(e.what());
+    }
     load_launch_record(*r, entry.cubin.data(), entry.cubin.size());
     record = std::move(r);
     if (device >= 0 && size_t(device) < entry.ready.size()) {

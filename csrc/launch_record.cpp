@@ -128,6 +128,12 @@ std::string cubin_image_problem(const void* cubin, size_t size) {
 }
 
 std::unique_ptr<LaunchRecord> make_launch_record(const LaunchFacts& facts, int max_args) {
+  auto rec = std::make_unique<LaunchRecord>();
+  fill_launch_record(facts, max_args, rec.get());
+  return rec;
+}
+
+void fill_launch_record(const LaunchFacts& facts, int max_args, LaunchRecord* rec) {
   const auto fail = [](const std::string& what) {
     throw std::invalid_argument("fastkernel: " + what);
   };
@@ -144,7 +150,6 @@ std::unique_ptr<LaunchRecord> make_launch_record(const LaunchFacts& facts, int m
   if (facts.block_x == 0 || facts.block_x > 1024 || facts.num_ctas == 0) {
     fail("block size must be in [1, 1024] and num_ctas >= 1");
   }
-  auto rec = std::make_unique<LaunchRecord>();
   rec->kernel_name = name;
   rec->profile_name = "fastkernel::" + name;
   rec->device = facts.device;
@@ -207,7 +212,6 @@ std::unique_ptr<LaunchRecord> make_launch_record(const LaunchFacts& facts, int m
   if (map_slots != facts.tensor_maps.size()) {
     fail("tensor map descriptions do not match the plan of " + name);
   }
-  return rec;
 }
 
 void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,

@@ -72,9 +72,10 @@ struct BundleEntry {
   std::vector<ArgPattern> patterns;  ///< one per runtime (non-constexpr) parameter
   std::string constexprs;            ///< the constexpr values it was compiled with (text)
   std::string cubin_file;
-  std::string cubin;                                    ///< the image
-  int arch = 0;                                         ///< compute capability, e.g. 90
-  LaunchRecord prototype;                               ///< everything but the module and function
+  std::string cubin;       ///< the image
+  int arch = 0;            ///< compute capability, e.g. 90
+  LaunchFacts facts;       ///< what its records are made from (make_launch_record), device 0
+  LaunchRecord prototype;  ///< the record of `facts`, not loaded
   std::map<int, std::unique_ptr<LaunchRecord>> loaded;  ///< by device; written under the lock
   /// loaded[device].get() for devices below 16, published once loaded: a launch reads it
   /// without taking the lock.

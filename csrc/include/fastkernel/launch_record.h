@@ -156,6 +156,9 @@ struct LaunchFacts {
 /// type outside 0..15, an element size outside 1..8 or a swizzle outside 0..3.
 std::unique_ptr<LaunchRecord> make_launch_record(const LaunchFacts& facts, int max_args);
 
+/// make_launch_record into a fresh, default-constructed `record` (which is not copyable).
+void fill_launch_record(const LaunchFacts& facts, int max_args, LaunchRecord* record);
+
 /// Why `cubin` (`size` bytes) is not an image the driver may be given, or "" when it is one:
 /// a little-endian ELF64 image for EM_CUDA whose header tables and sections with contents all
 /// lie within `size` bytes (cuModuleLoadData takes no size and reads what the headers say).
