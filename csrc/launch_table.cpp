@@ -116,4 +116,28 @@ void LaunchTable::clear() noexcept {
   }
 }
 
+namespace {
+
+// Heap bytes of a std::string beyond the object itself (none while it fits the inline buffer).
+size_t string_heap(const std::string& s) noexcept {
+  return s.capacity() > std::string().capacity() ? s.capacity() + 1 : 0;
+}
+
+}  // namespace
+
+size_t LaunchTable::bytes_held() const noexcept {
+  size_t bytes = slots_.capacity() * sizeof(Slot);
+  for (const Slot& slot : slots_) {
+    if (slot.size < 0) {
+      continue;
+    }
+    bytes += size_t(slot.size) * sizeof(uint64_t);
+    const LaunchRecord& r = *slot.record;
+    bytes += sizeof(LaunchRecord) + r.plan.capacity() * sizeof(PackSlot) +
+             r.tensor_maps.capacity() * sizeof(TensorMapSpec) + string_heap(r.kernel_name) +
+             string_heap(r.profile_name);
+  }
+  return bytes;
+}
+
 }  // namespace fastkernel

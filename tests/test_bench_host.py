@@ -117,6 +117,15 @@ def test_floor_passes_the_bytes_fastkernel_passes(host_report):
     assert report["floor_params_match"] == {shape.name: True for shape in SHAPES}
 
 
+def test_the_native_table_memory_is_reported(host_report):
+    report, stdout = host_report
+    for shape in SHAPES:
+        memory = report["table_bytes"][shape.name]
+        assert memory["specializations"] == 1
+        assert 0 < memory["per_specialization"] <= 1024 and memory["per_kernel"] > 0
+    assert "native launch table, heap bytes" in stdout
+
+
 def test_misses_and_first_calls_are_reported(host_report):
     report, stdout = host_report
     for shape in SHAPES:

@@ -100,3 +100,29 @@ def test_a_record_in_use_is_not_evicted_by_a_nested_launch(stand_in, monkeypatch
     assert outer.grid == (2, 1, 1)
     k[(1,)](x, x, x, 128, BLOCK=64)  # capacity is enforced again once nothing is in use
     assert k.stats()["specializations"] == 1
+
+
+def test_the_table_reports_the_bytes_it_holds_per_specialization(stand_in):
+    """table_bytes counts the slot array and, per specialization, its key and launch record; it
+    grows by the same amount for each add-kernel specialization (at most 1 KiB) and drops back
+    when the records are cleared."""
+    from fastkernel import _C
+
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, 64, BLOCK=64)  # one real registration, for its cubin and launch facts
+    base_one = k.stats()["table_bytes"]
+    _target, spec, meta = k._registrations[next(iter(k._registrations))]
+    facts = _C.LaunchFacts(
+        kernel_name=meta.name, device=0, block_x=meta.block_x, plan=list(spec.plan)
+    )
+    sizes = [base_one]
+    for i in range(6):  # keys no call builds: registering them changes no call
+        _C.register(k, bytes([i + 1]) * 16, facts, meta.cubin, None)
+        sizes.append(k.stats()["table_bytes"])
+    steps = {b - a for a, b in zip(sizes, sizes[1:])}
+    assert len(steps) == 1, sizes  # 7 records: the slot array (16 slots) did not grow
+    (per_specialization,) = steps
+    assert 0 < per_specialization <= 1024
+    _C.clear(k)
+    assert k.stats()["table_bytes"] < base_one and k.stats()["specializations"] == 0

@@ -749,6 +749,35 @@ def fast_path_record(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
     }
 
 
+def table_memory(fk) -> dict[str, int]:
+    """Heap bytes of ``fk``'s native launch table (``stats()["table_bytes"]``: keys and launch
+    records, the loaded modules excepted): ``per_kernel``, the empty table, and
+    ``per_specialization``, what each registered specialization adds. Clears the table: the
+    next call is a miss."""
+    from fastkernel import _C
+
+    held = fk.stats()
+    _C.clear(fk)
+    empty = fk.stats()["table_bytes"]
+    count = held["specializations"]
+    return {
+        "per_kernel": empty,
+        "per_specialization": (held["table_bytes"] - empty) // count if count else 0,
+        "specializations": count,
+    }
+
+
+def print_table_memory(memory: dict[str, dict[str, int]]) -> None:
+    if not memory:
+        return
+    empty = next(iter(memory.values()))["per_kernel"]
+    print(
+        f"native launch table, heap bytes (modules excepted): {empty} per kernel (empty table); "
+        "per specialization: "
+        + "  ".join(f"{shape}: {m['per_specialization']}" for shape, m in memory.items())
+    )
+
+
 def all_hits(fast_path: dict[str, dict[str, Any]]) -> bool:
     return all(
         r["hits"] > 0 and r["misses"] == 0 and r["fallbacks"] == 0 for r in fast_path.values()

@@ -48,6 +48,7 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
     shape_results: dict[str, dict[str, list[float]]] = {}
     shape_info: dict[str, dict[str, int]] = {}
     cold: dict[str, dict[str, float]] = {}
+    memory: dict[str, dict[str, int]] = {}
     absent: dict[str, str] = {}
     fast_path: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="fastkernel-bench-") as scratch_dir:
@@ -116,6 +117,7 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
                 shape, "cuda", fk, triton_tuned, heuristics, iterations, repeats, sync
             )
             shape_info[group] = shape_info[shape.name]
+            memory[shape.name] = common.table_memory(fk)
             cold[shape.name] = _gpu_cold_costs(fk, jit, shape, args, cold_repeats, sync)
 
     for system, why in absent.items():
@@ -131,6 +133,7 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
         "absent": absent,
         "results": rows,
         "cold_us": cold,
+        "table_bytes": memory,
         "fastkernel_path": fast_path,
         "warm_start": warm,
         "targets": common.check_targets(rows),
@@ -153,6 +156,7 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
         "us",
     )
     common.print_cold(cold, "us")
+    common.print_table_memory(memory)
     warm_start.print_report(warm)
     common.print_fast_path(fast_path)
     common.print_floor_vs_graph(rows)

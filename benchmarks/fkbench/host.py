@@ -169,6 +169,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     cold: dict[str, dict[str, float]] = {}
     fast_path: dict[str, dict[str, Any]] = {}
     params_match: dict[str, bool] = {}
+    memory: dict[str, dict[str, int]] = {}
     bundles = tempfile.mkdtemp(prefix="fastkernel-bench-bundles-")
     try:
         for shape in SHAPES:
@@ -255,6 +256,8 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 }
             shape_info[shape.name] = {"num_args": shape.num_args, "num_tensors": shape.num_tensors}
 
+            memory[shape.name] = common.table_memory(fk)
+
             def miss(fk=fk, grid=grid, args=args):
                 _C.clear(fk)  # the next call registers the specialization again, from disk
                 return lambda: fk[grid](*args)
@@ -304,6 +307,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         "absent": absent,
         "results": rows,
         "cold_us": cold,
+        "table_bytes": memory,
         "fastkernel_path": fast_path,
         "floor_params_match": params_match,
         "warm_start": warm,
@@ -409,6 +413,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         )
     )
     common.print_cold(cold, "us")
+    common.print_table_memory(memory)
     warm_start.print_report(warm)
     common.print_fast_path(fast_path)
     ok = common.all_hits(fast_path)

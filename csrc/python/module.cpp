@@ -109,6 +109,7 @@ py::dict stats(py::handle kernel_obj) {
   d["fallbacks"] = kernel->state->fallbacks;
   d["specializations"] = kernel->state->table.size();
   d["evictions"] = kernel->state->table.evictions();
+  d["table_bytes"] = kernel->state->table.bytes_held();
   return d;
 }
 

@@ -264,7 +264,8 @@ def stats() -> dict[str, dict[str, Any]]:
     Returns
     -------
     dict of str to dict
-        Per kernel: ``hits``, ``misses``, ``fallbacks``, ``specializations`` (ints) and
+        Per kernel: ``hits``, ``misses``, ``fallbacks``, ``specializations``, ``evictions``,
+        ``table_bytes`` (ints) and
         ``fallback_reasons`` (reason -> count). Kernels with the same name are merged by
         summing their counters.
     """
@@ -280,10 +281,18 @@ def stats() -> dict[str, dict[str, Any]]:
                 "fallbacks": 0,
                 "specializations": 0,
                 "evictions": 0,
+                "table_bytes": 0,
                 "fallback_reasons": {},
             },
         )
-        for counter in ("hits", "misses", "fallbacks", "specializations", "evictions"):
+        for counter in (
+            "hits",
+            "misses",
+            "fallbacks",
+            "specializations",
+            "evictions",
+            "table_bytes",
+        ):
             merged[counter] += own[counter]
         for reason, count in own["fallback_reasons"].items():
             merged["fallback_reasons"][reason] = merged["fallback_reasons"].get(reason, 0) + count
@@ -338,7 +347,9 @@ class NativeDispatch(_C.Kernel):
 
     def stats(self) -> dict[str, Any]:
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
-        (registered now), ``evictions`` (ints) and ``fallback_reasons`` (reason -> count)."""
+        (registered now), ``evictions``, ``table_bytes`` (heap bytes of the native launch table:
+        keys and launch records, the loaded modules excepted; ints) and ``fallback_reasons``
+        (reason -> count)."""
         d: dict[str, Any] = _C.stats(self)
         d["fallbacks"] += self._miss_fallbacks
         d["fallback_reasons"] = dict(self._fallback_reasons)
@@ -739,6 +750,7 @@ class _InterpretedKernel:
             "fallbacks": 0,
             "specializations": 0,
             "evictions": 0,
+            "table_bytes": 0,
             "fallback_reasons": {"TRITON_INTERPRET=1": 1},
         }
 

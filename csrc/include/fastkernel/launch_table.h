@@ -43,6 +43,11 @@ class LaunchTable {
   /// Records evicted so far.
   uint64_t evictions() const noexcept { return evictions_; }
 
+  /// Heap bytes the table holds, the loaded modules excepted: its slot array, each key's words,
+  /// and each record with its plan, tensor maps and names (allocated capacities; the allocator's
+  /// own per-block overhead not counted).
+  size_t bytes_held() const noexcept;
+
  private:
   static constexpr int kEmpty = -1;
   static constexpr int kDeleted = -2;  ///< a tombstone: probing continues past it
