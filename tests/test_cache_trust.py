@@ -196,13 +196,14 @@ def test_an_entry_that_verifies_but_cannot_be_registered_is_discarded(
         k = _launch_fresh()
         k[(1,)](torch.randn(64), torch.randn(64), torch.randn(64), 64, BLOCK=64)
     assert len(compiles) == 2
-    assert k.stats() | {"fallback_reasons": None} == {
+    assert k.stats() | {"fallback_reasons": None, "table_bytes": None} == {
         "hits": 1,
         "misses": 1,
         "fallbacks": 0,
         "specializations": 1,
         "evictions": 0,
         "fallback_reasons": None,
+        "table_bytes": None,
     }
     assert "no_such_kernel" not in path.read_bytes().decode("latin-1")
     assert caplog.text.count("registering the cubin failed") == 1
