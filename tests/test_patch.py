@@ -873,6 +873,11 @@ _KEY_NAME = "n"
             "a heuristic reads its arguments as a whole",
         ),
         (
+            {"BLOCK": lambda args: 1024 if args != {} else 256},
+            {},
+            "a heuristic reads its arguments as a whole",
+        ),
+        (
             {"BLOCK": lambda args: 1024 if args[_KEY_NAME] > 8 else 256},
             {},
             "a heuristic reads 'n', which its code does not name",
@@ -883,7 +888,7 @@ _KEY_NAME = "n"
             "argument 'BLOCK' is computed by the heuristics",
         ),
     ],
-    ids=["tensor", "whole", "unnamed", "passed"],
+    ids=["tensor", "whole", "compared", "unnamed", "passed"],
 )
 def test_heuristics_the_key_cannot_follow_run_through_triton(
     values, call_kwargs, reason, stand_in, caplog

@@ -221,7 +221,8 @@ def _names_in_code(code: types.CodeType) -> set[str]:
 
 class _RecordedArguments(dict):
     """The mapping a heuristic function receives (a dict, as Triton passes), noting each name
-    it reads; reading it as a whole (iteration, ``len``, views, a copy) is noted too."""
+    it reads; reading it as a whole (iteration, ``len``, views, a copy, a comparison, ``repr``,
+    a merge) is noted too."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -240,25 +241,37 @@ class _RecordedArguments(dict):
         self.read.add(name)
         return super().__contains__(name)
 
-    def _whole(self, method: str):
-        def read_whole(*args, **kwargs):
-            self.read_whole = True
-            return getattr(dict, method)(self, *args, **kwargs)
 
-        return read_whole
-
-    def __getattribute__(self, name):
-        if name in ("keys", "values", "items", "copy", "__iter__", "__len__", "__eq__", "__or__"):
-            return object.__getattribute__(self, "_whole")(name)
-        return object.__getattribute__(self, name)
-
-    def __iter__(self):
+def _reads_whole(method: str):
+    def read_whole(self, *args, **kwargs):
         self.read_whole = True
-        return dict.__iter__(self)
+        return getattr(dict, method)(self, *args, **kwargs)
 
-    def __len__(self):
-        self.read_whole = True
-        return dict.__len__(self)
+    read_whole.__name__ = method
+    return read_whole
+
+
+# Set on the class (not looked up per access): operators and built-ins such as len(), iteration,
+# ==, | and repr() find them through the type's slots, as they find dict's own.
+for _method in (
+    "keys",
+    "values",
+    "items",
+    "copy",
+    "pop",
+    "popitem",
+    "setdefault",
+    "__iter__",
+    "__reversed__",
+    "__len__",
+    "__eq__",
+    "__ne__",
+    "__or__",
+    "__ror__",
+    "__repr__",
+):
+    setattr(_RecordedArguments, _method, _reads_whole(_method))
+del _method
 
 
 class PatchedHeuristics(NativeDispatch):
