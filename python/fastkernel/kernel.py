@@ -595,17 +595,27 @@ class NativeDispatch(_C.Kernel):
                 named[p.name] = p.default
         return named
 
+    def _run_through_triton(self, run: Callable[[], Any], counted: bool) -> Any:
+        """``run()``: a call going through Triton's own path. Returns its result (True for None:
+        what the native entry takes as handled). ``counted``: the call was already counted as a
+        fallback (natively, or in ``_miss_fallbacks``); a call Triton rejects raises Triton's own
+        error and is not a fallback, so its count is taken back."""
+        try:
+            result = run()
+        except BaseException:
+            if counted:
+                self._miss_fallbacks -= 1
+            raise
+        return result if result is not None else True
+
     def _fallback(self, grid, args, kwargs, reason: str):
         """Launch a call through Triton's own launcher; the call was already counted as a
-        fallback (natively, or in ``_miss_fallbacks``). A call Triton rejects raises Triton's own
-        error and is not a fallback: its count is taken back."""
-        try:
-            result = triton_launch(self.jit_function, grid, args, kwargs)
-        except BaseException:
-            self._miss_fallbacks -= 1
-            raise
+        fallback (natively, or in ``_miss_fallbacks``)."""
+        result = self._run_through_triton(
+            lambda: triton_launch(self.jit_function, grid, args, kwargs), counted=True
+        )
         self._count_fallback(reason)
-        return result if result is not None else True
+        return result
 
     def _on_miss(
         self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None

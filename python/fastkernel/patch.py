@@ -187,12 +187,11 @@ class PatchedAutotuner(NativeDispatch):
             named = dict(zip(autotuner.arg_names, args))
             named.update((k, v) for k, v in kwargs.items() if k in autotuner.arg_names)
             reason = self._not_native(named, kwargs)
-        try:
-            result = AUTOTUNER_RUN(autotuner, *args, grid=grid, warmup=False, **kwargs)
-        except BaseException:
-            if key is None:  # counted as a fallback natively; Triton rejected the call
-                self._miss_fallbacks -= 1
-            raise
+        # A call without a key was counted as a fallback natively.
+        result = self._run_through_triton(
+            lambda: AUTOTUNER_RUN(autotuner, *args, grid=grid, warmup=False, **kwargs),
+            counted=key is None,
+        )
         if key is not None and reason is None:
             config = autotuner.best_config  # what Triton's run chose for this call
             if config.pre_hook is not None:
@@ -205,7 +204,7 @@ class PatchedAutotuner(NativeDispatch):
             if key is not None:
                 self._miss_fallbacks += 1
             self._count_fallback(reason, what="tunes and launches through Triton's Autotuner.run")
-        return result if result is not None else True
+        return result
 
 
 def _names_in_code(code: types.CodeType) -> set[str]:
@@ -378,17 +377,16 @@ class PatchedHeuristics(NativeDispatch):
         return self._register_miss(grid, args, call_kwargs, key, device, tuned_args)
 
     def _through_triton(self, grid, args, kwargs, key, reason: str):
-        """Triton's ``Heuristics.run`` for this call, counted as a fallback with ``reason``."""
-        try:
-            result = HEURISTICS_RUN(self.heuristics, *args, grid=grid, warmup=False, **kwargs)
-        except BaseException:
-            if key is None:  # counted as a fallback natively; Triton rejected the call
-                self._miss_fallbacks -= 1
-            raise
+        """Triton's ``Heuristics.run`` for this call, counted as a fallback with ``reason`` (a
+        call without a key was counted natively)."""
+        result = self._run_through_triton(
+            lambda: HEURISTICS_RUN(self.heuristics, *args, grid=grid, warmup=False, **kwargs),
+            counted=key is None,
+        )
         if key is not None:
             self._miss_fallbacks += 1
         self._count_fallback(reason, what="computes its values through Triton's Heuristics.run")
-        return result if result is not None else True
+        return result
 
 
 def _new_dispatch(obj: Any) -> NativeDispatch | None:
