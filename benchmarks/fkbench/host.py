@@ -30,21 +30,17 @@ from . import common
 #: The stream the host-side run launches on (any value: the stand-in records it).
 HOST_STREAM = 0x1234
 
+#: Systems Triton's launcher or the floor loop launch through the stand-in here.
+_THROUGH_STAND_IN = {"floor", "triton_run", "triton", "triton_autotuned", "triton_heuristics"}
+
+#: The systems a host-side run times, with their labels: the GPU run's (common.SYSTEM_LABELS),
+#: less what needs a GPU, those launched through the stand-in marked so, and the hook rows.
 HOST_LABELS: dict[str, str] = {
-    "floor": "floor: C++ cuLaunchKernel loop (stand-in)",
-    "triton_run": "Triton CompiledKernel.run (stand-in)",
-    "triton": "Triton kernel[grid] (stand-in)",
-    "fastkernel": "fastkernel, tuple grid",
-    "fastkernel_callable": "fastkernel, callable grid",
-    "fastkernel_tutorial": "fastkernel, tutorial grid (triton.cdiv), Triton's cdiv",
-    "fastkernel_tutorial_helpers": "fastkernel, tutorial grid, host helpers on",
-    "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
-    "fastkernel_cpp": "fastkernel C++ Bundle::launch",
-    "triton_autotuned": "Triton's triton.autotune, tuned call (stand-in)",
-    "patched": "fastkernel.patch(): Triton kernel[grid]",
-    "patched_autotuned": "fastkernel.patch(): Triton's triton.autotune, tuned hit",
-    "triton_heuristics": "Triton's triton.heuristics (BLOCK from n) (stand-in)",
-    "patched_heuristics": "fastkernel.patch(): Triton's triton.heuristics, hit",
+    **{
+        system: label + (" (stand-in)" if system in _THROUGH_STAND_IN else "")
+        for system, label in common.SYSTEM_LABELS.items()
+        if system not in ("inductor_static", "cuda_graph")
+    },
     "enter_hook": "fastkernel, a no-op launch_enter_hook set",
     "enter_exit_hooks": "fastkernel, no-op launch_enter_hook and launch_exit_hook set",
 }
