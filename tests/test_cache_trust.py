@@ -280,7 +280,7 @@ def test_the_native_registration_checks_refuse_launch_facts_a_launch_could_not_t
             num_scratch_params=facts["num_scratch_params"],
             tensor_maps=[_C.TensorMapFacts(*t) for t in facts["tensor_maps"]],
         )
-        _C.register(k, key, launch, entry.cubin, None)
+        k._insert(key, _C.LaunchRecord(launch, entry.cubin, None))
 
     before = k.stats()["specializations"]
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):

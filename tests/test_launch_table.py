@@ -118,11 +118,90 @@ def test_the_table_reports_the_bytes_it_holds_per_specialization(stand_in):
     )
     sizes = [base_one]
     for i in range(6):  # keys no call builds: registering them changes no call
-        _C.register(k, bytes([i + 1]) * 16, facts, meta.cubin, None)
+        k._insert(bytes([i + 1]) * 16, _C.LaunchRecord(facts, meta.cubin, None))
         sizes.append(k.stats()["table_bytes"])
     steps = {b - a for a, b in zip(sizes, sizes[1:])}
     assert len(steps) == 1, sizes  # 7 records: the slot array (16 slots) did not grow
     (per_specialization,) = steps
     assert 0 < per_specialization <= 1024
-    _C.clear(k)
+    k._clear_records()
     assert k.stats()["table_bytes"] < base_one and k.stats()["specializations"] == 0
+
+
+# -- the record a miss returns ---------------------------------------------------------------------
+
+
+def _one_record(stand_in, k):
+    """A second launch record of ``k``'s one registered specialization, loaded and uninserted,
+    with the launch facts it was built from."""
+    from fastkernel import _C
+
+    _target, spec, meta = k._registrations[next(iter(k._registrations))]
+    facts = _C.LaunchFacts(
+        kernel_name=meta.name, device=0, block_x=meta.block_x, plan=list(spec.plan)
+    )
+    return _C.LaunchRecord(facts, meta.cubin, None), facts, meta
+
+
+def test_a_miss_launches_the_record_its_handler_returns(stand_in):
+    """The compile-on-miss handler returns one loaded launch record; the native entry inserts it
+    under the call's key and launches it, and the next call with that key is a hit."""
+    from fastkernel import _C
+    from fastkernel.kernel import FastKernel
+
+    returned = []
+
+    class Watched(FastKernel):
+        def _on_miss(self, *args):
+            result = super()._on_miss(*args)
+            returned.append(result)
+            return result
+
+    k = Watched(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    assert len(returned) == 1 and isinstance(returned[0], _C.LaunchRecord)
+    assert returned[0].inserted and returned[0].device == 0
+    assert stand_in.launch_count() == 1
+    assert stand_in.last_launch().name == returned[0].kernel_name
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    stats = k.stats()
+    assert (stats["misses"], stats["hits"], stats["specializations"]) == (1, 1, 1)
+    assert len(returned) == 1 and stand_in.launch_count() == 2
+
+
+def test_a_record_is_inserted_once_and_unloaded_when_dropped_uninserted(stand_in):
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    record, _facts, meta = _one_record(stand_in, k)
+    assert not record.inserted and record.kernel_name == meta.name
+    k._insert(b"\x05" * 16, record)  # a key no call builds
+    assert record.inserted and k.stats()["specializations"] == 2
+    with pytest.raises(ValueError, match="has been inserted"):
+        k._insert(b"\x06" * 16, record)
+    assert k.stats()["specializations"] == 2
+
+    record, _facts, _meta = _one_record(stand_in, k)
+    loads, retained = stand_in.module_loads(), stand_in.retained_bytes()
+    del record
+    gc.collect()
+    assert stand_in.module_loads() == loads
+    assert stand_in.retained_bytes() > retained  # the stand-in keeps what an unload released
+
+
+def test_a_record_with_tuned_args_of_another_length_is_refused(stand_in):
+    from fastkernel import _C
+
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    _record, facts, meta = _one_record(stand_in, k)
+    record = _C.LaunchRecord(facts, meta.cubin, None, tuned_args=(None,))
+    with pytest.raises(ValueError, match="one item per parameter"):
+        k._insert(b"\x05" * 16, record)
+    assert not record.inserted and k.stats()["specializations"] == 1
+    with pytest.raises(TypeError, match="tuned_args must be a tuple"):
+        _C.LaunchRecord(facts, meta.cubin, None, tuned_args=[None] * 5)
+    with pytest.raises(TypeError, match="global checks are"):
+        _C.LaunchRecord(facts, meta.cubin, None, global_checks=(("g", 1),))

@@ -754,10 +754,9 @@ def table_memory(fk) -> dict[str, int]:
     records, the loaded modules excepted): ``per_kernel``, the empty table, and
     ``per_specialization``, what each registered specialization adds. Clears the table: the
     next call is a miss."""
-    from fastkernel import _C
 
     held = fk.stats()
-    _C.clear(fk)
+    fk._clear_records()
     empty = fk.stats()["table_bytes"]
     count = held["specializations"]
     return {

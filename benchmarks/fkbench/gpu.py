@@ -172,13 +172,12 @@ def _gpu_cold_costs(
     """Median microseconds of a miss served from Triton's on-disk cache and of a first call."""
     import triton
 
-    from fastkernel import _C
     from fastkernel.kernel import FastKernel
 
     grid = shape.grid
 
     def fastkernel_miss():
-        _C.clear(fk)  # drops the launch records: the next call registers again from the cache
+        fk._clear_records()  # drops the launch records: the next call registers again from the cache
         return lambda: fk[grid](*args)
 
     def fastkernel_first():

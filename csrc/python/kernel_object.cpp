@@ -15,6 +15,7 @@
 #include "knob_watch.h"
 #include "launch_context.h"
 #include "patch_hook.h"
+#include "registration.h"
 
 namespace fastkernel {
 
@@ -211,9 +212,11 @@ bool globals_unchanged(KernelObject* kernel) {
       return false;
     }
     if (!same) {
-      Ref r(PyObject_CallFunctionObjArgs(kernel->global_check_failed, name, expected,
-                                         now ? now : Py_None, nullptr));
-      return false;  // the callable raises Triton's RuntimeError
+      // JITFunction.run's own message.
+      PyErr_Format(PyExc_RuntimeError,
+                   "Global variable %S has changed since we compiled this kernel, from %S to %S",
+                   name, expected, now ? now : Py_None);
+      return false;
     }
   }
   return true;
@@ -334,12 +337,13 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
 
 // The steps of a launch after the key: registration on a miss, the grid, the scratch buffers.
 
-// A miss: the Python handler compiles (or loads) and registers the specialization, or launches
-// through Triton itself. Returns the new record, or nullptr with `*handled` set to the handler's
-// result (a new reference: what Triton's launch returned) or left nullptr with an exception.
+// A miss: the Python handler compiles (or loads) the specialization and returns its loaded
+// launch record, which is inserted under the call's key, or launches through Triton itself.
+// Returns the record now registered, or nullptr with `*handled` set to the handler's result (a
+// new reference: what Triton's launch returned) or left nullptr with an exception.
 [[gnu::cold]] const LaunchRecord* register_on_miss(BoundLaunchObject* self, PyObject* const* args,
                                                    Py_ssize_t nargs, PyObject* kwnames,
-                                                   const BoundCall& call, int device, uint64_t hash,
+                                                   const BoundCall& call, int device,
                                                    PyObject** handled) {
   KernelObject* kernel = self->kernel;
   ++kernel->state->misses;
@@ -347,15 +351,10 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
   if (!result) {
     return nullptr;
   }
-  if (result.get() != Py_None) {
+  bool is_record = false;
+  const LaunchRecord* rec = insert_returned_record(kernel, call.key, result.get(), &is_record);
+  if (!is_record) {
     *handled = result.release();
-    return nullptr;
-  }
-  const LaunchRecord* rec = kernel->state->table.find(call.key, hash);
-  if (rec == nullptr) {
-    PyErr_Format(PyExc_RuntimeError,
-                 "%U: the compile-on-miss handler registered no launch record for this call",
-                 kernel->name);
   }
   return rec;
 }
@@ -456,7 +455,7 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       ++st.hits;
     } else {
       PyObject* handled = nullptr;
-      rec = register_on_miss(self, args, nargs, kwnames, call, ctx.device, hash, &handled);
+      rec = register_on_miss(self, args, nargs, kwnames, call, ctx.device, &handled);
       if (rec == nullptr) {
         return handled;  // launched through Triton by the handler, or nullptr with an error
       }
@@ -594,7 +593,6 @@ int kernel_traverse(KernelObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->cached_bound);
   Py_VISIT(self->pre_run_hooks);
   Py_VISIT(self->global_checks);
-  Py_VISIT(self->global_check_failed);
   Py_VISIT(self->publish_owner);
   Py_VISIT(self->last_published);
   if (self->state != nullptr) {
@@ -611,7 +609,6 @@ int kernel_clear(KernelObject* self) {
   Py_CLEAR(self->cached_bound);
   Py_CLEAR(self->pre_run_hooks);
   Py_CLEAR(self->global_checks);
-  Py_CLEAR(self->global_check_failed);
   Py_CLEAR(self->publish_owner);
   Py_CLEAR(self->publish_name);
   Py_CLEAR(self->last_published);

@@ -50,7 +50,6 @@ struct KernelObject {
   PyObject* cached_bound;       ///< a BoundLaunch reused by kernel[grid] when nobody else holds it
   PyObject* pre_run_hooks;      ///< the JITFunction's pre_run_hooks list (shared), or nullptr
   PyObject* global_checks;      ///< tuple of (globals dict, name, value compiled with), or nullptr
-  PyObject* global_check_failed;  ///< Python callable(name, old, new) raising Triton's error
   PyObject* weakrefs;
   PyObject*
       patched_jit;  ///< the JITFunction this Kernel serves under fastkernel.patch() (borrowed)

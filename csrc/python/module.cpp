@@ -127,6 +127,47 @@ std::pair<int, int> device_capability(int device) {
   });
 }
 
+// The kernel type's configuration and statistics methods (the Python subclasses call them on
+// themselves; underscored so they never shadow a triton.JITFunction attribute).
+void register_kernel_methods() {
+  def_kernel_method("_configure", &configure, py::arg("name"), py::arg("params"),
+                    py::arg("option_names"), py::arg("miss_handler"), py::arg("scratch_allocator"),
+                    py::arg("pre_run_hooks") = py::none(),
+                    "Describe the kernel's parameters and compile options to the native key\n"
+                    "builder (drops every launch record). `params`: one (name, is_constexpr,\n"
+                    "specialize, align, TUNE_FLAGS bits, has_default, default) tuple per\n"
+                    "parameter; `miss_handler(kernel, grid, args, kwargs, key, device, reason)`\n"
+                    "returns a LaunchRecord to insert and launch, or what Triton's launch\n"
+                    "returned; `scratch_allocator(size, align, stream, kind)`; `pre_run_hooks`:\n"
+                    "the JITFunction's list (shared), or None.");
+  def_kernel_method(
+      "_set_publish",
+      [](py::handle self, py::handle owner, py::str name) {
+        KernelObject* kernel = as_kernel(self);
+        PyObject* interned = name.inc_ref().ptr();
+        PyUnicode_InternInPlace(&interned);
+        Py_XSETREF(kernel->publish_name, interned);
+        Py_XSETREF(kernel->last_published, nullptr);
+        Py_XSETREF(kernel->publish_owner, owner.is_none() ? nullptr : owner.inc_ref().ptr());
+        kernel->state->hit_extras = kernel->state->has_config_params || !owner.is_none();
+      },
+      py::arg("owner"), py::arg("name"),
+      "A hit sets `owner.<name>` to its record's `published` object when that differs from the\n"
+      "one set last (owner None: nothing is published).");
+  def_kernel_method("_counters", &stats,
+                    "{hits, misses, fallbacks, specializations, evictions, table_bytes}: ints.");
+  def_kernel_method(
+      "_set_capacity",
+      [](py::handle self, size_t capacity) {
+        as_kernel(self)->state->table.set_capacity(capacity);
+      },
+      py::arg("capacity"),
+      "Keep at most `capacity` specializations (0 = unbounded), least recently launched evicted.");
+  def_kernel_method(
+      "_clear_records", [](py::handle self) { as_kernel(self)->state->table.clear(); },
+      "Drop every launch record that no launch in flight holds (modules unloaded).");
+}
+
 }  // namespace
 
 #ifndef FASTKERNEL_TORCH_VERSION
@@ -164,10 +205,6 @@ PYBIND11_MODULE(_C, m) {
   m.add_object("DriverUnavailableError",
                py::reinterpret_borrow<py::object>(g_driver_unavailable_type));
 
-  m.def("configure", &configure, py::arg("kernel"), py::arg("name"), py::arg("params"),
-        py::arg("option_names"), py::arg("miss_handler"), py::arg("scratch_allocator"),
-        py::arg("pre_run_hooks") = py::none(),
-        "Describe a kernel's parameters and compile options to the native key builder.");
   m.def(
       "configure_knob_watch",
       [](py::list dicts, py::object refresh) {
@@ -185,20 +222,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("enter"), py::arg("exit"),
       "Python callables that run Triton's launch hooks around a native launch.");
   register_registration(m);
-  m.def(
-      "set_publish",
-      [](py::handle kernel_obj, py::handle owner, py::str name) {
-        KernelObject* kernel = as_kernel(kernel_obj);
-        PyObject* interned = name.inc_ref().ptr();
-        PyUnicode_InternInPlace(&interned);
-        Py_XSETREF(kernel->publish_name, interned);
-        Py_XSETREF(kernel->last_published, nullptr);
-        Py_XSETREF(kernel->publish_owner, owner.is_none() ? nullptr : owner.inc_ref().ptr());
-        kernel->state->hit_extras = kernel->state->has_config_params || !owner.is_none();
-      },
-      py::arg("kernel"), py::arg("owner"), py::arg("name"),
-      "A hit sets `owner.<name>` to its record's `published` object when that differs from the\n"
-      "one set last (owner None: nothing is published).");
+  register_kernel_methods();
   m.def(
       "set_tensor_descriptor_type",
       [](py::object type) { set_tensor_descriptor_type(type.is_none() ? nullptr : type.ptr()); },
@@ -211,22 +235,6 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("constexpr_type"), py::arg("identity_types"),
       "Tell the key builder Triton's constexpr class and the types it may key by identity.");
-  m.def(
-      "set_global_checks",
-      [](py::handle k, py::tuple checks, py::object on_change) {
-        KernelObject* kernel = as_kernel(k);
-        for (py::handle c : checks) {
-          if (!PyTuple_Check(c.ptr()) || PyTuple_GET_SIZE(c.ptr()) != 3 ||
-              !PyDict_Check(PyTuple_GET_ITEM(c.ptr(), 0))) {
-            throw py::type_error("fastkernel: global checks are (dict, name, value) tuples");
-          }
-        }
-        Py_XSETREF(kernel->global_checks,
-                   PyTuple_GET_SIZE(checks.ptr()) ? checks.inc_ref().ptr() : nullptr);
-        Py_XSETREF(kernel->global_check_failed, on_change.inc_ref().ptr());
-      },
-      py::arg("kernel"), py::arg("checks"), py::arg("on_change"),
-      "The globals a hit re-checks, as (globals dict, name, value compiled with) tuples.");
   m.def(
       "install_patch",
       [](py::handle jit_type, py::object factory, py::object triton_getitem) {
@@ -288,15 +296,6 @@ PYBIND11_MODULE(_C, m) {
       py::arg("layout") = int(kTuneLayout), py::arg("sizes") = int(kTuneSizes));
   m.attr("BUNDLE_FORMAT_VERSION") = kBundleFormatVersion;
 
-  m.def("stats", &stats, py::arg("kernel"), "Hits, misses, fallbacks and specializations.");
-  m.def(
-      "set_capacity",
-      [](py::handle k, size_t capacity) { as_kernel(k)->state->table.set_capacity(capacity); },
-      py::arg("kernel"), py::arg("capacity"),
-      "Keep at most `capacity` specializations (0 = unbounded), least recently launched evicted.");
-  m.def(
-      "clear", [](py::handle k) { as_kernel(k)->state->table.clear(); }, py::arg("kernel"),
-      "Drop every launch record of a kernel (modules unloaded).");
   m.def("driver_library_path", &driver_library_path,
         "The CUDA driver library fastkernel opens ($FASTKERNEL_CUDA_DRIVER or libcuda.so.1).");
   m.def("driver_loaded", &driver_loaded, "Whether the driver has been opened in this process.");

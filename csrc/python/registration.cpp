@@ -1,7 +1,8 @@
 // Registration of a compiled specialization: the Python layer describes it with one typed
 // object, `_C.LaunchFacts` (the core's LaunchFacts, field for field, so the field list is the
-// C++ struct's), and `_C.register` checks it (make_launch_record), loads the cubin and inserts
-// the record under the call's key.
+// C++ struct's); `_C.LaunchRecord` checks the facts (make_launch_record) and loads the cubin;
+// a compile-on-miss handler returns that record and the native entry inserts it under the
+// call's key and launches it (`Kernel._insert` inserts one without launching).
 #include "registration.h"
 
 #include <pybind11/stl.h>
@@ -63,38 +64,92 @@ SpecializationKey key_from_bytes(const py::bytes& key_bytes) {
   return key;
 }
 
-void register_record(py::handle kernel_obj, const py::bytes& key_bytes, const LaunchFacts& facts,
-                     const py::bytes& cubin, py::handle compiled, py::handle tuned_args,
-                     py::handle published) {
-  KernelObject* kernel = as_kernel(kernel_obj);
-  const SpecializationKey key = key_from_bytes(key_bytes);
-  std::unique_ptr<LaunchRecord> rec;
+/// A loaded launch record not yet in a kernel's table: what a compile-on-miss handler returns
+/// and what `Kernel._insert` takes (`_C.LaunchRecord`). Unloaded on drop unless inserted.
+struct LoadedRecord {
+  std::unique_ptr<LaunchRecord> record;  ///< nullptr once inserted
+  py::object global_checks;              ///< tuple of (dict, name, value), or None
+  std::string kernel_name;               ///< the record's, kept after it is inserted
+  int device = 0;
+
+  LoadedRecord() = default;
+  LoadedRecord(const LoadedRecord&) = delete;
+  LoadedRecord& operator=(const LoadedRecord&) = delete;
+  ~LoadedRecord() {
+    if (record) {
+      unload_launch_record(*record);
+    }
+  }
+
+  const LaunchRecord& loaded() const {
+    if (!record) {
+      throw py::value_error("fastkernel: this launch record has been inserted into a table");
+    }
+    return *record;
+  }
+};
+
+std::unique_ptr<LoadedRecord> load_record(const LaunchFacts& facts, const py::bytes& cubin,
+                                          py::handle compiled, py::handle tuned_args,
+                                          py::handle published, py::handle global_checks) {
+  if (!tuned_args.is_none() && !PyTuple_Check(tuned_args.ptr())) {
+    throw py::type_error("fastkernel: tuned_args must be a tuple (one item per parameter)");
+  }
+  if (!global_checks.is_none()) {
+    if (!PyTuple_Check(global_checks.ptr())) {
+      throw py::type_error("fastkernel: global_checks must be a tuple");
+    }
+    for (py::handle c : global_checks) {
+      if (!PyTuple_Check(c.ptr()) || PyTuple_GET_SIZE(c.ptr()) != 3 ||
+          !PyDict_Check(PyTuple_GET_ITEM(c.ptr(), 0))) {
+        throw py::type_error("fastkernel: global checks are (dict, name, value) tuples");
+      }
+    }
+  }
+  auto loaded = std::make_unique<LoadedRecord>();
   try {
-    rec = make_launch_record(facts, kMaxArgs);
+    loaded->record = make_launch_record(facts, kMaxArgs);
   } catch (const std::invalid_argument& e) {
     throw py::value_error(e.what());
   }
+  LaunchRecord& rec = *loaded->record;
   // The record owns a reference to what a launch returns; dropped with the record (eviction,
-  // clear, kernel deallocation, or a check below failing), always under the GIL.
-  rec->release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
-  rec->user_data = compiled.inc_ref().ptr();
+  // clear, kernel deallocation, or the load below failing), always under the GIL.
+  rec.release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
+  rec.user_data = compiled.inc_ref().ptr();
   if (!tuned_args.is_none()) {
-    const size_t num_args = kernel->state->params.size();
-    if (!PyTuple_Check(tuned_args.ptr()) ||
-        size_t(PyTuple_GET_SIZE(tuned_args.ptr())) != num_args) {
-      throw py::value_error("fastkernel: tuned_args must be a tuple with one item per parameter");
-    }
-    rec->tuned_args = tuned_args.inc_ref().ptr();
+    rec.tuned_args = tuned_args.inc_ref().ptr();
   }
   if (!published.is_none()) {
-    rec->published = published.inc_ref().ptr();
+    rec.published = published.inc_ref().ptr();
   }
   const std::string image = cubin;
   with_python_errors([&] {
-    load_launch_record(*rec, image.data(), image.size());
+    load_launch_record(rec, image.data(), image.size());
     return 0;
   });
-  kernel->state->table.insert(key, std::move(rec));
+  loaded->global_checks = py::reinterpret_borrow<py::object>(global_checks);
+  loaded->kernel_name = rec.kernel_name;
+  loaded->device = rec.device;
+  return loaded;
+}
+
+const LaunchRecord* insert_loaded(KernelObject* kernel, const SpecializationKey& key,
+                                  LoadedRecord& loaded) {
+  const LaunchRecord& rec = loaded.loaded();
+  const size_t num_params = kernel->state->params.size();
+  if (rec.tuned_args != nullptr &&
+      size_t(PyTuple_GET_SIZE(static_cast<PyObject*>(rec.tuned_args))) != num_params) {
+    PyErr_Format(PyExc_ValueError,
+                 "%U: the launch record's tuned_args must have one item per parameter (%zu)",
+                 kernel->name, num_params);
+    throw py::error_already_set();
+  }
+  if (!loaded.global_checks.is_none()) {
+    PyObject* checks = loaded.global_checks.ptr();
+    Py_XSETREF(kernel->global_checks, PyTuple_GET_SIZE(checks) ? Py_NewRef(checks) : nullptr);
+  }
+  return kernel->state->table.insert(key, std::move(loaded.record));
 }
 
 }  // namespace
@@ -175,15 +230,61 @@ void register_registration(py::module_& m) {
              "one TensorMapFacts per \"nvTmaDesc\" plan entry, in order")
       .finish();
 
-  m.def("register", &register_record, py::arg("kernel"), py::arg("key"), py::arg("facts"),
-        py::arg("cubin"), py::arg("compiled"), py::arg("tuned_args") = py::none(),
-        py::arg("published") = py::none(),
-        "Check `facts`, load `cubin` on facts.device and register the launch record under `key`\n"
-        "(ValueError naming the fact for facts a launch could not trust; CudaError when the\n"
-        "driver refuses the cubin). `compiled` is what a launch returns. `tuned_args` (a tuple,\n"
-        "one item per parameter, or None): what a tuned config gives the parameters a call\n"
-        "leaves out, for the callable grid and the launch hooks. `published` (or None): set as\n"
-        "the publish owner's attribute by a hit on this record (see set_publish).");
+  py::class_<LoadedRecord>(
+      m, "LaunchRecord",
+      "A compiled specialization loaded on its device and ready to launch: the launch record\n"
+      "a compile-on-miss handler returns (the native entry inserts it under the call's key and\n"
+      "launches it) or that Kernel._insert registers. Unloaded when dropped uninserted.")
+      .def(py::init(&load_record), py::arg("facts"), py::arg("cubin"), py::arg("compiled"),
+           py::arg("tuned_args") = py::none(), py::arg("published") = py::none(),
+           py::arg("global_checks") = py::none(),
+           "Check `facts` and load `cubin` (bytes) on facts.device: ValueError naming the fact\n"
+           "for facts a launch could not trust, CudaError when the driver refuses the cubin,\n"
+           "DriverUnavailableError without a driver. `compiled`: what a launch returns.\n"
+           "`tuned_args` (a tuple, one item per parameter, or None): what a tuned config gives\n"
+           "the parameters a call leaves out, for the callable grid and the launch hooks.\n"
+           "`published` (or None): set as the publish owner's attribute by a hit on this record\n"
+           "(see Kernel._set_publish). `global_checks` (a tuple of (globals dict, name, value\n"
+           "compiled with), or None to leave the kernel's as they are): the globals every hit\n"
+           "of the kernel re-checks from then on (JITFunction.run's used_global_vals check).")
+      .def_property_readonly(
+          "kernel_name", [](const LoadedRecord& r) { return r.kernel_name; },
+          "the cubin's entry point")
+      .def_property_readonly(
+          "device", [](const LoadedRecord& r) { return r.device; },
+          "the device the cubin is loaded on")
+      .def_property_readonly(
+          "inserted", [](const LoadedRecord& r) { return !r.record; },
+          "whether a kernel's table holds it now");
+
+  def_kernel_method(
+      "_insert",
+      [](py::handle self, const py::bytes& key, LoadedRecord& record) {
+        insert_loaded(as_kernel(self), key_from_bytes(key), record);
+      },
+      py::arg("key"), py::arg("record"),
+      "Insert a LaunchRecord under `key` (a specialization key's bytes) without launching;\n"
+      "ValueError for a malformed key, a record already inserted, or tuned_args of another\n"
+      "length than the kernel's parameters. A key already present keeps its record.");
+}
+
+const LaunchRecord* insert_returned_record(KernelObject* kernel, const SpecializationKey& key,
+                                           PyObject* obj, bool* is_record) {
+  const py::handle h(obj);
+  *is_record = py::isinstance<LoadedRecord>(h);
+  if (!*is_record) {
+    return nullptr;
+  }
+  try {
+    return insert_loaded(kernel, key, h.cast<LoadedRecord&>());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (...) {
+    set_python_error_from_current_exception(kernel);
+  }
+  return nullptr;
 }
 
 }  // namespace fastkernel

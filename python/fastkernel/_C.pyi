@@ -29,9 +29,24 @@ class DriverUnavailableError(RuntimeError):
 
 class Kernel:
     """Native state of a fastkernel kernel: parameters, launch table, launch entry.
-    ``kernel[grid]`` is a :class:`BoundLaunch`."""
+    ``kernel[grid]`` is a :class:`BoundLaunch`. The underscored methods are for its Python
+    subclasses (kernel.py), which call them on themselves."""
 
     def __getitem__(self, grid: Any) -> BoundLaunch: ...
+    def _configure(
+        self,
+        name: str,
+        params: list[Any],
+        option_names: Sequence[str],
+        miss_handler: Callable[..., Any],
+        scratch_allocator: Any,
+        pre_run_hooks: Any = None,
+    ) -> None: ...
+    def _insert(self, key: bytes, record: LaunchRecord) -> None: ...
+    def _set_publish(self, owner: Any, name: str) -> None: ...
+    def _set_capacity(self, capacity: int) -> None: ...
+    def _clear_records(self) -> None: ...
+    def _counters(self) -> dict[str, int]: ...
 
 class BoundLaunch:
     """A kernel with its grid: call it with the kernel's arguments to launch."""
@@ -69,7 +84,7 @@ class TensorMapFacts:
 
 class LaunchFacts:
     """The launch facts of one compiled specialization (csrc/include/fastkernel/launch_record.h
-    LaunchFacts); :func:`register` checks them."""
+    LaunchFacts); :class:`LaunchRecord` checks them."""
 
     FIELDS: tuple[str, ...]
     kernel_name: str
@@ -105,31 +120,24 @@ class LaunchFacts:
         tensor_maps: Sequence[TensorMapFacts] = (),
     ) -> None: ...
 
-def configure(
-    kernel: Kernel,
-    name: str,
-    params: list[Any],
-    option_names: Sequence[str],
-    miss_handler: Callable[..., Any],
-    scratch_allocator: Any,
-    pre_run_hooks: Any = None,
-) -> None: ...
-def register(
-    kernel: Kernel,
-    key: bytes,
-    facts: LaunchFacts,
-    cubin: bytes,
-    compiled: Any,
-    tuned_args: tuple[Any, ...] | None = None,
-    published: Any = None,
-) -> None: ...
-def set_global_checks(
-    kernel: Kernel, checks: tuple[tuple[dict[str, Any], str, Any], ...], on_change: Any
-) -> None: ...
-def set_publish(kernel: Kernel, owner: Any, name: str) -> None: ...
-def set_capacity(kernel: Kernel, capacity: int) -> None: ...
-def clear(kernel: Kernel) -> None: ...
-def stats(kernel: Kernel) -> dict[str, Any]: ...
+class LaunchRecord:
+    """A compiled specialization loaded on its device and ready to launch: what a
+    compile-on-miss handler returns (the native entry inserts it under the call's key and
+    launches it) or what :meth:`Kernel._insert` registers. Unloaded when dropped uninserted."""
+
+    kernel_name: str
+    device: int
+    inserted: bool
+    def __init__(
+        self,
+        facts: LaunchFacts,
+        cubin: bytes,
+        compiled: Any,
+        tuned_args: tuple[Any, ...] | None = None,
+        published: Any = None,
+        global_checks: tuple[tuple[dict[str, Any], str, Any], ...] | None = None,
+    ) -> None: ...
+
 def configure_knob_watch(dicts: list[dict[str, Any]], refresh: Callable[[], object]) -> None: ...
 def mark_knobs_dirty() -> None: ...
 def set_constexpr_types(constexpr_type: type, identity_types: tuple[type, ...]) -> None: ...

@@ -5,7 +5,7 @@ pattern, the sizes of the named tensors) is built by the native key builder alon
 specialization, so once a key is tuned a call is one native hit: no Python runs. On a miss the
 native entry calls :meth:`Autotuned._on_miss`, which picks the config for the call's key (from
 memory, from the on-disk tuning record, or by benchmarking every config), compiles the kernel
-with it and registers the launch record under the call's native key.
+with it and returns its launch record, which the native entry inserts under the call's key.
 
 The meaning of each argument is Triton's (``triton.runtime.autotuner.Autotuner``); the
 differences, all towards correctness, are listed in :func:`autotune`.

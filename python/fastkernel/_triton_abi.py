@@ -449,10 +449,3 @@ def global_checks(jit_fn) -> tuple:
         (globals_dict, name, value)
         for (name, _), (value, globals_dict) in jit_fn.used_global_vals.items()
     )
-
-
-def raise_global_changed(name: str, old: Any, new: Any) -> None:
-    """Raise the error JITFunction.run raises when a global changed since compilation."""
-    raise RuntimeError(
-        f"Global variable {name} has changed since we compiled this kernel, from {old} to {new}"
-    )

@@ -2,9 +2,10 @@
 
 A call is bound, keyed, looked up and launched by ``fastkernel._C`` without running Python.
 On a miss (a new specialization or device) the native entry calls :meth:`FastKernel._on_miss`,
-which lets Triton specialize and compile exactly as ``JITFunction.run`` would, registers the
-cubin and its launch metadata with the native table, and returns; the native entry then
-launches the new record. Calls the native key does not cover go to Triton itself.
+which lets Triton specialize and compile exactly as ``JITFunction.run`` would, loads the cubin
+with its launch facts as a ``_C.LaunchRecord`` and returns it; the native entry inserts that
+record under the call's key and launches it. Calls the native key does not cover go to Triton
+itself.
 """
 
 from __future__ import annotations
@@ -329,8 +330,7 @@ class NativeDispatch(_C.Kernel):
         # Option names come from the backend's options dataclass; they are the same for every
         # CUDA target, so any target serves to list them.
         options = abi.option_names(abi.cuda_target(9, 0))
-        _C.configure(
-            self,
+        self._configure(
             jit_fn.__name__,
             params_spec,
             options,
@@ -338,7 +338,7 @@ class NativeDispatch(_C.Kernel):
             abi.allocate_scratch,
             pre_run_hooks,
         )
-        _C.set_capacity(self, capacity)
+        self._set_capacity(capacity)
         _KERNELS.add(self)
 
     def _stats_name(self) -> str:
@@ -350,7 +350,7 @@ class NativeDispatch(_C.Kernel):
         (registered now), ``evictions``, ``table_bytes`` (heap bytes of the native launch table:
         keys and launch records, the loaded modules excepted; ints) and ``fallback_reasons``
         (reason -> count)."""
-        d: dict[str, Any] = _C.stats(self)
+        d: dict[str, Any] = self._counters()
         d["fallbacks"] += self._miss_fallbacks
         d["fallback_reasons"] = dict(self._fallback_reasons)
         return d
@@ -378,15 +378,15 @@ class NativeDispatch(_C.Kernel):
         device: int,
         tuned_args: tuple | None = None,
     ):
-        """Compile (or load) the specialization of a call and register its launch record under
-        ``key``; returns None, or the result of launching through Triton when the native path
-        cannot take this specialization. ``tuned_args`` is what a tuned config gives the
-        parameters the call leaves out (see ``_C.register``)."""
-        reason = self._register(args, kwargs, key, device, tuned_args)
-        if reason is None:
-            return None
+        """Compile (or load) the specialization of a call: returns its loaded launch record for
+        the native entry to insert under ``key`` and launch, or the result of launching through
+        Triton when the native path cannot take this specialization. ``tuned_args`` is what a
+        tuned config gives the parameters the call leaves out (see ``_C.LaunchRecord``)."""
+        record = self._launch_record(args, kwargs, key, device, tuned_args)
+        if isinstance(record, _C.LaunchRecord):
+            return record
         self._miss_fallbacks += 1
-        return self._fallback(grid, args, kwargs, reason)
+        return self._fallback(grid, args, kwargs, record)
 
     def _tuned_args(self, merged: dict[str, Any], provided) -> tuple:
         """What a record gives the parameters in ``provided`` (set by a tuned config or a
@@ -396,7 +396,7 @@ class NativeDispatch(_C.Kernel):
         values = {**{p.name: p.default for p in params if p.has_default}, **merged}
         return tuple(values.get(p.name) if p.name in provided else None for p in params)
 
-    def _register(
+    def _launch_record(
         self,
         args: tuple,
         kwargs: dict,
@@ -404,11 +404,12 @@ class NativeDispatch(_C.Kernel):
         device: int,
         tuned_args: tuple | None = None,
         published: Any = None,
-    ) -> str | None:
-        """Compile (or load) the specialization of a call and register its launch record under
-        ``key``, launching nothing. Returns None once registered, or the reason the native path
-        cannot take this specialization. ``published`` is what a hit on the record sets on the
-        kernel's publish owner (``_C.set_publish``)."""
+    ) -> _C.LaunchRecord | str:
+        """Compile (or load) the specialization of a call and load its launch record for
+        ``key``, launching nothing: the loaded record (noted as registered under ``key``; the
+        caller inserts it), or the reason the native path cannot take this specialization.
+        ``published`` is what a hit on the record sets on the kernel's publish owner
+        (``Kernel._set_publish``)."""
         refused = self._refused_keys.get(key)
         if refused is not None:  # registration failed before: straight to Triton
             return refused
@@ -453,33 +454,25 @@ class NativeDispatch(_C.Kernel):
                     raise
                 if indexable:
                     _cache.warm_store(self.jit_function, target, key, spec, tuned)
-            reason = self._register_artifact(
-                key, device, spec, meta, compiled, tuned_args, published
-            )
-            if reason is not None and isinstance(compiled, _cache.CachedKernel):
+            record = self._load_record(device, spec, meta, compiled, tuned_args, published)
+            if isinstance(record, str) and isinstance(compiled, _cache.CachedKernel):
                 # An entry that verifies but cannot become a registration is corrupt: removed
                 # (with its warm index record), logged once, and compiled again.
-                _cache.discard(compiled, reason)
+                _cache.discard(compiled, record)
                 try:
                     meta, compiled = _cache.compile_and_store(self.jit_function, target, spec)
                 except abi.UnsupportedByNativePath as exc:
                     return str(exc)
-                reason = self._register_artifact(
-                    key, device, spec, meta, compiled, tuned_args, published
-                )
-            if reason is not None:
-                self._refused_keys[key] = reason
+                record = self._load_record(device, spec, meta, compiled, tuned_args, published)
+            if isinstance(record, str):
+                self._refused_keys[key] = record
                 while capacity_exceeded(self._refused_keys, self._capacity):  # oldest first
                     del self._refused_keys[next(iter(self._refused_keys))]
-                return reason
+                return record
             self._compiled.append(compiled)
             self._registrations[key] = (target, spec, meta)
             while capacity_exceeded(self._registrations, self._capacity):
                 self._registrations.popitem(last=False)
-            # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
-            _C.set_global_checks(
-                self, abi.global_checks(self.jit_function), abi.raise_global_changed
-            )
             for value in address_keyed:
                 self._keepalive[id(value)] = value
             self._remember_kinds(args, kwargs)
@@ -489,22 +482,21 @@ class NativeDispatch(_C.Kernel):
                 device,
                 len(spec.plan),
             )
-            return None
+            return record
 
-    def _register_artifact(
+    def _load_record(
         self,
-        key: bytes,
         device: int,
         spec: abi.Specialization,
         meta,
         compiled,
         tuned_args: tuple | None,
         published: Any,
-    ) -> str | None:
-        """Register ``meta``'s binary under ``key`` on ``device``; None once registered, else
-        why not. A binary Triton compiled here that the native path cannot load (or a launch
-        record it rejects) is Triton's to launch; for one read from the disk cache, any error
-        but a missing driver is a reason, so the caller can treat the entry as corrupt."""
+    ) -> _C.LaunchRecord | str:
+        """``meta``'s binary loaded on ``device`` as a launch record, else why not. A binary
+        Triton compiled here that the native path cannot load (or launch facts it rejects) is
+        Triton's to launch; for one read from the disk cache, any error but a missing driver is
+        a reason, so the caller can treat the entry as corrupt."""
         from_disk = isinstance(compiled, _cache.CachedKernel)
         try:
             plan, tensor_maps = abi.expand_descriptors(spec.plan, meta.tensordesc_meta)
@@ -531,7 +523,15 @@ class NativeDispatch(_C.Kernel):
                 profile_scratch_align=meta.profile_scratch_align,
                 tensor_maps=[_C.TensorMapFacts(*t) for t in tensor_maps],
             )
-            _C.register(self, key, facts, meta.cubin, compiled, tuned_args, published)
+            # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
+            return _C.LaunchRecord(
+                facts,
+                meta.cubin,
+                compiled,
+                tuned_args,
+                published,
+                global_checks=abi.global_checks(self.jit_function),
+            )
         except _C.DriverUnavailableError:
             raise
         except (_C.CudaError, ValueError) as exc:
@@ -540,7 +540,6 @@ class NativeDispatch(_C.Kernel):
             if not from_disk:
                 raise
             return f"registering the cubin failed: {exc!r}"
-        return None
 
     def _launch_artifact(self, target, spec: abi.Specialization):
         """The cubin and launch metadata for a specialization: (LaunchMetadata, handle).
@@ -622,8 +621,8 @@ class NativeDispatch(_C.Kernel):
     ):
         """Called by the native entry on a miss (``key`` set) or a fallback (``key`` None).
 
-        Returns None after registering a launch record for ``key``; otherwise the result of
-        launching through Triton itself.
+        Returns the loaded launch record for ``key`` (the native entry inserts and launches
+        it); otherwise the result of launching through Triton itself.
         """
         if key is None:  # counted as a fallback by the native entry
             return self._fallback(grid, args, kwargs, reason or "unsupported call")

@@ -124,7 +124,7 @@ class PatchedAutotuner(NativeDispatch):
             for p in jit_fn.params
         }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
-        _C.set_publish(self, autotuner, "best_config")
+        self._set_publish(autotuner, "best_config")
 
     def __repr__(self) -> str:
         return f"PatchedAutotuner({self._stats_name()})"
@@ -199,7 +199,13 @@ class PatchedAutotuner(NativeDispatch):
             else:
                 merged = {**kwargs, **config.all_kwargs()}
                 tuned_args = self._tuned_args(merged, self._config_params)
-                reason = self._register(args, merged, key, device, tuned_args, published=config)
+                record = self._launch_record(
+                    args, merged, key, device, tuned_args, published=config
+                )
+                if isinstance(record, str):
+                    reason = record
+                else:  # Triton launched this call; the record serves the next ones
+                    self._insert(key, record)
         if reason is not None:
             if key is not None:
                 self._miss_fallbacks += 1
