@@ -67,6 +67,39 @@ def test_an_exported_bundle_loads_with_its_entries(bundle):
     assert all(e.startswith("add_kernel[*fp32") for e in entries)
 
 
+def test_the_loader_reads_each_launch_fact_the_writer_wrote(stand_in, tmp_path):
+    """The writer orders an entry line's facts by _C.BUNDLE_ENTRY_FACTS and the C++ parser reads
+    them in its own order: with every fact given a distinct value, each parsed fact is the one
+    the kernel registered."""
+    import dataclasses
+
+    k = fk(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    (key,) = k._registrations
+    target, spec, meta = k._registrations[key]
+    distinct = dataclasses.replace(
+        meta,
+        block_x=96,
+        shared_mem=4096,
+        num_ctas=2,
+        cooperative_grid=True,
+        pdl=True,
+        global_scratch_size=384,
+        global_scratch_align=64,
+        profile_scratch_size=640,
+        profile_scratch_align=32,
+    )
+    k._registrations[key] = (target, spec, distinct)
+    fastkernel.export(k, tmp_path / "bundle")
+    (facts,) = _C._testing.bundle_facts(str(tmp_path / "bundle"))
+    assert set(_C.BUNDLE_ENTRY_FACTS) < set(_C.LaunchFacts.FIELDS)
+    for name in _C.BUNDLE_ENTRY_FACTS:
+        expected = 2 if name == "num_scratch_params" else getattr(distinct, name)
+        assert getattr(facts, name) == expected, name
+    assert facts.kernel_name == meta.name
+
+
 def _replace_entry_field(lines, index, value):
     fields = entry_fields(lines)
     fields[index] = value

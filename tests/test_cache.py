@@ -230,11 +230,58 @@ def test_key_covers_a_non_constexpr_global_that_triton_does_not_hash(
 
 
 def test_entries_store_every_launch_metadata_field():
-    """An entry holds all of abi.LaunchMetadata; a new field there needs a FORMAT_VERSION bump
-    and a new entry field (else a warm start would register without it)."""
+    """An entry's header holds every field of abi.LaunchMetadata but the cubin, each as a JSON
+    type; the set is pinned to FORMAT_VERSION, so a field added to LaunchMetadata fails here
+    until the version is bumped (entries of the old version are then refused and rewritten)."""
     assert set(cache.entry.LAUNCH_FIELDS) | {"cubin"} == {
         f.name for f in dataclasses.fields(abi.LaunchMetadata)
     }
+    assert set(cache.entry.LAUNCH_FIELDS.values()) <= {str, int, bool, list}
+    pinned = {
+        2: {
+            "name": str,
+            "block_x": int,
+            "shared_mem": int,
+            "num_ctas": int,
+            "cooperative_grid": bool,
+            "pdl": bool,
+            "global_scratch_size": int,
+            "global_scratch_align": int,
+            "profile_scratch_size": int,
+            "profile_scratch_align": int,
+            "tensordesc_meta": list,
+        }
+    }
+    assert cache.entry.LAUNCH_FIELDS == pinned[cache.entry.FORMAT_VERSION]
+
+
+def test_launch_facts_come_from_the_native_field_list():
+    """abi.launch_facts fills _C.LaunchFacts by the native struct's own field list: every field
+    not supplied by the registration is LaunchMetadata's of the same name."""
+    from fastkernel import _C
+
+    meta = abi.LaunchMetadata(
+        name="k",
+        cubin=b"",
+        block_x=128,
+        shared_mem=4096,
+        num_ctas=2,
+        cooperative_grid=True,
+        pdl=True,
+        global_scratch_size=64,
+        global_scratch_align=16,
+        profile_scratch_size=32,
+        profile_scratch_align=8,
+    )
+    facts = abi.launch_facts(meta, device=3, plan=[(0, "*fp32")], num_scratch_params=2)
+    registration = set(abi.REGISTRATION_FACTS) | {"kernel_name"}
+    assert set(abi.REGISTRATION_FACTS) < set(_C.LaunchFacts.FIELDS)
+    for field in _C.LaunchFacts.FIELDS:
+        if field not in registration:
+            assert getattr(facts, field) == getattr(meta, field), field
+    assert (facts.kernel_name, facts.device, facts.plan) == ("k", 3, [(0, "*fp32")])
+    with pytest.raises(TypeError, match="block_x"):
+        abi.launch_facts(meta, block_x=64)
 
 
 def test_values_are_rendered_with_their_type():

@@ -295,6 +295,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("config_provided") = int(kTuneConfigProvided), py::arg("value") = int(kTuneValue),
       py::arg("layout") = int(kTuneLayout), py::arg("sizes") = int(kTuneSizes));
   m.attr("BUNDLE_FORMAT_VERSION") = kBundleFormatVersion;
+  m.attr("BUNDLE_ENTRY_FACTS") = py::tuple(
+      py::cast(std::vector<std::string>(kBundleEntryFacts.begin(), kBundleEntryFacts.end())));
 
   m.def("driver_library_path", &driver_library_path,
         "The CUDA driver library fastkernel opens ($FASTKERNEL_CUDA_DRIVER or libcuda.so.1).");

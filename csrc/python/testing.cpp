@@ -128,6 +128,18 @@ void register_testing(py::module_& m) {
       },
       py::arg("directory"), "Load a kernel bundle and describe its entries (tests only).");
   t.def(
+      "bundle_facts",
+      [](const std::string& directory) {
+        const Bundle bundle = Bundle::load(directory);
+        std::vector<LaunchFacts> facts;
+        for (const auto& e : bundle.entries()) {
+          facts.push_back(e->facts);
+        }
+        return facts;
+      },
+      py::arg("directory"),
+      "The launch facts of a kernel bundle's entries, as parsed (tests only).");
+  t.def(
       "sha256",
       [](const py::bytes& data) {
         Sha256 digest;

@@ -20,6 +20,8 @@ TUNE_FLAGS: dict[str, int]
 """TuneFlag bits: ``config_provided``, ``value``, ``layout``, ``sizes``."""
 BUNDLE_FORMAT_VERSION: int
 """The manifest format version ``fastkernel::Bundle::load`` reads."""
+BUNDLE_ENTRY_FACTS: tuple[str, ...]
+"""The :class:`LaunchFacts` fields a manifest ``entry`` line carries, in order (bundle.h)."""
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the CUDA error."""

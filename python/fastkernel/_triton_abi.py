@@ -287,6 +287,35 @@ class LaunchMetadata:
     tensordesc_meta: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
+#: The launch facts a registration supplies (per device and call pattern); every other field
+#: of ``_C.LaunchFacts`` is the binary's, read from :class:`LaunchMetadata` by name.
+REGISTRATION_FACTS = ("device", "plan", "num_scratch_params", "tensor_maps")
+
+
+def launch_facts(meta: LaunchMetadata, **registration: Any) -> Any:
+    """The ``_C.LaunchFacts`` of ``meta``'s binary for one registration, field by field in the
+    order the native struct declares (``_C.LaunchFacts.FIELDS``): the fields in
+    :data:`REGISTRATION_FACTS` from ``registration`` (keywords), ``kernel_name`` from
+    ``meta.name``, every other one from ``meta``'s field of the same name. Raises TypeError
+    when ``registration`` names another field, AttributeError when the native struct has a
+    fact :class:`LaunchMetadata` lacks (a field added on one side only)."""
+    from . import _C
+
+    unknown = set(registration) - set(REGISTRATION_FACTS)
+    if unknown:
+        raise TypeError(f"launch_facts: {sorted(unknown)} are not registration facts")
+    values = {}
+    for field in _C.LaunchFacts.FIELDS:
+        if field in REGISTRATION_FACTS:
+            if field in registration:
+                values[field] = registration[field]
+        elif field == "kernel_name":
+            values[field] = meta.name
+        else:
+            values[field] = getattr(meta, field)
+    return _C.LaunchFacts(**values)
+
+
 def launch_metadata(compiled) -> LaunchMetadata:
     """Read the launch facts of a CompiledKernel (never hard-coding sizes or counts)."""
     md = compiled.metadata

@@ -123,6 +123,9 @@ def export(kernel, path) -> list[pathlib.Path]:
         atomic_write(cubin, meta.cubin)
         written.append(cubin)
         first = len(lines)
+        facts = abi.launch_facts(
+            meta, device=0, plan=[], num_scratch_params=abi.num_scratch_params()
+        )
         lines.append(
             " ".join(
                 str(x)
@@ -132,16 +135,7 @@ def export(kernel, path) -> list[pathlib.Path]:
                     cubin.name,
                     meta.name,
                     target.arch,
-                    meta.block_x,
-                    meta.shared_mem,
-                    meta.num_ctas,
-                    int(meta.cooperative_grid),
-                    int(meta.pdl),
-                    abi.num_scratch_params(),
-                    meta.global_scratch_size,
-                    meta.global_scratch_align,
-                    meta.profile_scratch_size,
-                    meta.profile_scratch_align,
+                    *(int(getattr(facts, name)) for name in _C.BUNDLE_ENTRY_FACTS),
                 )
             )
         )

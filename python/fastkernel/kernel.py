@@ -507,20 +507,11 @@ class NativeDispatch(_C.Kernel):
                 raise
             return f"its launch metadata does not fit the specialization: {exc!r}"
         try:
-            facts = _C.LaunchFacts(
-                kernel_name=meta.name,
+            facts = abi.launch_facts(
+                meta,
                 device=device,
-                block_x=meta.block_x,
-                shared_mem=meta.shared_mem,
-                num_ctas=meta.num_ctas,
-                cooperative_grid=meta.cooperative_grid,
-                pdl=meta.pdl,
                 plan=plan,
                 num_scratch_params=abi.num_scratch_params(),
-                global_scratch_size=meta.global_scratch_size,
-                global_scratch_align=meta.global_scratch_align,
-                profile_scratch_size=meta.profile_scratch_size,
-                profile_scratch_align=meta.profile_scratch_align,
                 tensor_maps=[_C.TensorMapFacts(*t) for t in tensor_maps],
             )
             # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.

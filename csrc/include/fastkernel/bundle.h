@@ -32,6 +32,20 @@ namespace fastkernel {
 /// The manifest format version Bundle::load reads (its first line: "fastkernel-bundle 2").
 inline constexpr int kBundleFormatVersion = 2;
 
+/// The launch facts a manifest "entry" line carries after its kernel name, cubin file, kernel
+/// symbol and arch, in this order (LaunchFacts member names; bools written 0 or 1). Exported to
+/// the Python writer (fastkernel.export) as `_C.BUNDLE_ENTRY_FACTS`.
+inline constexpr std::array<const char*, 10> kBundleEntryFacts = {"block_x",
+                                                                  "shared_mem",
+                                                                  "num_ctas",
+                                                                  "cooperative_grid",
+                                                                  "pdl",
+                                                                  "num_scratch_params",
+                                                                  "global_scratch_size",
+                                                                  "global_scratch_align",
+                                                                  "profile_scratch_size",
+                                                                  "profile_scratch_align"};
+
 /// A device pointer argument (a tensor's data pointer).
 ArgValue pointer_arg(uint64_t device_pointer);
 /// An integer argument (classified i32 / i64 as Triton does).

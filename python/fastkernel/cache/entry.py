@@ -12,6 +12,7 @@ import logging
 import pathlib
 import struct
 import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,20 +34,14 @@ _MAX_HEADER = 1 << 20  # a header is a few KB; anything far larger is not ours
 _MAX_CUBIN = 256 << 20  # the largest cubin an entry may hold (as for bundles, csrc/bundle.cpp)
 MAX_ENTRY_FILE = _PREFIX_SIZE + _MAX_HEADER + _MAX_CUBIN
 
-#: The fields of ``abi.LaunchMetadata`` stored in an entry's header (all but the cubin), with the
-#: JSON type each must have.
+#: The fields of ``abi.LaunchMetadata`` stored in an entry's header (all but the cubin, which
+#: follows the header), with the JSON type each must have: the field's annotated type, or for a
+#: generic one (``list[...]``) its origin.
 LAUNCH_FIELDS: dict[str, type] = {
-    "name": str,
-    "block_x": int,
-    "shared_mem": int,
-    "num_ctas": int,
-    "cooperative_grid": bool,
-    "pdl": bool,
-    "global_scratch_size": int,
-    "global_scratch_align": int,
-    "profile_scratch_size": int,
-    "profile_scratch_align": int,
-    "tensordesc_meta": list,
+    field.name: typing.get_origin(hint) or hint
+    for field in dataclasses.fields(abi.LaunchMetadata)
+    if field.name != "cubin"
+    for hint in [typing.get_type_hints(abi.LaunchMetadata)[field.name]]
 }
 
 #: The keys of one ``tensordesc_meta`` entry the native launcher reads, with their JSON types.
