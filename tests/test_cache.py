@@ -819,3 +819,52 @@ def test_processes_cold_starting_together_compile_each_specialization_once(tmp_p
     spec.loader.exec_module(contention)
     result = contention.one_round(4, lock=True, driver=os.environ["FASTKERNEL_CUDA_DRIVER"])
     assert result["compiles"] == contention.SPECIALIZATIONS and result["all_native"]
+
+
+def test_the_toolchain_signature_stats_every_file_triton_key_reads():
+    """The stat signature that stands in for hashing Triton's sources covers each module
+    triton/runtime/cache.py ``triton_key()`` opens: every module ``pkgutil.walk_packages``
+    finds under the compiler, backends and language packages, the frontend and libtriton."""
+    import os
+    import pkgutil
+
+    import triton
+
+    from fastkernel.cache import key as cache_key
+
+    root = os.path.dirname(os.path.abspath(triton.__file__))
+    read = {os.path.join(root, "runtime", "cache.py")}
+    for sub in ("compiler", "backends", "language"):
+        for module in pkgutil.walk_packages([os.path.join(root, sub)], f"triton.{sub}."):
+            read.add(module.module_finder.find_spec(module.name).origin)
+    sources = set(cache_key._triton_key_sources())
+    assert len(read) > 10
+    assert read <= sources, read - sources
+    assert any(path.endswith(os.path.join("_C", "libtriton.so")) for path in sources)
+
+
+def test_the_options_digest_is_the_backends_own_hash_with_libraries_memoized(tmp_path, monkeypatch):
+    """The options part of the entry key equals CUDAOptions.hash() (every field, extern
+    libraries by content) while hashing libdevice once per stat signature, not per process."""
+    from fastkernel.cache import key as cache_key
+
+    backend = abi.backend_for(abi.cuda_target(9, 0))
+    hashed = []
+    real = cache_key._file_content_digest
+    monkeypatch.setattr(
+        cache_key, "_file_content_digest", lambda path: hashed.append(path) or real(path)
+    )
+    monkeypatch.setattr(cache_key, "_digests", {})
+    memo = str(tmp_path / "toolchain")
+    for options in (
+        backend.parse_options({}),
+        backend.parse_options({"num_warps": 8, "num_stages": 2, "debug": True}),
+    ):
+        assert options.extern_libs  # libdevice
+        assert cache_key.options_digest(options, memo) == options.hash()
+    assert len(hashed) == 1  # one library, hashed once
+    monkeypatch.setattr(cache_key, "_digests", {})  # a fresh process: the memo file serves
+    cache_key.options_digest(backend.parse_options({}), memo)
+    assert len(hashed) == 1
+    a = cache_key.options_digest(backend.parse_options({"num_warps": 4}), memo)
+    assert a != cache_key.options_digest(backend.parse_options({"num_warps": 8}), memo)

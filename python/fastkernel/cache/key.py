@@ -67,17 +67,29 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _package_sources(directory: str, out: list[str]) -> None:
+    """Append the .py files of ``directory`` and, depth first, of its subdirectories that are
+    packages (hold an ``__init__.py``): the modules ``pkgutil.walk_packages`` finds there. The
+    non-package trees beside them (the CUDA headers and tools under ``backends/nvidia``) are not
+    entered, which is most of the walk."""
+    with os.scandir(directory) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    out += [e.path for e in entries if e.name.endswith(".py") and e.is_file()]
+    for e in entries:
+        if e.is_dir() and os.path.isfile(os.path.join(e.path, "__init__.py")):
+            _package_sources(e.path, out)
+
+
 @functools.cache
 def _triton_key_sources() -> tuple[str, ...]:
-    """The files Triton's ``triton_key()`` hashes (triton/runtime/cache.py: the frontend, the
-    compiler and backend packages, libtriton, the language package), as a superset: every .py
-    file under those packages."""
+    """The files Triton's ``triton_key()`` hashes (triton/runtime/cache.py: the frontend, then
+    ``pkgutil.walk_packages`` over the compiler and backends packages, libtriton, then the
+    language package), as a superset: every .py file of those packages and their
+    subpackages."""
     root = os.path.dirname(os.path.abspath(triton.__file__))
     paths = [os.path.join(root, "runtime", "cache.py")]
     for sub in ("compiler", "backends", "language"):
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub)):
-            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-            paths += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+        _package_sources(os.path.join(root, sub), paths)
     ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
     paths.append(os.path.join(root, "_C", f"libtriton.{ext}"))
     return tuple(paths)
@@ -184,6 +196,39 @@ def _backend_digest(target, memo_dir: str | None) -> str:
     )
 
 
+def _file_content_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def options_digest(options, memo_dir: str | None) -> str:
+    """sha256 of the backend options: every field by name and value, as the backends' own
+    ``hash()`` spells them (triton/backends/nvidia/compiler.py ``CUDAOptions.hash``), with each
+    extern library (libdevice) by the sha256 of its content, memoized by the library's stats
+    like the toolchain digests (hashing libdevice, about 0.5 MB, would cost a warm start about
+    half a millisecond)."""
+    fields = dict(vars(options))
+    libs = fields.get("extern_libs")
+    if libs:
+        pairs = libs.items() if isinstance(libs, dict) else libs
+        fields["extern_libs"] = tuple(
+            (
+                name,
+                _memoized_digest(
+                    "file",
+                    _sha256(_stat_part(str(path))),
+                    functools.partial(_file_content_digest, path),
+                    memo_dir,
+                ),
+            )
+            for name, path in sorted(pairs)
+        )
+    return _sha256("_".join(f"{name}-{value}" for name, value in sorted(fields.items())))
+
+
 def toolchain_fingerprint(target, memo_dir: pathlib.Path | None = None) -> dict[str, Any]:
     """What identifies the toolchain that compiles for ``target``; stored in every entry and part
     of its key.
@@ -246,8 +291,8 @@ def key_document(
         ``globals``: every global it and its callees read, by name and current value (Triton's
         ``cache_key`` covers only the constexpr ones, as first seen); ``signature``,
         ``constexprs``, ``attrs``: the specialization, values rendered with type tags and jit
-        functions by their ``cache_key``; ``options``: the backend options' ``hash()`` (a sorted
-        dict of every option, with extern libraries such as libdevice by content, not path);
+        functions by their ``cache_key``; ``options``: :func:`options_digest` (every option, with
+        extern libraries such as libdevice by content, not path);
         ``env``: Triton's cache-invalidating environment variables that are set
         (``get_cache_invalidating_env_vars()``, as ``triton.compile`` reads them).
 
@@ -287,7 +332,7 @@ def key_document(
         "signature": [[str(name), str(ty)] for name, ty in spec.signature.items()],
         "constexprs": sorted([list(path), render(v)] for path, v in spec.constexprs.items()),
         "attrs": sorted([list(path), render(v)] for path, v in spec.attrs.items()),
-        "options": spec.options.hash(),
+        "options": options_digest(spec.options, str(memo_dir) if memo_dir else None),
         "env": sorted([str(k), str(v)] for k, v in env_vars.items()),
     }
 

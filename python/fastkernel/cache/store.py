@@ -96,7 +96,10 @@ class CachedKernel:
     """
 
     name: str
-    metadata: Any
+    #: Triton's metadata fields as read from the entry (``target`` as a GPUTarget); ``metadata``
+    #: is made from them on first use (making a namedtuple class costs a warm start about
+    #: 0.3 ms, and most programs never read it).
+    metadata_fields: Mapping[str, Any] = dataclasses.field(repr=False)
     asm: Mapping[str, bytes]
     src: Any
     hash: str
@@ -105,10 +108,14 @@ class CachedKernel:
     kernel: str
     launch: Mapping[str, Any]
 
+    @functools.cached_property
+    def metadata(self) -> Any:
+        return _metadata_type(tuple(sorted(self.metadata_fields)))(**self.metadata_fields)
+
     @property
     def target(self):
         """The compile target (``triton.backends.compiler.GPUTarget``)."""
-        return self.metadata.target
+        return self.metadata_fields["target"]
 
     @classmethod
     def from_entry(cls, entry: Entry, src: Any = None) -> CachedKernel:
@@ -119,10 +126,9 @@ class CachedKernel:
         t = h["target"]  # the same target, checked by _check_header
         # As CompiledKernel.__init__ (triton/compiler/compiler.py) rebuilds it from its JSON.
         md["target"] = GPUTarget(t["backend"], t["arch"], t["warp_size"])
-        kernel_metadata = _metadata_type(tuple(sorted(md)))(**md)
         return cls(
             name=h["launch"]["name"],
-            metadata=kernel_metadata,
+            metadata_fields=types.MappingProxyType(md),
             asm=types.MappingProxyType({"cubin": entry.cubin}),
             src=src,
             hash=str(md.get("hash", "")),
