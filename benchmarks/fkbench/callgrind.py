@@ -32,6 +32,10 @@ _CALLGRIND_HITS = 1000
 #: name, as --dump-after takes no wildcard.
 _TOGGLE = "fastkernel_bench_call_loop"
 
+#: The call-site compile options of the "options" loops: Triton's defaults, given at the call
+#: as Liger-Kernel gives num_warps on every call.
+CALL_SITE_OPTIONS = {"num_warps": 4, "num_stages": 3}
+
 #: Function groups of a hit, by the symbol whose inclusive count measures them (in call order).
 #: "fastkernel::launch" includes the driver call; the breakdown subtracts it.
 GROUP_SYMBOLS: list[tuple[str, str]] = [
@@ -242,14 +246,23 @@ def callgrind_child(argv: list[str]) -> int:
                 ("tutorial", tutorial, _host_helpers.uninstall),
                 ("tutorial+helpers", tutorial, _host_helpers.install),
             ]
-        for grid_kind, grid, switch in grids:
+        # (kind, grid, host-helper switch, positional arguments, keyword arguments)
+        calls: list[tuple[str, Any, Any, tuple, dict]] = [
+            (kind, grid, switch, args, {}) for kind, grid, switch in grids
+        ]
+        if args:  # every argument by keyword; then positional with two call-site options
+            names = shape.kernel.arg_names
+            calls.append(("keywords", shape.grid, None, (), dict(zip(names, args))))
+            calls.append(("options", shape.grid, None, args, CALL_SITE_OPTIONS))
+        for grid_kind, grid, switch, call_args, call_kwargs in calls:
             if switch is not None:
                 switch()
             for _ in range(_CALLGRIND_WARMUP):
-                fk[grid](*args)
+                fk[grid](*call_args, **call_kwargs)
             drv.reset()
             hits_before = fk.stats()["hits"]
-            _C.bench_call_loop(fk, grid, args, opts.hits)  # collected, then dumped
+            # collected, then dumped
+            _C.bench_call_loop(fk, grid, call_args, opts.hits, call_kwargs)
             hits = fk.stats()["hits"] - hits_before
             loops.append(
                 {
@@ -451,6 +464,27 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
                 f"{label} adds (fastkernel's instructions per hit, over the tuple grid): "
                 + "  ".join(extra)
             )
+    keywords = [
+        f"{shape}: {own[(shape, 'keywords')] / own[(shape, 'tuple')]:.3f}"
+        for shape, grid in own
+        if grid == "tuple" and (shape, "keywords") in own and own[(shape, "tuple")]
+    ]
+    if keywords:
+        print(
+            "every argument by keyword / positional (fastkernel's own instructions per hit, "
+            "tuple grid): " + "  ".join(keywords)
+        )
+    options = [
+        f"{shape}: {(own[(shape, 'options')] - own[(shape, 'tuple')]) / len(CALL_SITE_OPTIONS):.0f}"
+        for shape, grid in own
+        if grid == "tuple" and (shape, "options") in own
+    ]
+    if options:
+        print(
+            f"a call-site option ({', '.join(f'{k}={v}' for k, v in CALL_SITE_OPTIONS.items())}) "
+            "adds, each (fastkernel's instructions per hit, over the positional call): "
+            + "  ".join(options)
+        )
     ratios = [
         f"{shape}: {own[(shape, 'patched')] / own[(shape, 'tuple')]:.3f}"
         for shape, grid in own

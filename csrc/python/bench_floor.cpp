@@ -144,20 +144,24 @@ std::vector<std::string> to_strings(const std::vector<py::bytes>& params) {
 
 }  // namespace
 
-/// `launcher[grid](*args)` repeated `iterations` times from C. Out of line, with a C name that
-/// does not depend on demangling, so that callgrind's `--toggle-collect=fastkernel_bench_call_loop`
-/// and `--dump-after=` collect exactly these calls and nothing of the interpreter around them.
+/// `launcher[grid](*positional, **keywords)` repeated `iterations` times from C, where `args`
+/// holds the positional values then the keyword values and `kwnames` (a tuple, or nullptr) names
+/// the last ones (vectorcall's convention). Out of line, with a C name that does not depend on
+/// demangling, so that callgrind's `--toggle-collect=fastkernel_bench_call_loop` and
+/// `--dump-after=` collect exactly these calls and nothing of the interpreter around them.
 extern "C" __attribute__((noinline)) void fastkernel_bench_call_loop(PyObject* launcher,
                                                                      PyObject* grid, PyObject* args,
+                                                                     PyObject* kwnames,
                                                                      uint64_t iterations) {
   PyObject* const* items = &PyTuple_GET_ITEM(args, 0);
-  const size_t nargs = size_t(PyTuple_GET_SIZE(args));
+  const size_t nargs =
+      size_t(PyTuple_GET_SIZE(args) - (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0));
   for (uint64_t i = 0; i < iterations; ++i) {
     PyObject* bound = PyObject_GetItem(launcher, grid);
     if (bound == nullptr) {
       throw py::error_already_set();
     }
-    PyObject* result = PyObject_Vectorcall(bound, items, nargs, nullptr);
+    PyObject* result = PyObject_Vectorcall(bound, items, nargs, kwnames);
     Py_DECREF(bound);
     if (result == nullptr) {
       throw py::error_already_set();
@@ -259,11 +263,23 @@ loop. Raises as BenchFloor does, and ValueError for a grid dimension of 0.)doc")
 
   m.def(
       "bench_call_loop",
-      [](py::handle launcher, py::handle grid, const py::tuple& args, uint64_t iterations) {
-        fastkernel_bench_call_loop(launcher.ptr(), grid.ptr(), args.ptr(), iterations);
+      [](py::handle launcher, py::handle grid, const py::tuple& args, uint64_t iterations,
+         const py::dict& kwargs) {
+        py::list values(args);
+        py::tuple names(kwargs.size());
+        size_t k = 0;
+        for (auto item : kwargs) {
+          names[k++] = item.first;
+          values.append(item.second);
+        }
+        const py::tuple all(values);
+        fastkernel_bench_call_loop(launcher.ptr(), grid.ptr(), all.ptr(),
+                                   kwargs.empty() ? nullptr : names.ptr(), iterations);
       },
       py::arg("launcher"), py::arg("grid"), py::arg("args"), py::arg("iterations"),
-      R"doc(Call `launcher[grid](*args)` `iterations` times from a native loop (results dropped).
+      py::arg("kwargs") = py::dict(),
+      R"doc(Call `launcher[grid](*args, **kwargs)` `iterations` times from a native loop (results
+dropped; the keywords are passed by vectorcall's kwnames, as CPython passes them).
 
 Used by `python benchmarks/dispatch.py --callgrind`, which collects instruction counts only while
 fastkernel_bench_call_loop runs. An exception raised by a call propagates.)doc");
