@@ -272,3 +272,43 @@ def test_an_empty_grid_still_checks_the_arguments(stand_in):
     with pytest.raises(TypeError, match="argument 'big': expected i64, got a float"):
         k[(0,)](out, 3, 1.5, 5, BLOCK=16)
     assert stand_in.launches() == []
+
+
+def _launched_pointers(launch) -> list[int]:
+    return [int.from_bytes(p, "little") for p in launch.params[:3]]
+
+
+def test_a_keyword_binding_is_reused_only_for_its_positional_count(add, stand_in):
+    """CPython passes every call site of one function with the same literal keywords the same
+    kwnames tuple; the binding the native entry keeps for that tuple holds only for the
+    positional count it was checked with."""
+    a, b, c = torch.randn(64), torch.randn(64), torch.randn(64)
+
+    def call(positional_n: bool):
+        if positional_n:
+            return add[(1,)](a, b, c, 64, n=64, BLOCK=64)
+        return add[(1,)](a, b, c, n=64, BLOCK=64)
+
+    assert call.__code__.co_consts.count(("n", "BLOCK")) == 1  # one tuple for both sites
+    call(False)
+    with pytest.raises(TypeError, match="multiple values for argument 'n'"):
+        call(True)
+    call(False)
+    assert len(stand_in.launches()) == 2
+
+
+def test_keyword_call_sites_bind_each_their_own_way(add, stand_in):
+    """Alternating call sites with different keywords (and a rejected one between them) each
+    launch their own arguments in their parameters' places."""
+    a, b, c = torch.randn(64), torch.randn(64), torch.randn(64)
+    expected = [a.data_ptr(), b.data_ptr(), c.data_ptr()]
+    for _ in range(3):
+        add[(1,)](a, b, c, n=64, BLOCK=64)
+        add[(1,)](out_ptr=c, y_ptr=b, x_ptr=a, BLOCK=64, n=64)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'z_ptr'"):
+            add[(1,)](a, b, z_ptr=c, n=64, BLOCK=64)
+        add[(1,)](a, b, c, 64, BLOCK=64, num_warps=4)
+    launches = stand_in.launches()
+    assert len(launches) == 9
+    assert all(_launched_pointers(launch) == expected for launch in launches)
+    assert add.stats()["fallbacks"] == 0

@@ -152,6 +152,11 @@ INTS = [
     -1,
     -16,
     -17,
+    2**30 - 1,  # the largest magnitude CPython stores in one digit (read without a call)
+    2**30,
+    -(2**30) + 1,
+    -(2**30),
+    2**30 + 16,
     2**31 - 1,
     2**31,
     -(2**31),
@@ -300,6 +305,18 @@ def test_compile_options_and_device_are_in_the_key():
     assert native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_stages": 2}) != base
     assert native_key(k, [x, x, x, 64], {"BLOCK": 64}, device=1) != base
     assert native_key(k, [x, x, x, 64], {"BLOCK": 128}) != base
+
+
+def test_compile_option_values_are_keyed_by_type_and_value():
+    """Small-int option values share one key word with the option; every other value (big
+    ints, bools, floats, strings) is keyed as a constexpr. No two distinct values share a key."""
+    k = fastkernel(kernels.add_kernel)
+    x = torch.zeros(64)
+    values = [4, 8, 0, -4, 2**30 - 1, 2**30, -(2**30), 2**40, True, False, 4.0, "4", None]
+    keys = [native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_stages": v}) for v in values]
+    assert len(set(keys)) == len(values), values
+    for v, key in zip(values, keys):
+        assert native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_stages": v}) == key
 
 
 def test_defaults_fill_missing_arguments():

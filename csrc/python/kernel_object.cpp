@@ -582,6 +582,7 @@ void kernel_release_state(KernelObject* self) {
       Py_XDECREF(o);
     }
     clear_grid_meta(self->state);
+    Py_XDECREF(self->state->keywords.kwnames);
     delete self->state;
     self->state = nullptr;
   }

@@ -26,12 +26,24 @@ struct ParamSpec {
   uint8_t tune = 0;        ///< TuneFlag bits (fastkernel.autotune); 0 otherwise
 };
 
+/// How the keywords of one kwnames tuple bind, for the call site that passed it last (CPython
+/// passes a call site's literal keywords as the same constant tuple on every call): per keyword,
+/// the parameter index (>= 0) or -1 - the compile option's index. Valid for calls passing
+/// exactly this tuple after `nargs` positional arguments; checked (unknown names, a parameter
+/// given twice) when it was made.
+struct KeywordBinding {
+  PyObject* kwnames = nullptr;  ///< owned, so that its address is not reused while cached
+  Py_ssize_t nargs = -1;
+  std::vector<int16_t> slots;
+};
+
 /// Per-kernel native state (owned by KernelObject).
 struct KernelState {
   std::vector<ParamSpec> params;
   std::vector<PyObject*> param_names;   ///< params[i].name, contiguous for the keyword scan
   std::vector<PyObject*> option_names;  ///< interned, owned; the index is the option's key tag
   LaunchTable table;
+  KeywordBinding keywords;               ///< the last kwnames tuple's binding
   PyObject* grid_meta = nullptr;         ///< the callable grid's mapping, reused (grid_meta.h)
   PyObject* param_name_tuple = nullptr;  ///< the parameter names as a tuple, owned
   bool has_config_params = false;        ///< some parameter is kTuneConfigProvided

@@ -37,6 +37,80 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
   return -1;
 }
 
+// Binds the keywords of `kwnames` (after `nargs` positional arguments) to parameters and
+// compile options into kernel->state->keywords, raising Python's TypeError for a name that is
+// neither or a parameter given twice, in keyword order. Once per call site: later calls passing
+// the same kwnames tuple reuse the binding.
+[[gnu::cold]] bool bind_keywords(KernelObject* kernel, PyObject* kwnames, Py_ssize_t nargs) {
+  KernelState& st = *kernel->state;
+  const int num_params = int(st.params.size());
+  const int num_options = int(st.option_names.size());
+  const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+  std::vector<int16_t> slots(size_t(nkw), 0);
+  std::vector<bool> bound(size_t(num_params), false);
+  for (int i = 0; i < num_params && i < nargs; ++i) {
+    bound[size_t(i)] = true;
+  }
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject* kw = PyTuple_GET_ITEM(kwnames, k);
+    int index = find_interned(kw, st.param_names.data(), num_params);
+    int option = index < 0 ? find_interned(kw, st.option_names.data(), num_options) : -1;
+    if (index < 0 && option < 0) {
+      index = find_by_value(kw, st.param_names.data(), num_params);
+      if (index < 0) {
+        option = find_by_value(kw, st.option_names.data(), num_options);
+      }
+    }
+    if (index >= 0) {
+      if (bound[size_t(index)]) {
+        PyErr_Format(PyExc_TypeError, "%U got multiple values for argument '%U'", kernel->name, kw);
+        return false;
+      }
+      bound[size_t(index)] = true;
+      slots[size_t(k)] = int16_t(index);
+      continue;
+    }
+    if (option < 0) {
+      PyErr_Format(PyExc_TypeError,
+                   "%U got an unexpected keyword argument '%U' (neither a kernel parameter nor "
+                   "a Triton compile option)",
+                   kernel->name, kw);
+      return false;
+    }
+    // CPython rejects a keyword given twice before the call; an option repeated anyway (a
+    // hand-built kwnames tuple) keeps its last value, as a dict would.
+    slots[size_t(k)] = int16_t(-1 - option);
+  }
+  KeywordBinding& binding = st.keywords;
+  Py_INCREF(kwnames);
+  Py_XSETREF(binding.kwnames, kwnames);
+  binding.nargs = nargs;
+  binding.slots = std::move(slots);
+  return true;
+}
+
+// The value of an exact int (PyLong_CheckExact) when CPython stores it in a single digit
+// (magnitude below 2**30), read from its representation without a call: CPython's own
+// compact-value accessor (PyUnstable_Long_CompactValue, 3.12+; MEDIUM_VALUE in 3.10-3.11
+// longobject.c). False for a larger magnitude: the caller converts it the general way.
+[[gnu::always_inline]] inline bool compact_int(PyObject* v, long long* out) {
+  const PyLongObject* number = reinterpret_cast<const PyLongObject*>(v);
+#if PY_VERSION_HEX >= 0x030C0000
+  if (!PyUnstable_Long_IsCompact(number)) {
+    return false;
+  }
+  *out = PyUnstable_Long_CompactValue(number);
+  return true;
+#else
+  const Py_ssize_t size = Py_SIZE(v);
+  if (size < -1 || size > 1) {
+    return false;
+  }
+  *out = size == 0 ? 0 : size * static_cast<long long>(number->ob_digit[0]);
+  return true;
+#endif
+}
+
 // Types whose instances are keyed by identity, and Triton's constexpr wrapper class (set once
 // at import by the Python layer; see set_constexpr_types).
 PyObject* g_identity_types = nullptr;  // a tuple of types
@@ -93,7 +167,10 @@ bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
   }
   if (PyLong_CheckExact(v)) {
     int overflow = 0;
-    long long value = PyLong_AsLongLongAndOverflow(v, &overflow);
+    long long value;
+    if (!compact_int(v, &value)) {
+      value = PyLong_AsLongLongAndOverflow(v, &overflow);
+    }
     if (overflow == 0) {
       key->push(uint64_t(ArgKind::ConstexprInt));
       key->push(uint64_t(value));
@@ -216,7 +293,10 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
                                                  PyObject* v, ArgValue* value,
                                                  SpecializationKey* key) {
   int overflow = 0;
-  long long s = PyLong_AsLongLongAndOverflow(v, &overflow);
+  long long s;
+  if (!compact_int(v, &s)) {
+    s = PyLong_AsLongLongAndOverflow(v, &overflow);
+  }
   value->kind = ArgKind::Int;
   if (overflow == 0) {
     value->i = s;
@@ -599,7 +679,6 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
                              PyObject* kwnames, BoundCall* call) {
   KernelState& st = *kernel->state;
   const int num_params = int(st.params.size());
-  const int num_options = int(st.option_names.size());
   if (nargs > num_params) {
     PyErr_Format(PyExc_TypeError, "%U takes %d arguments but %zd were given", kernel->name,
                  num_params, nargs);
@@ -610,34 +689,21 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   }
   call->num_set_options = 0;
   if (kwnames != nullptr) {
+    const KeywordBinding& binding = st.keywords;
+    if ((kwnames != binding.kwnames || nargs != binding.nargs) &&
+        !bind_keywords(kernel, kwnames, nargs)) {
+      return KeyStatus::Error;
+    }
+    const int16_t* slots = binding.slots.data();
     const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t k = 0; k < nkw; ++k) {
-      PyObject* kw = PyTuple_GET_ITEM(kwnames, k);
       PyObject* value = args[nargs + k];
-      int index = find_interned(kw, st.param_names.data(), num_params);
-      int option = index < 0 ? find_interned(kw, st.option_names.data(), num_options) : -1;
-      if (index < 0 && option < 0) {
-        index = find_by_value(kw, st.param_names.data(), num_params);
-        if (index < 0) {
-          option = find_by_value(kw, st.option_names.data(), num_options);
-        }
-      }
-      if (index >= 0) {
-        if (call->args[index] != nullptr) {
-          PyErr_Format(PyExc_TypeError, "%U got multiple values for argument '%U'", kernel->name,
-                       kw);
-          return KeyStatus::Error;
-        }
-        call->args[index] = value;
+      const int slot = slots[k];
+      if (slot >= 0) {
+        call->args[slot] = value;
         continue;
       }
-      if (option < 0) {
-        PyErr_Format(PyExc_TypeError,
-                     "%U got an unexpected keyword argument '%U' (neither a kernel parameter nor "
-                     "a Triton compile option)",
-                     kernel->name, kw);
-        return KeyStatus::Error;
-      }
+      const int option = -1 - slot;
       // Keep the given options sorted by index so keyword order never changes the key
       // (insertion into a list that is almost always 0-2 long).
       int at = call->num_set_options++;
@@ -704,8 +770,14 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   }
   for (int j = 0; j < call->num_set_options; ++j) {
     const int i = call->set_options[j];
+    PyObject* option = call->options[i];
+    long long small;
+    if (PyLong_CheckExact(option) && compact_int(option, &small)) {
+      key.push(uint64_t(ArgKind::OptionInt) | (uint64_t(i) << 8) | (uint64_t(small) << 16));
+      continue;
+    }
     key.push(uint64_t(ArgKind::Option) | (uint64_t(i) << 8));
-    if (!push_constexpr(call->options[i], &key)) {
+    if (!push_constexpr(option, &key)) {
       call->fallback_reason = "a compile option value of a kind the native key does not cover";
       call->fallback_name = kernel->state->option_names[size_t(i)];
       call->fallback_value = call->options[i];

@@ -62,6 +62,8 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
     Py_XDECREF(o);
   }
   st.option_names.clear();
+  Py_CLEAR(st.keywords.kwnames);  // its binding names the old parameters
+  st.keywords.nargs = -1;
   st.table.clear();
   for (py::handle item : params) {
     // (name, is_constexpr, specialize, align, tune flags (TuneFlag bits), has_default, default)

@@ -43,6 +43,9 @@ enum class ArgKind : uint8_t {
   ConstexprTyped = 22,  ///< a constexpr number of another type than int / float (numpy scalars,
                         ///< float subclasses): bit 8 set for a float; its type's address, then
                         ///< its value (int64, or IEEE-754 bits) follow
+  OptionInt = 23,       ///< a compile option set by keyword to an int of magnitude below 2**30 (the
+                        ///< common num_warps=, num_stages=): bits 8..15 its index, bits 16..63 its
+                        ///< value (two's complement); other values are Option words
 };
 
 /// Tuning flags of a parameter (ParamSpec::tune), set for kernels under fastkernel.autotune.
