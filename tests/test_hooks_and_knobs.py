@@ -186,3 +186,85 @@ def test_profiler_sees_a_named_range_only_while_active(add, stand_in):
     assert names.count("fastkernel::add_kernel") == 3
     add[(1,)](X, X, X, 64, BLOCK=64)  # no profiler: launches as before
     assert len(stand_in.launches()) == 5 and add.stats()["hits"] == 4
+
+
+def _hook_scenario(launch) -> list:
+    """Events of two launches under chained enter and exit hooks, one enter hook assigning a
+    plain callable as the exit hook while the first launch is under way."""
+    events: list = []
+
+    def first(metadata):
+        events.append(("first", metadata.get()["name"]))
+
+    def second(metadata):
+        events.append("second")
+
+    def exit_a(metadata):
+        events.append("exit_a")
+
+    def exit_b(metadata):
+        events.append("exit_b")
+
+    def replacement(metadata):
+        events.append("replacement")
+
+    def swap_exit_hook(metadata):
+        if "swapped" not in events:
+            events.append("swapped")
+            knobs.runtime.launch_exit_hook = replacement
+
+    enter_chain, exit_chain = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    for hook in (first, second, swap_exit_hook):
+        enter_chain.add(hook)
+    exit_chain.add(exit_a)
+    exit_chain.add(exit_b)
+    try:
+        launch()
+        events.append("between")
+        launch()
+    finally:
+        for hook in (first, second, swap_exit_hook):
+            enter_chain.remove(hook)
+        exit_chain.remove(exit_a)
+        exit_chain.remove(exit_b)
+        del knobs.runtime.launch_exit_hook  # back to the class's HookChain
+    return events
+
+
+def test_launch_hooks_run_in_tritons_order_with_the_knobs_taken_before_the_launch(add, stand_in):
+    """The same hooks around Triton's own launcher and around a native launch: enter hooks in
+    order, the (reversed) exit chain backwards, and both knobs read before the enter hooks run,
+    so an exit hook assigned by an enter hook serves the next launch."""
+
+    def triton_launch():
+        with TritonReference(stand_in, TEST_STREAM):
+            kernels.add_kernel[(1,)](X, X, X, 64, BLOCK=64)
+
+    expected = _hook_scenario(triton_launch)
+    assert expected == [
+        ("first", "add_kernel"),
+        "second",
+        "swapped",
+        "exit_b",
+        "exit_a",
+        "between",
+        ("first", "add_kernel"),
+        "second",
+        "replacement",
+    ]
+    hits = add.stats()["hits"]
+    assert _hook_scenario(lambda: add[(1,)](X, X, X, 64, BLOCK=64)) == expected
+    assert add.stats()["hits"] == hits + 2
+
+
+def test_a_failing_exit_hook_raises_after_the_launch(add, stand_in):
+    def exit(metadata):
+        raise RuntimeError("exit hook failed")
+
+    knobs.runtime.launch_exit_hook.add(exit)
+    try:
+        with pytest.raises(RuntimeError, match="exit hook failed"):
+            add[(1,)](X, X, X, 64, BLOCK=64)
+    finally:
+        knobs.runtime.launch_exit_hook.remove(exit)
+    assert len(stand_in.launches()) == 2  # the launch was issued before the exit hook ran

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "fastkernel/trampoline.h"
@@ -24,8 +25,13 @@ PyObject* g_driver_unavailable_type = nullptr;
 
 namespace {
 
-PyObject* g_hook_enter = nullptr;
-PyObject* g_hook_exit = nullptr;
+// Launch hook support (set_launch_hook_support): Triton's LazyDict class, the Python helper that
+// adds a kernel's launch_metadata callback to it, and the interned names the metadata uses.
+PyObject* g_lazy_dict_type = nullptr;
+PyObject* g_add_launch_metadata = nullptr;
+struct HookNames {
+  PyObject *name, *function, *stream, *jit_function, *launch_metadata;
+} g_hook_names{};
 
 // Owns one Python reference for a scope.
 class Ref {
@@ -281,28 +287,88 @@ bool publish(KernelObject* kernel, const LaunchRecord& rec) {
   return true;
 }
 
-// Calls the enter hook runner; returns the launch metadata to hand to the exit hook.
-PyObject* run_enter_hook(KernelObject* kernel, const LaunchRecord& rec, const LaunchGrid& grid,
-                         CUstream stream, const BoundCall& call) {
+// The launch metadata Triton hands to launch hooks (triton/compiler/compiler.py
+// CompiledKernel.launch_metadata): a LazyDict of the kernel's name, function handle and stream,
+// to which the kernel's own `launch_metadata` callback, when it has one, is added with the grid,
+// the compiled metadata and the bound arguments. New reference, or nullptr with an exception.
+PyObject* make_hook_metadata(KernelObject* kernel, const LaunchRecord& rec, const LaunchGrid& grid,
+                             CUstream stream, const BoundCall& call) {
+  Ref data(PyDict_New());
+  Ref name(PyUnicode_FromStringAndSize(rec.kernel_name.data(), Py_ssize_t(rec.kernel_name.size())));
+  Ref function(PyLong_FromVoidPtr(rec.function));
+  Ref stream_handle(PyLong_FromVoidPtr(stream));
+  if (!data || !name || !function || !stream_handle ||
+      PyDict_SetItem(data.get(), g_hook_names.name, name.get()) < 0 ||
+      PyDict_SetItem(data.get(), g_hook_names.function, function.get()) < 0 ||
+      PyDict_SetItem(data.get(), g_hook_names.stream, stream_handle.get()) < 0) {
+    return nullptr;
+  }
+  Ref metadata(PyObject_CallOneArg(g_lazy_dict_type, data.get()));
+  Ref jit(metadata
+              ? PyObject_GetAttr(reinterpret_cast<PyObject*>(kernel), g_hook_names.jit_function)
+              : nullptr);
+  Ref callback(jit ? PyObject_GetAttr(jit.get(), g_hook_names.launch_metadata) : nullptr);
+  if (!callback) {
+    return nullptr;
+  }
+  PyObject* compiled = static_cast<PyObject*>(rec.user_data);
+  if (callback.get() == Py_None || compiled == nullptr || compiled == Py_None) {
+    return metadata.release();
+  }
   const size_t n = kernel->state->params.size();
   Ref bound(PyTuple_New(Py_ssize_t(n)));
   Ref grid_tuple(Py_BuildValue("(III)", grid.x, grid.y, grid.z));
-  Ref stream_handle(PyLong_FromVoidPtr(stream));
-  Ref function(PyLong_FromVoidPtr(rec.function));
-  if (!bound || !grid_tuple || !stream_handle || !function) {
+  if (!bound || !grid_tuple) {
     return nullptr;
   }
   for (size_t i = 0; i < n; ++i) {
     PyTuple_SET_ITEM(bound.get(), Py_ssize_t(i), Py_NewRef(call.args[i]));
   }
-  PyObject* compiled = rec.user_data ? static_cast<PyObject*>(rec.user_data) : Py_None;
-  PyObject* hook_args[] = {reinterpret_cast<PyObject*>(kernel),
-                           grid_tuple.get(),
-                           stream_handle.get(),
-                           function.get(),
-                           compiled,
-                           bound.get()};
-  return PyObject_Vectorcall(g_hook_enter, hook_args, 6, nullptr);
+  PyObject* add_args[] = {metadata.get(), jit.get(), grid_tuple.get(), compiled, bound.get()};
+  Ref added(PyObject_Vectorcall(g_add_launch_metadata, add_args, 5, nullptr));
+  return added ? metadata.release() : nullptr;
+}
+
+// One launch hook knob as a launch took it, held: the hooks it runs may change the knobs.
+struct HeldHook {
+  Ref calls, callable;
+  bool reversed = false;
+  explicit HeldHook(const LaunchHook& hook)
+      : calls(hook.calls ? Py_NewRef(hook.calls) : nullptr),
+        callable(hook.callable ? Py_NewRef(hook.callable) : nullptr),
+        reversed(hook.reversed) {}
+};
+
+// Calls one launch hook knob with `metadata` as Triton does: a HookChain's hooks in order (in
+// reverse for a reversed chain, as `reversed(list)` walks a list that may change under it),
+// or the plain callable set in its place. False with an exception set when a hook raised.
+bool call_launch_hook(const HeldHook& hook, PyObject* metadata) {
+  if (hook.callable.get() != nullptr) {
+    Ref r(PyObject_CallOneArg(hook.callable.get(), metadata));
+    return bool(r);
+  }
+  PyObject* list = hook.calls.get();
+  if (list == nullptr) {
+    return true;
+  }
+  if (!hook.reversed) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i) {
+      Ref f(Py_NewRef(PyList_GET_ITEM(list, i)));
+      Ref r(PyObject_CallOneArg(f.get(), metadata));
+      if (!r) {
+        return false;
+      }
+    }
+    return true;
+  }
+  for (Py_ssize_t i = PyList_GET_SIZE(list) - 1; i >= 0 && i < PyList_GET_SIZE(list); --i) {
+    Ref f(Py_NewRef(PyList_GET_ITEM(list, i)));
+    Ref r(PyObject_CallOneArg(f.get(), metadata));
+    if (!r) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // Allocates one scratch buffer of scratch_bytes(...) through the Python allocator. Returns the
@@ -488,11 +554,16 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       return nullptr;
     }
     // Launch hooks (Triton's knobs.runtime.launch_enter_hook / launch_exit_hook), only when set.
+    // Both knobs are read before the enter hooks run, as Triton's launcher takes them
+    // (CompiledKernel.__getitem__'s runner passes both to the launch).
     Ref hook_metadata;
-    const bool hooked = g_hook_enter != nullptr && hooks_active(*knobs);
+    const bool hooked = g_lazy_dict_type != nullptr && hooks_active(*knobs);
+    std::optional<HeldHook> exit_hook;
     if (hooked) {
-      hook_metadata.reset(run_enter_hook(kernel, *rec, grid, ctx.stream, call));
-      if (!hook_metadata) {
+      exit_hook.emplace(knobs->exit);
+      const HeldHook enter_hook(knobs->enter);
+      hook_metadata.reset(make_hook_metadata(kernel, *rec, grid, ctx.stream, call));
+      if (!hook_metadata || !call_launch_hook(enter_hook, hook_metadata.get())) {
         return nullptr;
       }
     }
@@ -505,11 +576,8 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     } else {
       launch(*rec, grid, ctx.stream, call.values, scratch.global_pointer, scratch.profile_pointer);
     }
-    if (hooked) {
-      Ref r(PyObject_CallOneArg(g_hook_exit, hook_metadata.get()));
-      if (!r) {
-        return nullptr;
-      }
+    if (hooked && !call_launch_hook(*exit_hook, hook_metadata.get())) {
+      return nullptr;
     }
     PyObject* compiled = static_cast<PyObject*>(rec->user_data);
     return Py_NewRef(compiled ? compiled : Py_None);
@@ -670,9 +738,15 @@ PyObject* kernel_subscript(KernelObject* self, PyObject* grid) {
   return fresh;
 }
 
-void set_hook_runners(PyObject* enter, PyObject* exit) {
-  Py_XSETREF(g_hook_enter, Py_NewRef(enter));
-  Py_XSETREF(g_hook_exit, Py_NewRef(exit));
+void set_launch_hook_support(PyObject* lazy_dict_type, PyObject* add_launch_metadata) {
+  if (g_hook_names.name == nullptr) {
+    g_hook_names = {PyUnicode_InternFromString("name"), PyUnicode_InternFromString("function"),
+                    PyUnicode_InternFromString("stream"),
+                    PyUnicode_InternFromString("jit_function"),
+                    PyUnicode_InternFromString("launch_metadata")};
+  }
+  Py_XSETREF(g_lazy_dict_type, Py_NewRef(lazy_dict_type));
+  Py_XSETREF(g_add_launch_metadata, Py_NewRef(add_launch_metadata));
 }
 
 void set_python_error_from_current_exception(KernelObject* kernel) {

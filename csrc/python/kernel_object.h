@@ -138,9 +138,10 @@ inline void finish_key(SpecializationKey* key, int device, uint64_t knob_word) {
   key->push(knob_word);
 }
 
-/// Python callables that run Triton's launch hooks around a native launch (set at import):
-/// enter(kernel, grid, stream, function, compiled, args) -> metadata; exit(metadata).
-void set_hook_runners(PyObject* enter, PyObject* exit);
+/// What a launch needs to run Triton's launch hooks natively (set at import): Triton's LazyDict
+/// class (triton/compiler/compiler.py) and add_launch_metadata(metadata, jit_function, grid,
+/// compiled, args), which adds a kernel's own launch_metadata callback to the metadata.
+void set_launch_hook_support(PyObject* lazy_dict_type, PyObject* add_launch_metadata);
 
 /// Sets the Python exception for the C++ exception in flight (call inside a catch block).
 void set_python_error_from_current_exception(KernelObject* kernel);

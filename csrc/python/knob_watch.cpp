@@ -45,6 +45,12 @@ void mark_clean() {
   dirty = false;
 }
 
+void set_hook(LaunchHook* hook, PyObject* calls, bool reversed, PyObject* callable) {
+  Py_XSETREF(hook->calls, calls == Py_None ? nullptr : Py_NewRef(calls));
+  hook->reversed = reversed;
+  Py_XSETREF(hook->callable, callable == Py_None ? nullptr : Py_NewRef(callable));
+}
+
 }  // namespace
 
 const KnobState* knob_watch_detail::refresh() {
@@ -55,11 +61,11 @@ const KnobState* knob_watch_detail::refresh() {
   if (result == nullptr) {
     return nullptr;
   }
-  PyObject *enter = nullptr, *exit = nullptr;
+  PyObject *enter = nullptr, *enter_callable = nullptr, *exit = nullptr, *exit_callable = nullptr;
   unsigned long long word = 0;
-  int disabled = 0, enter_plain = 0, exit_plain = 0;
-  bool ok = PyArg_ParseTuple(result, "KpOpOp", &word, &disabled, &enter, &enter_plain, &exit,
-                             &exit_plain);
+  int disabled = 0, enter_reversed = 0, exit_reversed = 0;
+  bool ok = PyArg_ParseTuple(result, "KpOpOOpO", &word, &disabled, &enter, &enter_reversed,
+                             &enter_callable, &exit, &exit_reversed, &exit_callable);
   if (ok &&
       ((enter != Py_None && !PyList_Check(enter)) || (exit != Py_None && !PyList_Check(exit)))) {
     PyErr_SetString(PyExc_TypeError, "fastkernel: knob refresh must return hook lists or None");
@@ -68,10 +74,8 @@ const KnobState* knob_watch_detail::refresh() {
   if (ok) {
     state.key_word = word;
     state.native_disabled = disabled != 0;
-    state.enter_plain = enter_plain != 0;
-    state.exit_plain = exit_plain != 0;
-    Py_XSETREF(state.enter_calls, enter == Py_None ? nullptr : Py_NewRef(enter));
-    Py_XSETREF(state.exit_calls, exit == Py_None ? nullptr : Py_NewRef(exit));
+    set_hook(&state.enter, enter, enter_reversed != 0, enter_callable);
+    set_hook(&state.exit, exit, exit_reversed != 0, exit_callable);
     mark_clean();
   }
   Py_DECREF(result);

@@ -9,19 +9,31 @@
 
 namespace fastkernel {
 
+/// One of Triton's launch hook knobs: a HookChain (its live list of hooks, called in order, or
+/// in reverse when the chain is reversed: triton/knobs.py HookChain.__call__) or a plain
+/// callable assigned in its place.
+struct LaunchHook {
+  PyObject* calls = nullptr;     ///< the HookChain's `calls` list (owned), or nullptr
+  bool reversed = false;         ///< the HookChain's `reversed`
+  PyObject* callable = nullptr;  ///< a plain callable set as the hook (owned), or nullptr
+
+  bool active() const {
+    return callable != nullptr || (calls != nullptr && PyList_GET_SIZE(calls) > 0);
+  }
+};
+
 /// The knob state a launch uses.
 struct KnobState {
-  uint64_t key_word = 0;            ///< identifies the binary-changing knob values (0 until set)
-  bool native_disabled = false;     ///< a knob the native path cannot honour is set: use Triton's
-  PyObject* enter_calls = nullptr;  ///< the enter HookChain's list of hooks (owned), or nullptr
-  PyObject* exit_calls = nullptr;
-  bool enter_plain = false;  ///< a plain callable is set as the enter hook
-  bool exit_plain = false;
+  uint64_t key_word = 0;         ///< identifies the binary-changing knob values (0 until set)
+  bool native_disabled = false;  ///< a knob the native path cannot honour is set: use Triton's
+  LaunchHook enter;              ///< knobs.runtime.launch_enter_hook
+  LaunchHook exit;               ///< knobs.runtime.launch_exit_hook
 };
 
 /// Watches `dicts` (the knobs objects' __dict__s) and calls `refresh()` whenever one changed
 /// since the last call; `refresh` returns (key_word, native_disabled, enter_calls_or_None,
-/// enter_plain, exit_calls_or_None, exit_plain). Returns false with a Python exception set.
+/// enter_reversed, enter_callable_or_None, exit_calls_or_None, exit_reversed,
+/// exit_callable_or_None). Returns false with a Python exception set.
 bool configure_knob_watch(PyObject* dicts, PyObject* refresh);
 
 /// Marks the knob state stale (called by the notifying __setattr__ installed on Triton's knob
@@ -56,10 +68,6 @@ inline const KnobState* current_knobs() {
 }
 
 /// Whether a launch hook would run now (a non-empty HookChain or a plain callable).
-inline bool hooks_active(const KnobState& s) {
-  return s.enter_plain || s.exit_plain ||
-         (s.enter_calls != nullptr && PyList_GET_SIZE(s.enter_calls) > 0) ||
-         (s.exit_calls != nullptr && PyList_GET_SIZE(s.exit_calls) > 0);
-}
+inline bool hooks_active(const KnobState& s) { return s.enter.active() || s.exit.active(); }
 
 }  // namespace fastkernel

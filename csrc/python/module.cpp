@@ -219,10 +219,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("mark_knobs_dirty", &mark_knobs_dirty,
         "Note that a Triton knob was assigned (called by the knob classes' __setattr__).");
   m.def(
-      "set_hook_runners",
-      [](py::object enter, py::object exit) { set_hook_runners(enter.ptr(), exit.ptr()); },
-      py::arg("enter"), py::arg("exit"),
-      "Python callables that run Triton's launch hooks around a native launch.");
+      "set_launch_hook_support",
+      [](py::object lazy_dict_type, py::object add_launch_metadata) {
+        set_launch_hook_support(lazy_dict_type.ptr(), add_launch_metadata.ptr());
+      },
+      py::arg("lazy_dict_type"), py::arg("add_launch_metadata"),
+      "Triton's LazyDict class and the helper adding a kernel's launch_metadata callback to\n"
+      "it, for the launch hooks a native launch runs.");
   register_registration(m);
   register_kernel_methods();
   m.def(

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import triton
-from triton import knobs as _knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import LazyDict, make_backend
@@ -400,14 +399,16 @@ def knob_classes() -> list[type]:
     return [type(knobs.runtime), type(knobs.compilation)]
 
 
-def _hook_parts(hook) -> tuple[list | None, bool]:
-    """(list of chained hooks, None) for a HookChain, (None, True) for a plain callable."""
+def _hook_parts(hook) -> tuple[list | None, bool, Any]:
+    """How the native launch calls a launch hook knob (triton/knobs.py): (the HookChain's list
+    of hooks, whether the chain runs them in reverse, None) for a HookChain, (None, False, the
+    callable) for a plain callable set in its place, (None, False, None) when unset."""
     if hook is None:
-        return None, False
+        return None, False, None
     calls = getattr(hook, "calls", None)
     if type(hook).__name__ == "HookChain" and isinstance(calls, list):
-        return calls, False
-    return None, True
+        return calls, bool(getattr(hook, "reversed", False)), None
+    return None, False, hook
 
 
 def binary_knobs() -> tuple[bool, str, bool]:
@@ -423,9 +424,9 @@ def binary_knobs() -> tuple[bool, str, bool]:
     )
 
 
-def knob_state() -> tuple[int, bool, list | None, bool, list | None, bool]:
-    """The knob state for the native path: (key word, native path disabled, enter hook list,
-    enter is a plain callable, exit hook list, exit is a plain callable).
+def knob_state() -> tuple[Any, ...]:
+    """The knob state for the native path: (key word, native path disabled, then for the enter
+    and the exit hook knob each :func:`_hook_parts`).
 
     The key word is a small int, distinct for each distinct combination of the knobs that
     change the compiled binary, so a knob change selects (and compiles) a new binary.
@@ -435,37 +436,26 @@ def knob_state() -> tuple[int, bool, list | None, bool, list | None, bool]:
     runtime = knobs.runtime
     word = _BINARY_KNOB_WORDS.setdefault(binary_knobs(), len(_BINARY_KNOB_WORDS) + 1)
     disabled = getattr(runtime, "add_stages_inspection_hook", None) is not None
-    enter_calls, enter_plain = _hook_parts(runtime.launch_enter_hook)
-    exit_calls, exit_plain = _hook_parts(runtime.launch_exit_hook)
-    return word, disabled, enter_calls, enter_plain, exit_calls, exit_plain
+    return (
+        word,
+        disabled,
+        *_hook_parts(runtime.launch_enter_hook),
+        *_hook_parts(runtime.launch_exit_hook),
+    )
 
 
-def launch_hook_metadata(jit_fn, compiled, grid, stream: int, function: int, args: tuple):
-    """The metadata Triton hands to launch hooks (CompiledKernel.launch_metadata): a LazyDict
-    of name, function and stream, extended by the kernel's own ``launch_metadata`` callback."""
-    name = compiled.name if compiled is not None else jit_fn.__name__
-    metadata = LazyDict({"name": name, "function": function, "stream": stream})
-    if jit_fn.launch_metadata is not None and compiled is not None:
-        arg_dict = dict(zip(jit_fn.arg_names, args))
-        metadata.add(jit_fn.launch_metadata, (grid, compiled.metadata, arg_dict))
-    return metadata
+#: The class of the metadata launch hooks receive (triton/compiler/compiler.py LazyDict:
+#: ``data`` and ``extras``, materialized by ``get()``).
+HOOK_METADATA_TYPE = LazyDict
 
 
-def run_enter_hooks(kernel, grid, stream, function, compiled, args):
-    """Build the launch metadata and call ``knobs.runtime.launch_enter_hook`` with it. (Called
-    per launch while a hook is set: the imports it needs are the module's, not the call's.)"""
-    metadata = launch_hook_metadata(kernel.jit_function, compiled, grid, stream, function, args)
-    hook = _knobs.runtime.launch_enter_hook
-    if hook is not None:
-        hook(metadata)
-    return metadata
-
-
-def run_exit_hooks(metadata) -> None:
-    """Call ``knobs.runtime.launch_exit_hook`` with the metadata the enter hooks saw."""
-    hook = _knobs.runtime.launch_exit_hook
-    if hook is not None:
-        hook(metadata)
+def add_launch_metadata(metadata, jit_fn, grid: tuple, compiled, args: tuple) -> None:
+    """Add ``jit_fn``'s own ``launch_metadata`` callback to the launch hooks' metadata (a
+    LazyDict), with the grid, the compiled metadata and the bound arguments by name, as
+    CompiledKernel.launch_metadata does (triton/compiler/compiler.py). Called by the native
+    launch only for kernels that have the callback, while a hook is set."""
+    arg_dict = dict(zip(jit_fn.arg_names, args))
+    metadata.add(jit_fn.launch_metadata, (grid, compiled.metadata, arg_dict))
 
 
 # ---- globals a kernel read ------------------------------------------------------------------

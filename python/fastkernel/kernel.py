@@ -113,7 +113,7 @@ def uninstall_triton_watch() -> None:
         _saved_knob_methods = None
 
 
-_C.set_hook_runners(abi.run_enter_hooks, abi.run_exit_hooks)
+_C.set_launch_hook_support(abi.HOOK_METADATA_TYPE, abi.add_launch_metadata)
 
 #: Triton's own ``JITFunction.run``, captured before fastkernel.patch() can replace it: the launch
 #: path of every fallback.
