@@ -63,7 +63,9 @@ constexpr uint64_t kMaxGridYZ = 65535ull;
 bool read_grid_dim(KernelObject* kernel, PyObject* item, int axis, uint32_t* out) {
   long long v;
   if (PyLong_CheckExact(item)) {
-    v = PyLong_AsLongLong(item);
+    if (!compact_int(item, &v)) {
+      v = PyLong_AsLongLong(item);
+    }
   } else {
     Ref index(PyNumber_Index(item));
     if (!index) {

@@ -132,6 +132,28 @@ void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types);
 /// host tensor descriptors on the native path (see key_builder.cpp). Called once at import.
 void set_tensor_descriptor_type(PyObject* type);
 
+/// The value of an exact int (PyLong_CheckExact) when CPython stores it in a single digit
+/// (magnitude below 2**30), read from its representation without a call: CPython's own
+/// compact-value accessor (PyUnstable_Long_CompactValue, 3.12+; MEDIUM_VALUE in 3.10-3.11
+/// longobject.c). False for a larger magnitude: the caller converts it the general way.
+[[gnu::always_inline]] inline bool compact_int(PyObject* v, long long* out) {
+  const PyLongObject* number = reinterpret_cast<const PyLongObject*>(v);
+#if PY_VERSION_HEX >= 0x030C0000
+  if (!PyUnstable_Long_IsCompact(number)) {
+    return false;
+  }
+  *out = PyUnstable_Long_CompactValue(number);
+  return true;
+#else
+  const Py_ssize_t size = Py_SIZE(v);
+  if (size < -1 || size > 1) {
+    return false;
+  }
+  *out = size == 0 ? 0 : size * static_cast<long long>(number->ob_digit[0]);
+  return true;
+#endif
+}
+
 /// Appends the launch device and the binary-changing knob state to a built key.
 inline void finish_key(SpecializationKey* key, int device, uint64_t knob_word) {
   key->push(uint64_t(ArgKind::Device) | (uint64_t(uint32_t(device)) << 8));

@@ -89,28 +89,6 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
   return true;
 }
 
-// The value of an exact int (PyLong_CheckExact) when CPython stores it in a single digit
-// (magnitude below 2**30), read from its representation without a call: CPython's own
-// compact-value accessor (PyUnstable_Long_CompactValue, 3.12+; MEDIUM_VALUE in 3.10-3.11
-// longobject.c). False for a larger magnitude: the caller converts it the general way.
-[[gnu::always_inline]] inline bool compact_int(PyObject* v, long long* out) {
-  const PyLongObject* number = reinterpret_cast<const PyLongObject*>(v);
-#if PY_VERSION_HEX >= 0x030C0000
-  if (!PyUnstable_Long_IsCompact(number)) {
-    return false;
-  }
-  *out = PyUnstable_Long_CompactValue(number);
-  return true;
-#else
-  const Py_ssize_t size = Py_SIZE(v);
-  if (size < -1 || size > 1) {
-    return false;
-  }
-  *out = size == 0 ? 0 : size * static_cast<long long>(number->ob_digit[0]);
-  return true;
-#endif
-}
-
 // Types whose instances are keyed by identity, and Triton's constexpr wrapper class (set once
 // at import by the Python layer; see set_constexpr_types).
 PyObject* g_identity_types = nullptr;  // a tuple of types
