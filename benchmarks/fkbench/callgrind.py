@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import common
@@ -449,49 +450,45 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
         )
         print(f"  {loop['shape']:<12}{loop['grid']:<18}{cells}")
     own = {(lp["shape"], lp["grid"]): lp["instructions_per_hit"]["fastkernel"] for lp in loops}
-    for kind, label in (
-        ("callable", "a callable grid"),
-        ("tutorial", "a tutorial grid with Triton's triton.cdiv"),
-        ("tutorial+helpers", "a tutorial grid with the host helpers"),
-    ):
-        extra = [
-            f"{shape}: {own[(shape, kind)] - own[(shape, 'tuple')]:.0f}"
+
+    def against_tuple(kind: str, value: Callable[[float, float], str]) -> str:
+        """'shape: value(count of the `kind` loop, count of the tuple-grid loop)' for each shape
+        that has both loops."""
+        return "  ".join(
+            f"{shape}: {value(own[(shape, kind)], own[(shape, 'tuple')])}"
             for shape, grid in own
             if grid == "tuple" and (shape, kind) in own
-        ]
-        if extra:
-            print(
-                f"{label} adds (fastkernel's instructions per hit, over the tuple grid): "
-                + "  ".join(extra)
-            )
-    keywords = [
-        f"{shape}: {own[(shape, 'keywords')] / own[(shape, 'tuple')]:.3f}"
-        for shape, grid in own
-        if grid == "tuple" and (shape, "keywords") in own and own[(shape, "tuple")]
+        )
+
+    options = ", ".join(f"{k}={v}" for k, v in CALL_SITE_OPTIONS.items())
+    lines = [
+        (
+            f"{label} adds (fastkernel's instructions per hit, over the tuple grid): ",
+            against_tuple(kind, lambda k, t: f"{k - t:.0f}"),
+        )
+        for kind, label in (
+            ("callable", "a callable grid"),
+            ("tutorial", "a tutorial grid with Triton's triton.cdiv"),
+            ("tutorial+helpers", "a tutorial grid with the host helpers"),
+        )
     ]
-    if keywords:
-        print(
+    lines += [
+        (
             "every argument by keyword / positional (fastkernel's own instructions per hit, "
-            "tuple grid): " + "  ".join(keywords)
-        )
-    options = [
-        f"{shape}: {(own[(shape, 'options')] - own[(shape, 'tuple')]) / len(CALL_SITE_OPTIONS):.0f}"
-        for shape, grid in own
-        if grid == "tuple" and (shape, "options") in own
-    ]
-    if options:
-        print(
-            f"a call-site option ({', '.join(f'{k}={v}' for k, v in CALL_SITE_OPTIONS.items())}) "
-            "adds, each (fastkernel's instructions per hit, over the positional call): "
-            + "  ".join(options)
-        )
-    ratios = [
-        f"{shape}: {own[(shape, 'patched')] / own[(shape, 'tuple')]:.3f}"
-        for shape, grid in own
-        if grid == "tuple" and (shape, "patched") in own and own[(shape, "tuple")]
-    ]
-    if ratios:
-        print(
+            "tuple grid): ",
+            against_tuple("keywords", lambda k, t: f"{k / t:.3f}"),
+        ),
+        (
+            f"a call-site option ({options}) adds, each (fastkernel's instructions per hit, over "
+            "the positional call): ",
+            against_tuple("options", lambda k, t: f"{(k - t) / len(CALL_SITE_OPTIONS):.0f}"),
+        ),
+        (
             "patched Triton kernel / @fastkernel kernel (fastkernel's own instructions per hit, "
-            "tuple grid; the stand-in driver's share varies run to run): " + "  ".join(ratios)
-        )
+            "tuple grid; the stand-in driver's share varies run to run): ",
+            against_tuple("patched", lambda k, t: f"{k / t:.3f}"),
+        ),
+    ]
+    for label, text in lines:
+        if text:
+            print(label + text)
