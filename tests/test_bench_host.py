@@ -126,6 +126,17 @@ def test_the_native_table_memory_is_reported(host_report):
     assert "native launch table, heap bytes" in stdout
 
 
+def test_library_calls_are_timed_on_the_native_path(host_report):
+    """Liger-Kernel's RMSNorm and a decoder step built from Liger's ops, each timed unpatched
+    and patched; the patched calls were native hits with no fallback."""
+    report, _ = host_report
+    library = report["library_calls_us"]
+    assert len(library) == 2 and any(name.startswith("decoder step") for name in library)
+    for name, row in library.items():
+        assert row["unpatched"] > 0 and row["patched"] > 0, name
+        assert row["patched_hits"] > 0 and row["patched_fallbacks"] == 0, name
+
+
 def test_misses_and_first_calls_are_reported(host_report):
     report, stdout = host_report
     for shape in SHAPES:

@@ -468,6 +468,51 @@ def _liger_rms_norm() -> Callable[[], Any] | None:
     return lambda: LigerRMSNormFunction.apply(x, w, 1e-6)
 
 
+def _liger_decoder_step() -> Callable[[], Any] | None:
+    """One decoder step of a small transformer layer at batch 1 written with Liger-Kernel's ops
+    as a model built on it calls them (their autograd functions; their wrappers compute block
+    sizes with triton.next_power_of_2 on every call): RMSNorm, q/k/v projections, RoPE on q and
+    k, the output projection and residual, RMSNorm, SwiGLU's gate and up projections, Liger's
+    SiLU-mul, the down projection and residual. Four Triton launches per step; the matmuls are
+    torch's (on the CPU here, with small dimensions - hidden 256, 4 heads of 64, intermediate
+    512 - so that they do not drown the launches) and are in every mode alike. Attention
+    itself is left out: it is not a Liger kernel."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.rope import LigerRopeFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except ImportError:
+        return None
+    import torch
+
+    hidden, heads, head_dim, inter = 256, 4, 64, 512
+    gen = torch.Generator().manual_seed(0)
+
+    def weights(*shape: int) -> Any:
+        return torch.randn(*shape, generator=gen) * 0.02
+
+    x = torch.randn(1, 1, hidden, generator=gen)
+    norm1, norm2 = torch.ones(hidden), torch.ones(hidden)
+    wq, wk, wv, wo = (weights(hidden, hidden) for _ in range(4))
+    w_gate, w_up, w_down = weights(hidden, inter), weights(hidden, inter), weights(inter, hidden)
+    cos, sin = (
+        torch.randn(1, 1, head_dim, generator=gen),
+        torch.randn(1, 1, head_dim, generator=gen),
+    )
+
+    def heads_of(t: Any) -> Any:
+        return t.view(1, 1, heads, head_dim).transpose(1, 2)
+
+    def step() -> Any:
+        h = LigerRMSNormFunction.apply(x, norm1, 1e-6)
+        q, k = LigerRopeFunction.apply(heads_of(h @ wq), heads_of(h @ wk), cos, sin)
+        a = x + (h @ wv) @ wo
+        h2 = LigerRMSNormFunction.apply(a, norm2, 1e-6)
+        return a + LigerSiLUMulFunction.apply(h2 @ w_gate, h2 @ w_up) @ w_down
+
+    return step
+
+
 def time_host_helpers(repeats: int) -> dict[str, dict[str, float]]:
     """Nanoseconds per host call (``timeit``, median of ``repeats``) of ``triton.cdiv`` and
     ``triton.next_power_of_2`` with Triton's own ``ConstexprFunction.__call__`` and with
@@ -507,19 +552,26 @@ def time_host_helpers(repeats: int) -> dict[str, dict[str, float]]:
 
 
 def time_library_calls(drv, calls: int, repeats: int) -> dict[str, dict[str, float]]:
-    """A library op called through its own Python function (Liger-Kernel's RMSNorm autograd
-    function, batch 1, hidden 2048; its wrapper calls triton.next_power_of_2 on every call):
-    unpatched, patched, and patched with the host helpers switched off, alternating per repeat
+    """Library ops called through their own Python functions (Liger-Kernel's RMSNorm autograd
+    function, batch 1, hidden 2048, whose wrapper calls triton.next_power_of_2 on every call; a
+    decoder step built from Liger's ops, :func:`_liger_decoder_step`): unpatched, patched, and
+    patched with the host helpers switched off, alternating per repeat
     (switched outside the timing, each mode warmed up after the switch). Microseconds per call,
-    medians; the op's own Python and torch allocations are in every mode."""
+    medians; the op's own Python and torch allocations are in every mode. Also the native hits
+    and fallbacks of the patched kernels over the "patched" repeats."""
+    import fastkernel
     from fastkernel import _host_helpers
     from fastkernel.patch import patch, unpatch
 
-    ops = {"Liger-Kernel RMSNorm": _liger_rms_norm()}
+    ops = {
+        "Liger-Kernel RMSNorm": _liger_rms_norm(),
+        "decoder step (Liger RMSNorm x2, RoPE, SwiGLU; torch matmuls)": _liger_decoder_step(),
+    }
     out: dict[str, dict[str, float]] = {}
     for name, op in ops.items():
         if op is None:
             continue
+        native = {"hits": 0, "fallbacks": 0}
         samples: dict[str, list[float]] = {
             "unpatched": [],
             "patched": [],
@@ -539,6 +591,10 @@ def time_library_calls(drv, calls: int, repeats: int) -> dict[str, dict[str, flo
                     for _ in range(calls):
                         op()
                     samples[mode].append((time.perf_counter_ns() - start) / 1e3 / calls)
+                    if mode == "patched":  # the patched kernels' counters, before unpatch
+                        for counters in fastkernel.stats().values():
+                            native["hits"] += counters["hits"]
+                            native["fallbacks"] += counters["fallbacks"]
                 finally:
                     if mode != "unpatched":
                         unpatch()
@@ -552,5 +608,7 @@ def time_library_calls(drv, calls: int, repeats: int) -> dict[str, dict[str, flo
             "patched": patched_us,
             "patched_without_helpers": common.median(samples["patched_without_helpers"]),
             "ratio": unpatched / patched_us,
+            "patched_hits": native["hits"],
+            "patched_fallbacks": native["fallbacks"],
         }
     return out
