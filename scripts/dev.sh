@@ -37,9 +37,10 @@ if ! "$py" -c "import torch" 2>/dev/null; then
 fi
 "${pip[@]}" install "$TRITON_SPEC" filelock tqdm numpy hypothesis "pybind11>=2.12" "scikit-build-core>=0.10" cmake ninja "pytest>=7"
 # Test dependencies: Triton kernel libraries the patch-mode tests call through their own host
-# functions (tests/test_libraries.py). Pinned; their torch and triton requirements are already
-# met by what is installed above, so nothing else is fetched.
-"${pip[@]}" install liger-kernel==0.8.5 fla-core==0.6.0 einops conch-triton-kernels==1.3
+# functions (tests/test_libraries.py). Pinned, and installed without their dependencies (torch,
+# triton, numpy, einops: all installed above or here): resolving them would re-resolve torch's
+# own triton pin and replace the Triton this environment was asked for.
+"${pip[@]}" install --no-deps liger-kernel==0.8.5 fla-core==0.6.0 einops conch-triton-kernels==1.3
 # The hygiene tools `lint` runs, pinned so that their verdicts do not drift.
 "${pip[@]}" install ruff==0.17.6 mypy==2.4.1 clang-format==18.1.8
 # The Python fuzzers' engine (scripts/fuzz.sh); a Python it has no wheel for skips it here and
