@@ -353,20 +353,20 @@ bool call_launch_hook(const HeldHook& hook, PyObject* metadata) {
   if (list == nullptr) {
     return true;
   }
+  const auto call_at = [&](Py_ssize_t i) {  // the hook is held: it may remove itself
+    Ref f(Py_NewRef(PyList_GET_ITEM(list, i)));
+    return Ref(PyObject_CallOneArg(f.get(), metadata)).get() != nullptr;
+  };
   if (!hook.reversed) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i) {
-      Ref f(Py_NewRef(PyList_GET_ITEM(list, i)));
-      Ref r(PyObject_CallOneArg(f.get(), metadata));
-      if (!r) {
+      if (!call_at(i)) {
         return false;
       }
     }
     return true;
   }
   for (Py_ssize_t i = PyList_GET_SIZE(list) - 1; i >= 0 && i < PyList_GET_SIZE(list); --i) {
-    Ref f(Py_NewRef(PyList_GET_ITEM(list, i)));
-    Ref r(PyObject_CallOneArg(f.get(), metadata));
-    if (!r) {
+    if (!call_at(i)) {
       return false;
     }
   }

@@ -37,11 +37,11 @@ MAX_ENTRY_FILE = _PREFIX_SIZE + _MAX_HEADER + _MAX_CUBIN
 #: The fields of ``abi.LaunchMetadata`` stored in an entry's header (all but the cubin, which
 #: follows the header), with the JSON type each must have: the field's annotated type, or for a
 #: generic one (``list[...]``) its origin.
+_LAUNCH_HINTS = typing.get_type_hints(abi.LaunchMetadata)
 LAUNCH_FIELDS: dict[str, type] = {
-    field.name: typing.get_origin(hint) or hint
+    field.name: typing.get_origin(_LAUNCH_HINTS[field.name]) or _LAUNCH_HINTS[field.name]
     for field in dataclasses.fields(abi.LaunchMetadata)
     if field.name != "cubin"
-    for hint in [typing.get_type_hints(abi.LaunchMetadata)[field.name]]
 }
 
 #: The keys of one ``tensordesc_meta`` entry the native launcher reads, with their JSON types.
