@@ -558,10 +558,16 @@ def time_library_calls(drv, calls: int, repeats: int) -> dict[str, dict[str, flo
     patched with the host helpers switched off, alternating per repeat
     (switched outside the timing, each mode warmed up after the switch). Microseconds per call,
     medians; the op's own Python and torch allocations are in every mode. Also the native hits
-    and fallbacks of the patched kernels over the "patched" repeats."""
+    and fallbacks fastkernel.stats() reports for the live kernels at the end of the last
+    "patched" repeat (a fallback there would mean a patched call left the native path)."""
     import fastkernel
     from fastkernel import _host_helpers
     from fastkernel.patch import patch, unpatch
+
+    def native_counts() -> dict[str, int]:
+        """Hits and fallbacks summed over every live kernel (fastkernel.stats())."""
+        every = fastkernel.stats().values()
+        return {c: sum(counters[c] for counters in every) for c in ("hits", "fallbacks")}
 
     ops = {
         "Liger-Kernel RMSNorm": _liger_rms_norm(),
@@ -571,7 +577,7 @@ def time_library_calls(drv, calls: int, repeats: int) -> dict[str, dict[str, flo
     for name, op in ops.items():
         if op is None:
             continue
-        native = {"hits": 0, "fallbacks": 0}
+        native: dict[str, int] = {}
         samples: dict[str, list[float]] = {
             "unpatched": [],
             "patched": [],
@@ -591,10 +597,8 @@ def time_library_calls(drv, calls: int, repeats: int) -> dict[str, dict[str, flo
                     for _ in range(calls):
                         op()
                     samples[mode].append((time.perf_counter_ns() - start) / 1e3 / calls)
-                    if mode == "patched":  # the patched kernels' counters, before unpatch
-                        for counters in fastkernel.stats().values():
-                            native["hits"] += counters["hits"]
-                            native["fallbacks"] += counters["fallbacks"]
+                    if mode == "patched":  # read before unpatch
+                        native = native_counts()
                 finally:
                     if mode != "unpatched":
                         unpatch()
