@@ -39,6 +39,21 @@ if STAND_IN:
 # A stream handle the stand-in records, distinct from the legacy default stream (0).
 TEST_STREAM = 0x5EED5
 
+#: A value for each launch fact of a binary (abi.LaunchMetadata's fields but its name, cubin and
+#: descriptor metadata), the numbers no two alike and each within what a launch record accepts:
+#: a writer and a reader that disagreed on which fact is which would show.
+DISTINCT_LAUNCH_FACTS = {
+    "block_x": 96,
+    "shared_mem": 4096,
+    "num_ctas": 2,
+    "cooperative_grid": True,
+    "pdl": True,
+    "global_scratch_size": 384,
+    "global_scratch_align": 64,
+    "profile_scratch_size": 640,
+    "profile_scratch_align": 32,
+}
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:

@@ -12,6 +12,7 @@ import struct
 import kernels
 import pytest
 import torch
+from conftest import DISTINCT_LAUNCH_FACTS
 
 import fastkernel
 from fastkernel import _C
@@ -78,18 +79,7 @@ def test_the_loader_reads_each_launch_fact_the_writer_wrote(stand_in, tmp_path):
     k[(1,)](x, x, x, 64, BLOCK=64)
     (key,) = k._registrations
     target, spec, meta = k._registrations[key]
-    distinct = dataclasses.replace(
-        meta,
-        block_x=96,
-        shared_mem=4096,
-        num_ctas=2,
-        cooperative_grid=True,
-        pdl=True,
-        global_scratch_size=384,
-        global_scratch_align=64,
-        profile_scratch_size=640,
-        profile_scratch_align=32,
-    )
+    distinct = dataclasses.replace(meta, **DISTINCT_LAUNCH_FACTS)
     k._registrations[key] = (target, spec, distinct)
     fastkernel.export(k, tmp_path / "bundle")
     (facts,) = _C._testing.bundle_facts(str(tmp_path / "bundle"))

@@ -25,6 +25,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from conftest import DISTINCT_LAUNCH_FACTS
 
 import fastkernel
 from fastkernel import __main__ as cli
@@ -99,6 +100,7 @@ MODULE = """\
 import types
 import triton
 import triton.language as tl
+from conftest import DISTINCT_LAUNCH_FACTS
 
 SCALE = tl.constexpr({scale})
 OFFSET = {offset}
@@ -260,19 +262,7 @@ def test_launch_facts_come_from_the_native_field_list():
     not supplied by the registration is LaunchMetadata's of the same name."""
     from fastkernel import _C
 
-    meta = abi.LaunchMetadata(
-        name="k",
-        cubin=b"",
-        block_x=128,
-        shared_mem=4096,
-        num_ctas=2,
-        cooperative_grid=True,
-        pdl=True,
-        global_scratch_size=64,
-        global_scratch_align=16,
-        profile_scratch_size=32,
-        profile_scratch_align=8,
-    )
+    meta = abi.LaunchMetadata(name="k", cubin=b"", **DISTINCT_LAUNCH_FACTS)
     facts = abi.launch_facts(meta, device=3, plan=[(0, "*fp32")], num_scratch_params=2)
     registration = set(abi.REGISTRATION_FACTS) | {"kernel_name"}
     assert set(abi.REGISTRATION_FACTS) < set(_C.LaunchFacts.FIELDS)
