@@ -63,36 +63,26 @@ bool small_int(PyObject* o, long long* out) {
   return v > -kSmall && v < kSmall;
 }
 
-// triton.cdiv's and triton.next_power_of_2's bodies (triton/__init__.py) on small exact ints,
-// computed here; nullptr (no exception) when the call is not of that form.
+// triton.cdiv's and triton.next_power_of_2's bodies on small exact ints, computed natively;
+// nullptr (no exception) when the call is not of that form.
 PyObject* known_helper(PyObject* self, PyObject* args, PyObject* kwargs) {
   if (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) {
     return nullptr;
   }
   const Py_ssize_t n = PyTuple_GET_SIZE(args);
+  long long x, y, result;
   if (self == g_cdiv && n == 2) {
-    long long x, y;
     if (!small_int(PyTuple_GET_ITEM(args, 0), &x) || !small_int(PyTuple_GET_ITEM(args, 1), &y) ||
-        y == 0) {
+        !triton_cdiv(x, y, &result)) {
       return nullptr;  // Python's arithmetic (and its ZeroDivisionError) in Triton's body
     }
-    const long long a = x + (y - 1);
-    long long q = a / y;
-    if (a % y != 0 && ((a < 0) != (y < 0))) {
-      --q;  // floor division, as Python's //
-    }
-    return PyLong_FromLongLong(q);
+    return PyLong_FromLongLong(result);
   }
   if (self == g_next_power_of_2 && n == 1) {
-    long long v;
-    if (!small_int(PyTuple_GET_ITEM(args, 0), &v) || v < 1) {
+    if (!small_int(PyTuple_GET_ITEM(args, 0), &x) || !triton_next_power_of_2(x, &result)) {
       return nullptr;
     }
-    unsigned long long p = 1;
-    while (p < static_cast<unsigned long long>(v)) {
-      p <<= 1;
-    }
-    return PyLong_FromUnsignedLongLong(p);
+    return PyLong_FromLongLong(result);
   }
   return nullptr;
 }
@@ -125,6 +115,24 @@ PyObject* constexpr_function_call(PyObject* self, PyObject* args, PyObject* kwar
 }
 
 }  // namespace
+
+bool triton_cdiv(long long x, long long y, long long* out) {
+  long long a;
+  return !__builtin_add_overflow(x, y, &a) && !__builtin_sub_overflow(a, 1, &a) &&
+         python_floor_div(a, y, out);
+}
+
+bool triton_next_power_of_2(long long n, long long* out) {
+  if (n < 1 || n >= kSmall) {
+    return false;
+  }
+  long long p = 1;
+  while (p < n) {
+    p <<= 1;
+  }
+  *out = p;
+  return true;
+}
 
 bool install_host_helpers(PyObject* constexpr_function_type, PyObject* constexpr_type,
                           PyObject* triton_call, PyObject* cdiv, PyObject* next_power_of_2,

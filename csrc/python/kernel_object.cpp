@@ -13,6 +13,7 @@
 
 #include "fastkernel/trampoline.h"
 #include "grid_meta.h"
+#include "grid_program.h"
 #include "knob_watch.h"
 #include "launch_context.h"
 #include "patch_hook.h"
@@ -103,6 +104,20 @@ bool read_grid_dims(KernelObject* kernel, PyObject* const* items, Py_ssize_t n, 
     }
   }
   *out = {dims[0], dims[1], dims[2]};
+  return true;
+}
+
+// A grid computed natively (grid_program.h), when every dimension is within CUDA's limits;
+// false (nothing set) otherwise, and the grid function then reports it as a Python grid would.
+inline bool grid_dims_in_range(const long long* dims, int n, LaunchGrid* out) {
+  uint32_t d[3] = {1, 1, 1};
+  for (int i = 0; i < n; ++i) {
+    if (dims[i] < 0 || uint64_t(dims[i]) > (i == 0 ? kMaxGridX : kMaxGridYZ)) {
+      return false;
+    }
+    d[i] = uint32_t(dims[i]);
+  }
+  *out = {d[0], d[1], d[2]};
   return true;
 }
 
@@ -432,9 +447,17 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
 inline bool resolve_grid(KernelObject* kernel, PyObject* grid_arg, const BoundCall& call,
                          const LaunchRecord& rec, LaunchGrid* grid) {
   if (!PyTuple_CheckExact(grid_arg) && PyCallable_Check(grid_arg)) {
-    Ref result(call_grid(kernel, grid_arg, call));
-    if (!result || !parse_grid(kernel, result.get(), grid)) {
-      return false;
+    long long dims[3];
+    int num_dims = 0;
+    if (eval_grid_program(kernel, grid_arg, call, dims, &num_dims) &&
+        grid_dims_in_range(dims, num_dims, grid)) {
+      ++kernel->state->native_grids;
+    } else {
+      ++kernel->state->called_grids;
+      Ref result(call_grid(kernel, grid_arg, call));
+      if (!result || !parse_grid(kernel, result.get(), grid)) {
+        return false;
+      }
     }
   } else if (!parse_grid(kernel, grid_arg, grid)) {
     return false;
@@ -652,6 +675,7 @@ void kernel_release_state(KernelObject* self) {
       Py_XDECREF(o);
     }
     clear_grid_meta(self->state);
+    clear_grid_programs(self->state);
     Py_XDECREF(self->state->keywords.kwnames);
     delete self->state;
     self->state = nullptr;

@@ -37,20 +37,25 @@ struct KeywordBinding {
   std::vector<int16_t> slots;
 };
 
+struct GridPrograms;  // grid_program.cpp
+
 /// Per-kernel native state (owned by KernelObject).
 struct KernelState {
   std::vector<ParamSpec> params;
   std::vector<PyObject*> param_names;   ///< params[i].name, contiguous for the keyword scan
   std::vector<PyObject*> option_names;  ///< interned, owned; the index is the option's key tag
   LaunchTable table;
-  KeywordBinding keywords;               ///< the last kwnames tuple's binding
-  PyObject* grid_meta = nullptr;         ///< the callable grid's mapping, reused (grid_meta.h)
-  PyObject* param_name_tuple = nullptr;  ///< the parameter names as a tuple, owned
-  bool has_config_params = false;        ///< some parameter is kTuneConfigProvided
+  KeywordBinding keywords;                ///< the last kwnames tuple's binding
+  PyObject* grid_meta = nullptr;          ///< the callable grid's mapping, reused (grid_meta.h)
+  PyObject* param_name_tuple = nullptr;   ///< the parameter names as a tuple, owned
+  GridPrograms* grid_programs = nullptr;  ///< native programs of grid functions (grid_program.h)
+  bool has_config_params = false;         ///< some parameter is kTuneConfigProvided
   /// has_config_params, or a publish owner is set: a hit has more to do than launch (one test
   /// on the hot path for both).
   bool hit_extras = false;
   uint64_t hits = 0, misses = 0, fallbacks = 0;
+  uint64_t native_grids = 0;  ///< callable grids computed by their native program
+  uint64_t called_grids = 0;  ///< callable grids called in Python
 };
 
 /// The Python-visible kernel object (`fastkernel._C.Kernel`, subclassed in Python).

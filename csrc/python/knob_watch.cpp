@@ -39,7 +39,7 @@ int on_dict_event(PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) {
 void mark_clean() {
 #if PY_VERSION_HEX < 0x030C0000
   for (int i = 0; i < num_watched; ++i) {
-    versions[i] = watched[i]->ma_version_tag;
+    versions[i] = dict_version(reinterpret_cast<PyObject*>(watched[i]));
   }
 #endif
   dirty = false;

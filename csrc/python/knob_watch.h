@@ -40,6 +40,22 @@ bool configure_knob_watch(PyObject* dicts, PyObject* refresh);
 /// classes, which catches attribute assignment where dict watchers do not fire).
 void mark_knobs_dirty() noexcept;
 
+/// A dict's version (PEP 509; the ma_version_tag of CPython 3.10-3.13, deprecated from 3.12):
+/// globally unique, given anew to every dict made and on every change, never 0 once the dict
+/// holds something. 0 where unavailable (CPython 3.14 replaced it), which callers treat as
+/// "unknown".
+inline uint64_t dict_version(PyObject* dict) {
+#if PY_VERSION_HEX < 0x030E0000
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
+#pragma GCC diagnostic pop
+#else
+  (void)dict;
+  return 0;
+#endif
+}
+
 namespace knob_watch_detail {
 constexpr int kMaxWatched = 4;
 extern KnobState state;
@@ -61,7 +77,7 @@ inline const KnobState* current_knobs() {
   bool stale = dirty;
 #if PY_VERSION_HEX < 0x030C0000
   for (int i = 0; i < num_watched; ++i) {
-    stale |= watched[i]->ma_version_tag != versions[i];
+    stale |= dict_version(reinterpret_cast<PyObject*>(watched[i])) != versions[i];
   }
 #endif
   return stale ? refresh() : &state;

@@ -14,6 +14,7 @@
 #include "bench_floor.h"
 #include "fastkernel/fastkernel.h"
 #include "grid_meta.h"
+#include "grid_program.h"
 #include "host_helpers.h"
 #include "kernel_object.h"
 #include "knob_watch.h"
@@ -58,6 +59,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   st.params.clear();
   st.param_names.clear();
   clear_grid_meta(&st);
+  clear_grid_programs(&st);  // their ARG steps index the old parameters
   for (PyObject* o : st.option_names) {
     Py_XDECREF(o);
   }
@@ -159,6 +161,14 @@ void register_kernel_methods() {
   def_kernel_method("_counters", &stats,
                     "{hits, misses, fallbacks, specializations, evictions, table_bytes}: ints.");
   def_kernel_method(
+      "_grid_counts",
+      [](py::handle self) {
+        const KernelState& st = *as_kernel(self)->state;
+        return std::make_pair(st.native_grids, st.called_grids);
+      },
+      "(native, called): callable grids this kernel computed by their native program, and\n"
+      "those it called in Python.");
+  def_kernel_method(
       "_set_capacity",
       [](py::handle self, size_t capacity) {
         as_kernel(self)->state->table.set_capacity(capacity);
@@ -218,6 +228,18 @@ PYBIND11_MODULE(_C, m) {
       "Watch Triton's knob dicts; `refresh()` recomputes the knob state after a change.");
   m.def("mark_knobs_dirty", &mark_knobs_dirty,
         "Note that a Triton knob was assigned (called by the knob classes' __setattr__).");
+  m.def(
+      "set_grid_program_support",
+      [](py::object compiler, py::object cdiv, py::object next_power_of_2, py::object max,
+         py::object min) {
+        set_grid_program_support(compiler.ptr(), cdiv.ptr(), next_power_of_2.ptr(), max.ptr(),
+                                 min.ptr());
+      },
+      py::arg("compiler"), py::arg("cdiv"), py::arg("next_power_of_2"), py::arg("max"),
+      py::arg("min"),
+      "`compiler(code, param_names)` -> grid program steps or None, and the callees a program\n"
+      "may call (by identity): Triton's cdiv and next_power_of_2, builtins max and min.");
+  m.attr("GRID_PROGRAM_STEPS") = py::reinterpret_steal<py::object>(grid_program_step_names());
   m.def(
       "set_launch_hook_support",
       [](py::object lazy_dict_type, py::object add_launch_metadata) {

@@ -22,6 +22,8 @@ BUNDLE_FORMAT_VERSION: int
 """The manifest format version ``fastkernel::Bundle::load`` reads."""
 BUNDLE_ENTRY_FACTS: tuple[str, ...]
 """The :class:`LaunchFacts` fields a manifest ``entry`` line carries, in order (bundle.h)."""
+GRID_PROGRAM_STEPS: tuple[str, ...]
+"""The step names of a grid program (fastkernel._grid_program), in the evaluator's order."""
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the CUDA error."""
@@ -49,6 +51,7 @@ class Kernel:
     def _set_capacity(self, capacity: int) -> None: ...
     def _clear_records(self) -> None: ...
     def _counters(self) -> dict[str, int]: ...
+    def _grid_counts(self) -> tuple[int, int]: ...
 
 class BoundLaunch:
     """A kernel with its grid: call it with the kernel's arguments to launch."""
@@ -144,6 +147,13 @@ def configure_knob_watch(dicts: list[dict[str, Any]], refresh: Callable[[], obje
 def mark_knobs_dirty() -> None: ...
 def set_constexpr_types(constexpr_type: type, identity_types: tuple[type, ...]) -> None: ...
 def set_tensor_descriptor_type(type: type | None) -> None: ...
+def set_grid_program_support(
+    compiler: Callable[[Any, tuple[str, ...]], tuple[tuple[str, int | str], ...] | None],
+    cdiv: Any,
+    next_power_of_2: Any,
+    max: Callable[..., Any],
+    min: Callable[..., Any],
+) -> None: ...
 def set_launch_hook_support(
     lazy_dict_type: type, add_launch_metadata: Callable[..., Any]
 ) -> None: ...

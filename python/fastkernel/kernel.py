@@ -10,6 +10,7 @@ itself.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import collections.abc
 import inspect
@@ -24,7 +25,7 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import _C, _env
+from . import _C, _env, _grid_program
 from . import _triton_abi as abi
 from . import cache as _cache
 from .cache.settings import log_once
@@ -114,6 +115,9 @@ def uninstall_triton_watch() -> None:
 
 
 _C.set_launch_hook_support(abi.HOOK_METADATA_TYPE, abi.add_launch_metadata)
+_C.set_grid_program_support(
+    _grid_program.compile_grid, triton.cdiv, triton.next_power_of_2, builtins.max, builtins.min
+)
 
 #: Triton's own ``JITFunction.run``, captured before fastkernel.patch() can replace it: the launch
 #: path of every fallback.

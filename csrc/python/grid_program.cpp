@@ -1,0 +1,573 @@
+// Native evaluation of grid functions (grid_program.h). The program of a code object is built
+// once per kernel by the Python translator and cached here by the code object's identity; each
+// call re-reads every input (the call's arguments, the function's closure cells and globals,
+// module attributes), so a changed global or a rebound closure variable is seen as the function
+// would see it. Anything outside the ints-only fast case makes the evaluator give up before any
+// observable effect, and the function is called as before.
+#include "grid_program.h"
+
+#include <array>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "host_helpers.h"
+#include "knob_watch.h"
+
+namespace fastkernel {
+
+enum class GridOp : uint8_t {
+  Arg,     // push the call's argument for parameter `index`
+  Const,   // push `value`
+  Cell,    // push the contents of closure cell `index`
+  Global,  // push the function's global `name`
+  Attr,    // replace the module on top by its attribute `name`
+  Call,    // call the callee below `index` arguments
+  Add,
+  Sub,
+  Mul,
+  FloorDiv,
+  Mod,
+  Return,       // the top `index` values are the grid
+  Default,      // push the default value of the function's parameter `index`
+  ReturnTuple,  // the top value, a tuple of 1 to 3 ints, is the grid
+};
+
+// The step names the translator emits, in GridOp order.
+constexpr std::array<const char*, 14> kStepNames = {
+    "ARG", "CONST", "CELL",     "GLOBAL", "ATTR",   "CALL",    "ADD",
+    "SUB", "MUL",   "FLOORDIV", "MOD",    "RETURN", "DEFAULT", "RETURN_TUPLE"};
+
+// The translator's limits (fastkernel._grid_program.MAX_STEPS / MAX_DEPTH), checked again here.
+constexpr size_t kMaxSteps = 64;
+constexpr int kMaxDepth = 16;
+// Code objects whose programs one kernel keeps (a call site passes one grid function; a
+// kernel launched from several call sites has a few).
+constexpr size_t kProgramSlots = 8;
+
+// The last successful dict lookup of a Global or Attr step, valid while the dict it came from
+// (and, for a builtin, the globals that did not have it) are unchanged: the value is borrowed
+// from the dict, which holds it as long as it does not change.
+struct LookupCache {
+  PyObject* dict = nullptr;  // not owned: compared by address, with its version
+  uint64_t version = 0;
+  PyObject* globals = nullptr;  // a builtin's: the globals that did not have the name
+  uint64_t globals_version = 0;
+  PyObject* value = nullptr;  // borrowed from `dict`
+};
+
+struct GridStep {
+  GridOp op;
+  int index = 0;
+  long long value = 0;
+  PyObject* name = nullptr;  // interned str, owned
+  mutable LookupCache cache;
+};
+
+struct GridProgram {
+  PyObject* code = nullptr;  // owned (keeps its address from being reused); nullptr: empty slot
+  bool native = false;       // false: the function is always called
+  std::vector<GridStep> steps;
+};
+
+struct GridPrograms {
+  std::array<GridProgram, kProgramSlots> slots;
+  size_t next = 0;  // the slot a new code object replaces
+};
+
+namespace {
+
+PyObject* g_compiler = nullptr;
+PyObject* g_cdiv = nullptr;
+PyObject* g_next_power_of_2 = nullptr;
+PyObject* g_max = nullptr;
+PyObject* g_min = nullptr;
+
+void release(GridProgram* p) {
+  for (GridStep& s : p->steps) {
+    Py_XDECREF(s.name);
+  }
+  p->steps.clear();
+  Py_CLEAR(p->code);
+  p->native = false;
+}
+
+// The steps the translator returned, checked; false when they are not a well-formed program.
+bool convert(PyObject* result, std::vector<GridStep>* out) {
+  if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) < 1 ||
+      size_t(PyTuple_GET_SIZE(result)) > kMaxSteps) {
+    return false;
+  }
+  int depth = 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(result); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(result, i);
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+        !PyUnicode_Check(PyTuple_GET_ITEM(item, 0))) {
+      return false;
+    }
+    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, 0));
+    if (name == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    size_t op = 0;
+    while (op < kStepNames.size() && std::strcmp(kStepNames[op], name) != 0) {
+      ++op;
+    }
+    if (op == kStepNames.size()) {
+      return false;
+    }
+    GridStep step;
+    step.op = GridOp(op);
+    PyObject* operand = PyTuple_GET_ITEM(item, 1);
+    if (step.op == GridOp::Global || step.op == GridOp::Attr) {
+      if (!PyUnicode_CheckExact(operand)) {
+        return false;
+      }
+      Py_INCREF(operand);
+      PyUnicode_InternInPlace(&operand);
+      step.name = operand;
+    } else {
+      if (!PyLong_CheckExact(operand)) {
+        return false;
+      }
+      int overflow = 0;
+      step.value = PyLong_AsLongLongAndOverflow(operand, &overflow);
+      if (overflow != 0 || (step.value == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+      }
+      if (step.op != GridOp::Const && (step.value < INT_MIN || step.value > INT_MAX)) {
+        return false;
+      }
+      step.index = int(step.value);
+    }
+    // Stack effects, so the evaluator's fixed stack can never over- or underflow.
+    switch (step.op) {
+      case GridOp::Arg:
+        if (step.index < 0 || step.index >= kMaxArgs) {
+          return false;
+        }
+        ++depth;
+        break;
+      case GridOp::Cell:
+      case GridOp::Default:
+        if (step.index < 0) {
+          return false;
+        }
+        ++depth;
+        break;
+      case GridOp::Const:
+      case GridOp::Global:
+        ++depth;
+        break;
+      case GridOp::Attr:
+        if (depth < 1) {
+          return false;
+        }
+        break;
+      case GridOp::Call:
+        if (step.index < 1 || step.index > 3 || depth < step.index + 1) {
+          return false;
+        }
+        depth -= step.index;
+        break;
+      case GridOp::Return:
+        if (step.index < 1 || step.index > 3 || depth != step.index ||
+            i != PyTuple_GET_SIZE(result) - 1) {
+          return false;
+        }
+        break;
+      case GridOp::ReturnTuple:
+        if (depth != 1 || i != PyTuple_GET_SIZE(result) - 1) {
+          return false;
+        }
+        break;
+      default:  // binary operators
+        if (depth < 2) {
+          return false;
+        }
+        --depth;
+        break;
+    }
+    out->push_back(step);
+    if (depth > kMaxDepth) {
+      return false;
+    }
+  }
+  return out->back().op == GridOp::Return || out->back().op == GridOp::ReturnTuple;
+}
+
+// The program of `code` for this kernel, from the translator (a Python call, once per code
+// object and kernel). A failing translator leaves the function to be called.
+GridProgram compile_program(const KernelState& st, PyObject* code) {
+  GridProgram program;
+  program.code = Py_NewRef(code);
+  if (g_compiler == nullptr) {
+    return program;
+  }
+  PyObject* names = PyTuple_New(Py_ssize_t(st.params.size()));
+  if (names == nullptr) {
+    PyErr_Clear();
+    return program;
+  }
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    PyTuple_SET_ITEM(names, Py_ssize_t(i), Py_NewRef(st.params[i].name));
+  }
+  PyObject* result = PyObject_CallFunctionObjArgs(g_compiler, code, names, nullptr);
+  Py_DECREF(names);
+  if (result == nullptr) {
+    PyErr_Clear();
+    return program;
+  }
+  program.native = result != Py_None && convert(result, &program.steps);
+  Py_DECREF(result);
+  if (!program.native) {
+    for (GridStep& s : program.steps) {
+      Py_XDECREF(s.name);
+    }
+    program.steps.clear();
+  }
+  return program;
+}
+
+const GridProgram* program_for(KernelState& st, PyObject* code) {
+  if (st.grid_programs != nullptr) {
+    for (const GridProgram& p : st.grid_programs->slots) {
+      if (p.code == code) {
+        return &p;
+      }
+    }
+  }
+  // The translator runs Python, which may re-enter this kernel or reconfigure it: the program
+  // is stored only once it returns.
+  GridProgram program = compile_program(st, code);
+  if (st.grid_programs == nullptr) {
+    st.grid_programs = new GridPrograms();
+  }
+  GridPrograms& gp = *st.grid_programs;
+  GridProgram* slot = &gp.slots[gp.next];
+  gp.next = (gp.next + 1) % kProgramSlots;
+  release(slot);
+  *slot = std::move(program);
+  return slot;
+}
+
+// The step's cached value of its name in `dict` (borrowed), when the cache was filled from
+// `dict` with `absent_from` (a dict that did not have the name, or nullptr) and neither has
+// changed since; else nullptr.
+inline PyObject* cache_hit(const GridStep& s, PyObject* dict, PyObject* absent_from) {
+  const LookupCache& c = s.cache;
+  const uint64_t version = dict_version(dict);
+  if (version == 0 || c.dict != dict || c.version != version || c.globals != absent_from) {
+    return nullptr;
+  }
+  return absent_from == nullptr || c.globals_version == dict_version(absent_from) ? c.value
+                                                                                  : nullptr;
+}
+
+// `name` in `dict` (borrowed), from the step's cache when it is valid, else looked up (and
+// cached when found). nullptr when absent, with no exception set.
+PyObject* cached_lookup(const GridStep& s, PyObject* dict, PyObject* absent_from) {
+  if (PyObject* hit = cache_hit(s, dict, absent_from)) {
+    return hit;
+  }
+  const uint64_t version = dict_version(dict);
+  const uint64_t absent_version = absent_from != nullptr ? dict_version(absent_from) : 0;
+  PyObject* v = PyDict_GetItemWithError(dict, s.name);
+  if (v == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  s.cache = {dict, version, absent_from, absent_version, v};
+  return v;
+}
+
+// One stack value: an int (object == nullptr) or an object (a callee or a module), owned.
+struct Value {
+  long long i;
+  PyObject* object;  // nullptr for an int
+};
+
+// Pushes `o` as an int when it is an exact int within 64 bits, else as an object.
+inline bool push_object(PyObject* o, Value* v) {
+  if (PyLong_CheckExact(o)) {
+    if (!compact_int(o, &v->i)) {
+      int overflow = 0;
+      v->i = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow != 0) {
+        return false;
+      }
+    }
+    v->object = nullptr;
+    return true;
+  }
+  v->object = Py_NewRef(o);
+  return true;
+}
+
+// Python's % on ints, when the divisor is not zero and the result is defined in C++.
+inline bool floor_mod(long long a, long long b, long long* out) {
+  if (b == 0 || (a == LLONG_MIN && b == -1)) {
+    return false;
+  }
+  long long r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) {
+    r += b;
+  }
+  *out = r;
+  return true;
+}
+
+// A call of a known pure callee on ints.
+bool call_known(PyObject* callee, const Value* args, int n, long long* out) {
+  for (int k = 0; k < n; ++k) {
+    if (args[k].object != nullptr) {
+      return false;
+    }
+  }
+  if (callee == g_cdiv && n == 2) {
+    return triton_cdiv(args[0].i, args[1].i, out);
+  }
+  if (callee == g_next_power_of_2 && n == 1) {
+    return triton_next_power_of_2(args[0].i, out);
+  }
+  if ((callee == g_max || callee == g_min) && n >= 2) {
+    long long r = args[0].i;
+    for (int k = 1; k < n; ++k) {
+      r = callee == g_max ? (args[k].i > r ? args[k].i : r) : (args[k].i < r ? args[k].i : r);
+    }
+    *out = r;
+    return true;
+  }
+  return false;
+}
+
+// Runs `steps`; false as soon as a value is not what the fast case handles.
+bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call, int num_params,
+         Value* stack, int* sp, long long dims[3], int* num_dims) {
+  PyObject* globals = PyFunction_GET_GLOBALS(fn);
+  PyObject* closure = PyFunction_GET_CLOSURE(fn);
+  if (!PyDict_CheckExact(globals)) {
+    return false;  // a dict subclass's lookups can run Python code
+  }
+  for (const GridStep& s : steps) {
+    Value* top = stack + *sp;
+    switch (s.op) {
+      case GridOp::Arg: {
+        PyObject* v = s.index < num_params ? call.args[s.index] : nullptr;
+        if (v == nullptr || !PyLong_CheckExact(v) || !push_object(v, top)) {
+          return false;
+        }
+        ++*sp;
+        break;
+      }
+      case GridOp::Const:
+        top->i = s.value;
+        top->object = nullptr;
+        ++*sp;
+        break;
+      case GridOp::Cell: {
+        if (closure == nullptr || !PyTuple_Check(closure) || s.index >= PyTuple_GET_SIZE(closure)) {
+          return false;
+        }
+        PyObject* cell = PyTuple_GET_ITEM(closure, s.index);
+        PyObject* v = PyCell_Check(cell) ? PyCell_GET(cell) : nullptr;
+        if (v == nullptr || !push_object(v, top)) {
+          return false;
+        }
+        ++*sp;
+        break;
+      }
+      case GridOp::Global: {
+        // LOAD_GLOBAL's order: the function's globals, then its builtins (func_builtins,
+        // CPython 3.10+).
+        PyObject* builtins = reinterpret_cast<PyFunctionObject*>(fn)->func_builtins;
+        if (builtins != nullptr && !PyDict_CheckExact(builtins)) {
+          builtins = nullptr;
+        }
+        // A builtin cached with these globals unchanged (so still without the name) is taken
+        // without looking in the globals first.
+        PyObject* v = builtins != nullptr ? cache_hit(s, builtins, globals) : nullptr;
+        if (v == nullptr) {
+          v = cached_lookup(s, globals, nullptr);
+        }
+        if (v == nullptr && builtins != nullptr) {
+          v = cached_lookup(s, builtins, globals);
+        }
+        if (v == nullptr) {
+          return false;  // a NameError: Python raises it
+        }
+        if (!push_object(v, top)) {
+          return false;
+        }
+        ++*sp;
+        break;
+      }
+      case GridOp::Attr: {
+        Value* obj = top - 1;
+        if (obj->object == nullptr || !PyModule_CheckExact(obj->object)) {
+          return false;
+        }
+        PyObject* dict = PyModule_GetDict(obj->object);  // borrowed
+        PyObject* v =
+            dict != nullptr && PyDict_CheckExact(dict) ? cached_lookup(s, dict, nullptr) : nullptr;
+        if (v == nullptr) {
+          return false;  // the module's __getattr__, or an AttributeError
+        }
+        Value attr;
+        if (!push_object(v, &attr)) {
+          return false;
+        }
+        Py_DECREF(obj->object);
+        *obj = attr;
+        break;
+      }
+      case GridOp::Call: {
+        Value* callee = top - s.index - 1;
+        long long r;
+        if (callee->object == nullptr || !call_known(callee->object, callee + 1, s.index, &r)) {
+          return false;
+        }
+        Py_DECREF(callee->object);
+        callee->object = nullptr;
+        callee->i = r;
+        *sp -= s.index;
+        break;
+      }
+      case GridOp::Default: {
+        // CPython binds a positional parameter past the ones passed to the last
+        // len(__defaults__) defaults; Triton passes only the first.
+        PyObject* defaults = PyFunction_GET_DEFAULTS(fn);
+        const int argcount = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn))->co_argcount;
+        const Py_ssize_t j = defaults != nullptr && PyTuple_Check(defaults)
+                                 ? s.index - (argcount - PyTuple_GET_SIZE(defaults))
+                                 : -1;
+        if (j < 0 || j >= PyTuple_GET_SIZE(defaults) ||
+            !push_object(PyTuple_GET_ITEM(defaults, j), top)) {
+          return false;
+        }
+        ++*sp;
+        break;
+      }
+      case GridOp::ReturnTuple: {
+        PyObject* t = stack[*sp - 1].object;
+        if (t == nullptr || !PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) < 1 ||
+            PyTuple_GET_SIZE(t) > 3) {
+          return false;
+        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); ++k) {
+          Value item;
+          if (!PyLong_CheckExact(PyTuple_GET_ITEM(t, k)) ||
+              !push_object(PyTuple_GET_ITEM(t, k), &item)) {
+            return false;
+          }
+          dims[k] = item.i;
+        }
+        *num_dims = int(PyTuple_GET_SIZE(t));
+        return true;
+      }
+      case GridOp::Return:
+        for (int k = 0; k < s.index; ++k) {
+          const Value& v = stack[*sp - s.index + k];
+          if (v.object != nullptr) {
+            return false;
+          }
+          dims[k] = v.i;
+        }
+        *num_dims = s.index;
+        return true;
+      default: {
+        Value* a = top - 2;
+        const Value* b = top - 1;
+        if (a->object != nullptr || b->object != nullptr) {
+          return false;
+        }
+        long long r;
+        bool ok;
+        switch (s.op) {
+          case GridOp::Add:
+            ok = !__builtin_add_overflow(a->i, b->i, &r);
+            break;
+          case GridOp::Sub:
+            ok = !__builtin_sub_overflow(a->i, b->i, &r);
+            break;
+          case GridOp::Mul:
+            ok = !__builtin_mul_overflow(a->i, b->i, &r);
+            break;
+          case GridOp::FloorDiv:
+            ok = python_floor_div(a->i, b->i, &r);
+            break;
+          default:
+            ok = floor_mod(a->i, b->i, &r);
+            break;
+        }
+        if (!ok) {
+          return false;
+        }
+        a->i = r;
+        --*sp;
+        break;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool eval_grid_program(KernelObject* kernel, PyObject* fn, const BoundCall& call, long long dims[3],
+                       int* num_dims) {
+  KernelState& st = *kernel->state;
+  if (!PyFunction_Check(fn)) {
+    return false;
+  }
+  const GridProgram* program = program_for(st, PyFunction_GET_CODE(fn));
+  if (!program->native) {
+    return false;
+  }
+  Value stack[kMaxDepth];
+  int sp = 0;
+  const bool ok = run(program->steps, fn, call, int(st.params.size()), stack, &sp, dims, num_dims);
+  for (int k = 0; k < sp; ++k) {
+    Py_XDECREF(stack[k].object);
+  }
+  return ok;
+}
+
+void clear_grid_programs(KernelState* state) {
+  if (state->grid_programs != nullptr) {
+    for (GridProgram& p : state->grid_programs->slots) {
+      release(&p);
+    }
+    delete state->grid_programs;
+    state->grid_programs = nullptr;
+  }
+}
+
+void set_grid_program_support(PyObject* compiler, PyObject* cdiv, PyObject* next_power_of_2,
+                              PyObject* max, PyObject* min) {
+  Py_XSETREF(g_compiler, Py_XNewRef(compiler));
+  Py_XSETREF(g_cdiv, Py_XNewRef(cdiv));
+  Py_XSETREF(g_next_power_of_2, Py_XNewRef(next_power_of_2));
+  Py_XSETREF(g_max, Py_XNewRef(max));
+  Py_XSETREF(g_min, Py_XNewRef(min));
+}
+
+PyObject* grid_program_step_names() {
+  PyObject* t = PyTuple_New(Py_ssize_t(kStepNames.size()));
+  if (t == nullptr) {
+    return nullptr;
+  }
+  for (size_t i = 0; i < kStepNames.size(); ++i) {
+    PyObject* s = PyUnicode_FromString(kStepNames[i]);
+    if (s == nullptr) {
+      Py_DECREF(t);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(t, Py_ssize_t(i), s);
+  }
+  return t;
+}
+
+}  // namespace fastkernel
