@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="count instructions per hit under valgrind --tool=callgrind "
         "(host-side, deterministic), with a breakdown by function group",
     )
+    parser.add_argument(
+        "--keep-dumps",
+        default=None,
+        metavar="DIR",
+        help="with --callgrind, also copy each loop's raw callgrind dump to "
+        "DIR/<shape>-<grid>.callgrind, for callgrind_annotate",
+    )
     return parser
 
 
@@ -82,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"--{name} must be >= 1", file=sys.stderr)
             return 2
+    if opts.keep_dumps is not None and not opts.callgrind:
+        print("--keep-dumps needs --callgrind", file=sys.stderr)
+        return 2
     from fkbench import common
 
     if not common.testing_build():

@@ -83,6 +83,7 @@ def test_every_shape_and_system_has_a_result(host_report):
             "triton_run",
             "fastkernel",
             "fastkernel_callable",
+            "fastkernel_called",
             "fastkernel_cpp",
         ]
         if shape.name.startswith("add-"):  # the shapes with a BLOCK to tune
@@ -105,8 +106,9 @@ def test_timed_calls_were_native_hits(host_report):
 
     warmup = max(50, ITERATIONS // 5)
     for shape in SHAPES:
-        # Tuple and callable grid loops, and two tutorial-grid loops where the shape has one.
-        loops = 2 + (2 if tutorial_grid(shape) is not None else 0)
+        # Tuple, callable (a grid program) and called grid loops, and two tutorial-grid loops
+        # where the shape has one.
+        loops = 3 + (2 if tutorial_grid(shape) is not None else 0)
         path = report["fastkernel_path"][shape.name]
         assert path["misses"] == 0 and path["fallbacks"] == 0, path
         assert path["hits"] == loops * (warmup + REPEATS * ITERATIONS), path

@@ -228,7 +228,7 @@ def callgrind_child(argv: list[str]) -> int:
     from fastkernel.kernel import PATCH_ATTR, FastKernel
     from fastkernel.patch import patched
 
-    from .kernels import SHAPES, tutorial_grid
+    from .kernels import SHAPES, callable_grid, called_grid, tutorial_grid
 
     drv = use_stand_in_driver(pathlib.Path(opts.repo))
     loops = []
@@ -237,10 +237,11 @@ def callgrind_child(argv: list[str]) -> int:
         fk = FastKernel(shape.kernel)
         fk[shape.grid](*args)  # the miss: registers from Triton's disk cache (warmed by the parent)
 
-        def callable_grid(meta, _grid=shape.grid):
-            return _grid
-
-        grids = [("tuple", shape.grid, None), ("callable", callable_grid, None)]
+        grids = [
+            ("tuple", shape.grid, None),
+            ("callable", callable_grid(shape), None),
+            ("called", called_grid(shape), None),
+        ]
         tutorial = tutorial_grid(shape)
         if tutorial is not None:  # Triton's own triton.cdiv, then fastkernel's host helpers
             grids += [
@@ -386,7 +387,12 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 f"error: expected {len(loops)} callgrind dumps, found {len(dumps)}", file=sys.stderr
             )
             return 1
+        keep = pathlib.Path(opts.keep_dumps) if opts.keep_dumps else None
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
         for loop, dump in zip(loops, dumps):
+            if keep is not None:
+                shutil.copyfile(dump, keep / f"{loop['shape']}-{loop['grid']}.callgrind")
             out = subprocess.run(
                 [annotate, "--inclusive=yes", "--threshold=100", str(dump)],
                 capture_output=True,
@@ -467,7 +473,8 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
             against_tuple(kind, lambda k, t: f"{k - t:.0f}"),
         )
         for kind, label in (
-            ("callable", "a callable grid"),
+            ("callable", "a callable grid (a grid program)"),
+            ("called", "a callable grid called in Python"),
             ("tutorial", "a tutorial grid with Triton's triton.cdiv"),
             ("tutorial+helpers", "a tutorial grid with the host helpers"),
         )

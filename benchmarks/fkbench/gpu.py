@@ -4,7 +4,8 @@ Systems (labels in :data:`fkbench.common.SYSTEM_LABELS`): ``floor``, a C++ loop 
 ``cuLaunchKernel`` on Triton's cubin with the parameter bytes Triton passes
 (``fastkernel._C.BenchFloor``); ``triton_run``, Triton's ``CompiledKernel.run`` called directly,
 as ``JITFunction.run`` calls it; ``triton``, Triton's ``kernel[grid](...)``; ``fastkernel`` and
-``fastkernel_callable``, ``@fastkernel`` with a tuple and with a callable grid; the tutorial
+``fastkernel_callable`` and ``fastkernel_called``, ``@fastkernel`` with a tuple grid, a
+callable grid it runs as a grid program, and one it calls in Python; the tutorial
 grid (``triton.cdiv``) with and without fastkernel's host helpers; ``fastkernel_autotuned``;
 ``fastkernel_cpp``, the C++ ``Bundle::launch``; ``inductor_static``, torch Inductor's static CUDA
 launcher where the installed torch has a usable one; ``cuda_graph``, a CUDA graph replay of the
@@ -30,7 +31,7 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
 
     from fastkernel.kernel import FastKernel
 
-    from .kernels import SHAPES, autotuned_call
+    from .kernels import SHAPES, autotuned_call, callable_grid, called_grid
 
     iterations, repeats = common.mode_counts(
         opts, common.GPU_QUICK if opts.quick else common.GPU_DEFAULTS
@@ -62,14 +63,14 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
             fk[grid](*args)
             sync()
 
-            def callable_grid(meta, _grid=grid):
-                return _grid
-
             systems: dict[str, common.Timed] = {
                 "floor": common.floor_timed(compiled, args, grid, device, stream),
                 **common.triton_systems(jit, compiled, grid, args, stream),
                 "fastkernel": common.Timed(common.call_loop(fk, grid, args)),
-                "fastkernel_callable": common.Timed(common.call_loop(fk, callable_grid, args)),
+                "fastkernel_callable": common.Timed(
+                    common.call_loop(fk, callable_grid(shape), args)
+                ),
+                "fastkernel_called": common.Timed(common.call_loop(fk, called_grid(shape), args)),
                 **common.tutorial_grid_systems(fk, shape, args),
             }
             tuned = autotuned_call(shape, "cuda")

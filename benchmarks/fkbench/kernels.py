@@ -169,6 +169,27 @@ SHAPES: list[Shape] = [
 ]
 
 
+def callable_grid(shape: Shape) -> Callable[..., tuple[int, ...]]:
+    """A grid function returning the shape's tuple grid (held as a default argument): one that
+    fastkernel evaluates natively as a grid program (``fastkernel._grid_program``)."""
+
+    def grid(meta, _grid=shape.grid):
+        return _grid
+
+    return grid
+
+
+def called_grid(shape: Shape) -> Callable[..., tuple[int, ...]]:
+    """The same grid from a function outside the grid programs' fast case (it calls
+    ``tuple``), which fastkernel calls in Python as Triton does: the cost of calling a grid
+    function."""
+
+    def grid(meta, _grid=shape.grid):
+        return tuple(_grid)
+
+    return grid
+
+
 def tutorial_grid(shape: Shape) -> Callable[[dict], tuple[int, ...]] | None:
     """The grid function Triton's tutorials (and flash-linear-attention, FlagGems) write, for a
     shape whose kernel takes ``n`` and ``BLOCK``: ``(triton.cdiv(meta["n"], meta["BLOCK"]),)``,
