@@ -232,6 +232,7 @@ def test_anything_outside_the_fast_case_calls_the_function(stand_in, monkeypatch
         (lambda meta: (meta["n"] % (meta["BLOCK"] - 64),), ZeroDivisionError),
         (lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"] - 64),), ZeroDivisionError),
         (lambda meta: (meta["missing"],), KeyError),
+        (lambda meta: (triton.no_such_helper(meta["n"]),), AttributeError),
         (lambda meta: (meta["n"] - 1000,), ValueError),  # negative: outside [0, 2**31 - 1]
         (lambda meta: (1, 70000), ValueError),  # grid[1] > 65535
         (lambda meta: (meta["n"] * 2**62,), ValueError),  # past 64 bits: Python's int

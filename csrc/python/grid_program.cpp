@@ -31,6 +31,7 @@ enum class GridOp : uint8_t {
   Return,       // the top `index` values are the grid
   Default,      // push the default value of the function's parameter `index`
   ReturnTuple,  // the top value, a tuple of 1 to 3 ints, is the grid
+  GlobalAttr,   // Global `name` then Attr `attr`, fused here (not a translator step)
 };
 
 // The step names the translator emits, in GridOp order.
@@ -61,7 +62,9 @@ struct GridStep {
   int index = 0;
   long long value = 0;
   PyObject* name = nullptr;  // interned str, owned
+  PyObject* attr = nullptr;  // GlobalAttr's attribute name, interned, owned
   mutable LookupCache cache;
+  mutable LookupCache attr_cache;  // GlobalAttr's attribute in the module's dict
 };
 
 struct GridProgram {
@@ -83,11 +86,16 @@ PyObject* g_next_power_of_2 = nullptr;
 PyObject* g_max = nullptr;
 PyObject* g_min = nullptr;
 
-void release(GridProgram* p) {
-  for (GridStep& s : p->steps) {
+void release_steps(std::vector<GridStep>* steps) {
+  for (GridStep& s : *steps) {
     Py_XDECREF(s.name);
+    Py_XDECREF(s.attr);
   }
-  p->steps.clear();
+  steps->clear();
+}
+
+void release(GridProgram* p) {
+  release_steps(&p->steps);
   Py_CLEAR(p->code);
   p->native = false;
 }
@@ -198,6 +206,22 @@ bool convert(PyObject* result, std::vector<GridStep>* out) {
   return out->back().op == GridOp::Return || out->back().op == GridOp::ReturnTuple;
 }
 
+// A module global's attribute (`triton.cdiv`) as one step: one dispatch, no module on the stack,
+// and a cache hit that needs no call to find the module's dict.
+void fuse_global_attr(std::vector<GridStep>* steps) {
+  std::vector<GridStep> fused;
+  for (size_t i = 0; i < steps->size(); ++i) {
+    GridStep s = (*steps)[i];
+    if (s.op == GridOp::Global && i + 1 < steps->size() && (*steps)[i + 1].op == GridOp::Attr) {
+      s.op = GridOp::GlobalAttr;
+      s.attr = (*steps)[i + 1].name;  // the reference moves with it
+      ++i;
+    }
+    fused.push_back(s);
+  }
+  *steps = std::move(fused);
+}
+
 // The program of `code` for this kernel, from the translator (a Python call, once per code
 // object and kernel). A failing translator leaves the function to be called.
 GridProgram compile_program(const KernelState& st, PyObject* code) {
@@ -222,11 +246,10 @@ GridProgram compile_program(const KernelState& st, PyObject* code) {
   }
   program.native = result != Py_None && convert(result, &program.steps);
   Py_DECREF(result);
-  if (!program.native) {
-    for (GridStep& s : program.steps) {
-      Py_XDECREF(s.name);
-    }
-    program.steps.clear();
+  if (program.native) {
+    fuse_global_attr(&program.steps);
+  } else {
+    release_steps(&program.steps);
   }
   return program;
 }
@@ -397,6 +420,38 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         }
         if (v == nullptr) {
           return false;  // a NameError: Python raises it
+        }
+        if (!push_object(v, top)) {
+          return false;
+        }
+        ++*sp;
+        break;
+      }
+      case GridOp::GlobalAttr: {
+        // Both lookups from their caches while the globals are unchanged (so the global is the
+        // same module, whose __dict__ is fixed for its lifetime, and alive) and the module's
+        // dict is unchanged; a module found in the builtins is left to Python.
+        const LookupCache& a = s.attr_cache;
+        PyObject* v = nullptr;
+        if (a.dict != nullptr && cache_hit(s, globals, nullptr) != nullptr &&
+            dict_version(a.dict) == a.version) {
+          v = a.value;
+        } else {
+          s.attr_cache = LookupCache{};  // refilled below only from the module found now
+          PyObject* module = cached_lookup(s, globals, nullptr);
+          if (module == nullptr || !PyModule_CheckExact(module)) {
+            return false;
+          }
+          PyObject* dict = PyModule_GetDict(module);  // borrowed
+          if (dict == nullptr || !PyDict_CheckExact(dict)) {
+            return false;
+          }
+          v = PyDict_GetItemWithError(dict, s.attr);
+          if (v == nullptr) {
+            PyErr_Clear();
+            return false;  // the module's __getattr__, or an AttributeError
+          }
+          s.attr_cache = {dict, dict_version(dict), nullptr, 0, v};
         }
         if (!push_object(v, top)) {
           return false;
