@@ -187,6 +187,40 @@ def test_a_cached_lookup_is_dropped_when_its_dict_changes(stand_in, monkeypatch)
     assert _counts(k) == (2 + 1 + 2 + 2, 2)
 
 
+def test_python_run_by_a_lookup_cannot_free_the_running_program(stand_in):
+    """A globals dict with a key whose __eq__ runs Python: looking a name up calls it, and here
+    it launches the kernel with ten other grid functions, replacing every cached program, the
+    running one included, in the middle of its run. The run must finish on its own copy (the
+    sanitizer build of CI checks that no freed memory is read)."""
+    k = fastkernel(kernels.add_kernel)
+    _launch(k, (1,))
+    evicting = [eval(f"lambda meta: ({i + 1},)") for i in range(10)]  # ten code objects
+
+    class Collider:
+        armed = False
+
+        def __hash__(self):
+            return hash("SCALE_X")
+
+        def __eq__(self, other):
+            if Collider.armed:  # not while the dict is filled
+                Collider.armed = False
+                for grid in evicting:
+                    _launch(k, grid)
+            return False
+
+    namespace = {Collider(): 0}
+    namespace["SCALE_X"] = 3
+    grid = eval("lambda meta: (SCALE_X * 2,)", namespace)
+    Collider.armed = True
+    _launch(k, grid)
+    assert not Collider.armed  # the lookup ran it
+    assert stand_in.last_launch().grid == (6, 1, 1)
+    assert [launch.grid[0] for launch in stand_in.launches()[-11:-1]] == list(range(1, 11))
+    native, called = _counts(k)
+    assert native == 11 and called == 0
+
+
 class _NotAModule:
     def __init__(self, log):
         self.log = log

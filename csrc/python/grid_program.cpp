@@ -67,15 +67,51 @@ struct GridStep {
   mutable LookupCache attr_cache;  // GlobalAttr's attribute in the module's dict
 };
 
+inline void release_steps(std::vector<GridStep>* steps) {
+  for (GridStep& s : *steps) {
+    Py_XDECREF(s.name);
+    Py_XDECREF(s.attr);
+  }
+  steps->clear();
+}
+
+// Counted references, held by the kernel's slots and, while it runs, by the evaluation: a
+// re-entrant call that replaces or clears the slots (possible only from Python code run by a
+// dict lookup) leaves a running program intact. Counted and destroyed only with the GIL held,
+// so the count needs no atomics.
 struct GridProgram {
-  PyObject* code = nullptr;  // owned (keeps its address from being reused); nullptr: empty slot
+  PyObject* code = nullptr;  // owned (keeps its address from being reused)
   bool native = false;       // false: the function is always called
   std::vector<GridStep> steps;
+  mutable int refs = 1;
+
+  GridProgram() = default;
+  GridProgram(const GridProgram&) = delete;
+  GridProgram& operator=(const GridProgram&) = delete;
+  ~GridProgram() {
+    release_steps(&steps);
+    Py_XDECREF(code);
+  }
 };
 
+inline void unref(const GridProgram* p) {
+  if (p != nullptr && --p->refs == 0) {
+    delete p;
+  }
+}
+
 struct GridPrograms {
-  std::array<GridProgram, kProgramSlots> slots;
-  size_t next = 0;  // the slot a new code object replaces
+  std::array<const GridProgram*, kProgramSlots> slots{};  // one reference each
+  size_t next = 0;                                        // the slot a new code object replaces
+
+  GridPrograms() = default;
+  GridPrograms(const GridPrograms&) = delete;
+  GridPrograms& operator=(const GridPrograms&) = delete;
+  ~GridPrograms() {
+    for (const GridProgram* p : slots) {
+      unref(p);
+    }
+  }
 };
 
 namespace {
@@ -85,20 +121,6 @@ PyObject* g_cdiv = nullptr;
 PyObject* g_next_power_of_2 = nullptr;
 PyObject* g_max = nullptr;
 PyObject* g_min = nullptr;
-
-void release_steps(std::vector<GridStep>* steps) {
-  for (GridStep& s : *steps) {
-    Py_XDECREF(s.name);
-    Py_XDECREF(s.attr);
-  }
-  steps->clear();
-}
-
-void release(GridProgram* p) {
-  release_steps(&p->steps);
-  Py_CLEAR(p->code);
-  p->native = false;
-}
 
 // The steps the translator returned, checked; false when they are not a well-formed program.
 bool convert(PyObject* result, std::vector<GridStep>* out) {
@@ -224,16 +246,18 @@ void fuse_global_attr(std::vector<GridStep>* steps) {
 
 // The program of `code` for this kernel, from the translator (a Python call, once per code
 // object and kernel). A failing translator leaves the function to be called.
-GridProgram compile_program(const KernelState& st, PyObject* code) {
-  GridProgram program;
+// A new program with one reference, the caller's.
+GridProgram* compile_program(const KernelState& st, PyObject* code) {
+  GridProgram* created = new GridProgram();
+  GridProgram& program = *created;
   program.code = Py_NewRef(code);
   if (g_compiler == nullptr) {
-    return program;
+    return created;
   }
   PyObject* names = PyTuple_New(Py_ssize_t(st.params.size()));
   if (names == nullptr) {
     PyErr_Clear();
-    return program;
+    return created;
   }
   for (size_t i = 0; i < st.params.size(); ++i) {
     PyTuple_SET_ITEM(names, Py_ssize_t(i), Py_NewRef(st.params[i].name));
@@ -242,7 +266,7 @@ GridProgram compile_program(const KernelState& st, PyObject* code) {
   Py_DECREF(names);
   if (result == nullptr) {
     PyErr_Clear();
-    return program;
+    return created;
   }
   program.native = result != Py_None && convert(result, &program.steps);
   Py_DECREF(result);
@@ -251,29 +275,31 @@ GridProgram compile_program(const KernelState& st, PyObject* code) {
   } else {
     release_steps(&program.steps);
   }
-  return program;
+  return created;
 }
 
+// The program of `code` with a reference for the caller (to unref when done).
 const GridProgram* program_for(KernelState& st, PyObject* code) {
   if (st.grid_programs != nullptr) {
-    for (const GridProgram& p : st.grid_programs->slots) {
-      if (p.code == code) {
-        return &p;
+    for (const GridProgram* p : st.grid_programs->slots) {
+      if (p != nullptr && p->code == code) {
+        ++p->refs;
+        return p;
       }
     }
   }
   // The translator runs Python, which may re-enter this kernel or reconfigure it: the program
   // is stored only once it returns.
-  GridProgram program = compile_program(st, code);
+  const GridProgram* program = compile_program(st, code);
   if (st.grid_programs == nullptr) {
     st.grid_programs = new GridPrograms();
   }
   GridPrograms& gp = *st.grid_programs;
-  GridProgram* slot = &gp.slots[gp.next];
+  unref(gp.slots[gp.next]);  // destroyed now unless an evaluation still runs it
+  gp.slots[gp.next] = program;
+  ++program->refs;  // the slot's and the caller's
   gp.next = (gp.next + 1) % kProgramSlots;
-  release(slot);
-  *slot = std::move(program);
-  return slot;
+  return program;
 }
 
 // The step's cached value of its name in `dict` (borrowed), when the cache was filled from
@@ -579,6 +605,7 @@ bool eval_grid_program(KernelObject* kernel, PyObject* fn, const BoundCall& call
   }
   const GridProgram* program = program_for(st, PyFunction_GET_CODE(fn));
   if (!program->native) {
+    unref(program);
     return false;
   }
   Value stack[kMaxDepth];
@@ -587,14 +614,12 @@ bool eval_grid_program(KernelObject* kernel, PyObject* fn, const BoundCall& call
   for (int k = 0; k < sp; ++k) {
     Py_XDECREF(stack[k].object);
   }
+  unref(program);
   return ok;
 }
 
 void clear_grid_programs(KernelState* state) {
   if (state->grid_programs != nullptr) {
-    for (GridProgram& p : state->grid_programs->slots) {
-      release(&p);
-    }
     delete state->grid_programs;
     state->grid_programs = nullptr;
   }
