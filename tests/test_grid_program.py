@@ -221,6 +221,94 @@ def test_python_run_by_a_lookup_cannot_free_the_running_program(stand_in):
     assert native == 11 and called == 0
 
 
+def test_a_parameter_without_a_default_raises_as_the_call_does(stand_in):
+    """Triton passes only the mapping: a grid function with another required parameter raises
+    TypeError when called, even when its body never reads that parameter."""
+    k = fastkernel(kernels.add_kernel)
+    _launch(k, (1,))
+
+    def reads_a_default(meta, x, y=1):
+        return (y, meta["n"] // 64)
+
+    for grid in (lambda meta, x: (1, 2), reads_a_default):
+        assert _grid_program.compile_grid(grid.__code__, NAMES) is not None
+        with pytest.raises(TypeError, match="missing 1 required positional argument"):
+            _launch(k, grid)
+    assert _counts(k) == (0, 2)
+
+
+def test_globals_that_are_an_instance_dict_are_read_on_every_call(stand_in):
+    """An instance __dict__ as a function's globals: on CPython 3.13 an attribute assignment
+    can change it without a new dict version, so its lookups are never cached."""
+    import types
+
+    class Namespace:
+        pass
+
+    ns = Namespace()
+    ns.BLOCKS = 3
+    grid = types.FunctionType((lambda meta: (BLOCKS,)).__code__, vars(ns))  # noqa: F821
+    k = fastkernel(kernels.add_kernel)
+    _launch(k, (1,))
+    for blocks in (3, 10**12 + 1, 5):  # the middle one is a Python int object, then freed
+        ns.BLOCKS = blocks
+        if blocks > 2**31:
+            with pytest.raises(ValueError):
+                _launch(k, grid)
+        else:
+            _launch(k, grid)
+            assert stand_in.last_launch().grid == (blocks, 1, 1)
+
+
+def test_a_module_whose_class_changed_is_read_through_its_class(stand_in, monkeypatch):
+    """`module.__class__ = Sub` changes no dict, but a property of Sub now answers the
+    attribute: the cached module attribute must not be used."""
+    import sys
+    import types
+
+    module = types.ModuleType("fk_test_grid_config")
+    module.BLOCKS = 2
+    monkeypatch.setitem(sys.modules, "fk_test_grid_config", module)
+    namespace = {"cfg": module}
+    grid = eval("lambda meta: (cfg.BLOCKS,)", namespace)
+    k = fastkernel(kernels.add_kernel)
+    _launch(k, (1,))
+    _launch(k, grid)
+    assert stand_in.last_launch().grid == (2, 1, 1)
+
+    class WithProperty(types.ModuleType):
+        BLOCKS = property(lambda self: 8)
+
+    module.__class__ = WithProperty
+    _launch(k, grid)
+    assert stand_in.last_launch().grid == (8, 1, 1)
+    assert _counts(k) == (1, 1)
+
+
+def test_evicting_a_program_whose_code_dies_may_launch_again(stand_in):
+    """The slot a new program takes held the only reference to an old code object, whose weakref
+    callback launches the kernel again while the old program is destroyed."""
+    import weakref
+
+    k = fastkernel(kernels.add_kernel)
+    _launch(k, (1,))
+    relaunched = []
+
+    def relaunch(_):
+        relaunched.append(1)
+        _launch(k, eval("lambda meta: (7,)"))
+
+    dying = eval("lambda meta: (1,)")
+    _launch(k, dying)
+    watcher = weakref.ref(dying.__code__, relaunch)
+    del dying
+    for i in range(8):  # eight new programs: the slot ring comes round to the dying one
+        _launch(k, eval(f"lambda meta: ({i + 2},)"))
+    assert watcher() is None and relaunched == [1]
+    _launch(k, eval("lambda meta: (9,)"))
+    assert stand_in.last_launch().grid == (9, 1, 1)
+
+
 class _NotAModule:
     def __init__(self, log):
         self.log = log

@@ -289,17 +289,33 @@ const GridProgram* program_for(KernelState& st, PyObject* code) {
     }
   }
   // The translator runs Python, which may re-enter this kernel or reconfigure it: the program
-  // is stored only once it returns.
-  const GridProgram* program = compile_program(st, code);
+  // is stored only once it returns, and only if the parameters it indexes are still the
+  // kernel's (a reconfigured kernel's is used once, as "call the function").
+  const uint64_t epoch = st.grid_program_epoch;
+  GridProgram* program = compile_program(st, code);
+  if (st.grid_program_epoch != epoch) {
+    program->native = false;
+    return program;
+  }
   if (st.grid_programs == nullptr) {
     st.grid_programs = new GridPrograms();
   }
   GridPrograms& gp = *st.grid_programs;
-  unref(gp.slots[gp.next]);  // destroyed now unless an evaluation still runs it
+  const GridProgram* replaced = gp.slots[gp.next];
   gp.slots[gp.next] = program;
   ++program->refs;  // the slot's and the caller's
   gp.next = (gp.next + 1) % kProgramSlots;
+  // Last: destroying it releases its code object, which may run Python (a weakref callback)
+  // that launches this kernel again; the slots are consistent by then.
+  unref(replaced);
   return program;
+}
+
+// The version of a dict whose lookups may be cached; 0 (never cached) for a split-table dict,
+// an instance __dict__ whose values CPython 3.13 can change through the instance without a new
+// version.
+inline uint64_t cacheable_version(PyObject* dict) {
+  return reinterpret_cast<PyDictObject*>(dict)->ma_values == nullptr ? dict_version(dict) : 0;
 }
 
 // The step's cached value of its name in `dict` (borrowed), when the cache was filled from
@@ -307,12 +323,15 @@ const GridProgram* program_for(KernelState& st, PyObject* code) {
 // changed since; else nullptr.
 inline PyObject* cache_hit(const GridStep& s, PyObject* dict, PyObject* absent_from) {
   const LookupCache& c = s.cache;
-  const uint64_t version = dict_version(dict);
+  const uint64_t version = cacheable_version(dict);
   if (version == 0 || c.dict != dict || c.version != version || c.globals != absent_from) {
     return nullptr;
   }
-  return absent_from == nullptr || c.globals_version == dict_version(absent_from) ? c.value
-                                                                                  : nullptr;
+  if (absent_from == nullptr) {
+    return c.value;
+  }
+  return c.globals_version != 0 && c.globals_version == cacheable_version(absent_from) ? c.value
+                                                                                       : nullptr;
 }
 
 // `name` in `dict` (borrowed), from the step's cache when it is valid, else looked up (and
@@ -321,8 +340,8 @@ PyObject* cached_lookup(const GridStep& s, PyObject* dict, PyObject* absent_from
   if (PyObject* hit = cache_hit(s, dict, absent_from)) {
     return hit;
   }
-  const uint64_t version = dict_version(dict);
-  const uint64_t absent_version = absent_from != nullptr ? dict_version(absent_from) : 0;
+  const uint64_t version = cacheable_version(dict);
+  const uint64_t absent_version = absent_from != nullptr ? cacheable_version(absent_from) : 0;
   PyObject* v = PyDict_GetItemWithError(dict, s.name);
   if (v == nullptr) {
     PyErr_Clear();
@@ -400,6 +419,16 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
   if (!PyDict_CheckExact(globals)) {
     return false;  // a dict subclass's lookups can run Python code
   }
+  // Triton passes only the first parameter: every other one needs a default, or calling the
+  // function raises (a TypeError the function's own call reports).
+  const int argcount = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn))->co_argcount;
+  if (argcount > 1) {
+    PyObject* defaults = PyFunction_GET_DEFAULTS(fn);
+    if (defaults == nullptr || !PyTuple_Check(defaults) ||
+        PyTuple_GET_SIZE(defaults) < argcount - 1) {
+      return false;
+    }
+  }
   for (const GridStep& s : steps) {
     Value* top = stack + *sp;
     switch (s.op) {
@@ -455,31 +484,40 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
       }
       case GridOp::GlobalAttr: {
         // Both lookups from their caches while the globals are unchanged (so the global is the
-        // same module, whose __dict__ is fixed for its lifetime, and alive) and the module's
-        // dict is unchanged; a module found in the builtins is left to Python.
+        // same object, alive: still an exact module unless its __class__ was reassigned, and a
+        // module's __dict__ is fixed for its lifetime) and the module's dict is unchanged. A
+        // module found in the builtins is left to Python.
         const LookupCache& a = s.attr_cache;
+        PyObject* module = a.dict != nullptr ? cache_hit(s, globals, nullptr) : nullptr;
+        if (module != nullptr && PyModule_CheckExact(module) && a.version != 0 &&
+            cacheable_version(a.dict) == a.version) {
+          if (!push_object(a.value, top)) {
+            return false;
+          }
+          ++*sp;
+          break;
+        }
+        s.attr_cache = LookupCache{};  // refilled below only from the module found now
+        module = cached_lookup(s, globals, nullptr);
+        if (module == nullptr || !PyModule_CheckExact(module)) {
+          return false;
+        }
+        // Held: the lookup below can run Python (a colliding key's __eq__) that drops it.
+        Py_INCREF(module);
+        PyObject* dict = PyModule_GetDict(module);  // borrowed from the module
         PyObject* v = nullptr;
-        if (a.dict != nullptr && cache_hit(s, globals, nullptr) != nullptr &&
-            dict_version(a.dict) == a.version) {
-          v = a.value;
-        } else {
-          s.attr_cache = LookupCache{};  // refilled below only from the module found now
-          PyObject* module = cached_lookup(s, globals, nullptr);
-          if (module == nullptr || !PyModule_CheckExact(module)) {
-            return false;
-          }
-          PyObject* dict = PyModule_GetDict(module);  // borrowed
-          if (dict == nullptr || !PyDict_CheckExact(dict)) {
-            return false;
-          }
+        if (dict != nullptr && PyDict_CheckExact(dict)) {
+          const uint64_t version = cacheable_version(dict);
           v = PyDict_GetItemWithError(dict, s.attr);
           if (v == nullptr) {
-            PyErr_Clear();
-            return false;  // the module's __getattr__, or an AttributeError
+            PyErr_Clear();  // the module's __getattr__, or an AttributeError: Python's
+          } else {
+            s.attr_cache = {dict, version, nullptr, 0, v};
           }
-          s.attr_cache = {dict, dict_version(dict), nullptr, 0, v};
         }
-        if (!push_object(v, top)) {
+        const bool pushed = v != nullptr && push_object(v, top);  // before the module goes
+        Py_DECREF(module);
+        if (!pushed) {
           return false;
         }
         ++*sp;
@@ -619,10 +657,12 @@ bool eval_grid_program(KernelObject* kernel, PyObject* fn, const BoundCall& call
 }
 
 void clear_grid_programs(KernelState* state) {
-  if (state->grid_programs != nullptr) {
-    delete state->grid_programs;
-    state->grid_programs = nullptr;
-  }
+  ++state->grid_program_epoch;  // a translation in flight is for the old parameters
+  // Detached first: destroying the programs releases code objects, which may run Python (a
+  // weakref callback) that launches this kernel again.
+  GridPrograms* old = state->grid_programs;
+  state->grid_programs = nullptr;
+  delete old;
 }
 
 void set_grid_program_support(PyObject* compiler, PyObject* cdiv, PyObject* next_power_of_2,

@@ -49,6 +49,7 @@ struct KernelState {
   PyObject* grid_meta = nullptr;          ///< the callable grid's mapping, reused (grid_meta.h)
   PyObject* param_name_tuple = nullptr;   ///< the parameter names as a tuple, owned
   GridPrograms* grid_programs = nullptr;  ///< native programs of grid functions (grid_program.h)
+  uint64_t grid_program_epoch = 0;        ///< advanced when grid_programs is cleared
   bool has_config_params = false;         ///< some parameter is kTuneConfigProvided
   /// has_config_params, or a publish owner is set: a hit has more to do than launch (one test
   /// on the hot path for both).

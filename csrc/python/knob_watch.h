@@ -41,9 +41,10 @@ bool configure_knob_watch(PyObject* dicts, PyObject* refresh);
 void mark_knobs_dirty() noexcept;
 
 /// A dict's version (PEP 509; the ma_version_tag of CPython 3.10-3.13, deprecated from 3.12):
-/// globally unique, given anew to every dict made and on every change, never 0 once the dict
-/// holds something. 0 where unavailable (CPython 3.14 replaced it), which callers treat as
-/// "unknown".
+/// globally unique, given anew to every dict made and on every change made through the dict,
+/// never 0 once the dict holds something. A split-table dict (an instance __dict__) can change
+/// without it on 3.13, through its object's inline values. 0 where unavailable (CPython 3.14
+/// replaced it), which callers treat as "unknown".
 inline uint64_t dict_version(PyObject* dict) {
 #if PY_VERSION_HEX < 0x030E0000
 #pragma GCC diagnostic push
