@@ -245,8 +245,8 @@ void fuse_global_attr(std::vector<GridStep>* steps) {
 }
 
 // The program of `code` for this kernel, from the translator (a Python call, once per code
-// object and kernel). A failing translator leaves the function to be called.
-// A new program with one reference, the caller's.
+// object and kernel), with one reference, the caller's. A failing translator leaves the
+// function to be called.
 GridProgram* compile_program(const KernelState& st, PyObject* code) {
   GridProgram* created = new GridProgram();
   GridProgram& program = *created;
@@ -371,19 +371,6 @@ inline bool push_object(PyObject* o, Value* v) {
     return true;
   }
   v->object = Py_NewRef(o);
-  return true;
-}
-
-// Python's % on ints, when the divisor is not zero and the result is defined in C++.
-inline bool floor_mod(long long a, long long b, long long* out) {
-  if (b == 0 || (a == LLONG_MIN && b == -1)) {
-    return false;
-  }
-  long long r = a % b;
-  if (r != 0 && ((r < 0) != (b < 0))) {
-    r += b;
-  }
-  *out = r;
   return true;
 }
 
@@ -618,7 +605,7 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
             ok = python_floor_div(a->i, b->i, &r);
             break;
           default:
-            ok = floor_mod(a->i, b->i, &r);
+            ok = python_floor_mod(a->i, b->i, &r);
             break;
         }
         if (!ok) {

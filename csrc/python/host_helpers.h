@@ -33,6 +33,20 @@ inline bool python_floor_div(long long a, long long b, long long* out) {
   return true;
 }
 
+/// Python's `a % b` on ints: true with the remainder (of the sign of b) in `out`; false when
+/// b == 0 or C++ leaves it undefined (LLONG_MIN % -1).
+inline bool python_floor_mod(long long a, long long b, long long* out) {
+  if (b == 0 || (a == LLONG_MIN && b == -1)) {
+    return false;
+  }
+  long long r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) {
+    r += b;
+  }
+  *out = r;
+  return true;
+}
+
 /// triton.cdiv's body, `(x + y - 1) // y` (triton/__init__.py), on ints: true with the result
 /// in `out`, false where Python's arithmetic has to decide (y == 0, or a result past 64 bits).
 bool triton_cdiv(long long x, long long y, long long* out);

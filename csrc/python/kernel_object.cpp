@@ -61,6 +61,14 @@ class Ref {
 constexpr uint64_t kMaxGridX = 2147483647ull;
 constexpr uint64_t kMaxGridYZ = 65535ull;
 
+// The largest value grid dimension `axis` may take.
+constexpr uint64_t grid_dim_limit(int axis) { return axis == 0 ? kMaxGridX : kMaxGridYZ; }
+
+// Whether `v` is a valid grid dimension `axis`: within [0, grid_dim_limit(axis)].
+inline bool grid_dim_in_range(long long v, int axis) {
+  return v >= 0 && uint64_t(v) <= grid_dim_limit(axis);
+}
+
 bool read_grid_dim(KernelObject* kernel, PyObject* item, int axis, uint32_t* out) {
   long long v;
   if (PyLong_CheckExact(item)) {
@@ -81,10 +89,9 @@ bool read_grid_dim(KernelObject* kernel, PyObject* item, int axis, uint32_t* out
     PyErr_Format(PyExc_ValueError, "%U: grid[%d] does not fit in 64 bits", kernel->name, axis);
     return false;
   }
-  const uint64_t limit = axis == 0 ? kMaxGridX : kMaxGridYZ;
-  if (v < 0 || uint64_t(v) > limit) {
+  if (!grid_dim_in_range(v, axis)) {
     PyErr_Format(PyExc_ValueError, "%U: grid[%d] = %lld is outside [0, %llu]", kernel->name, axis,
-                 v, (unsigned long long)limit);
+                 v, (unsigned long long)grid_dim_limit(axis));
     return false;
   }
   *out = uint32_t(v);
@@ -112,7 +119,7 @@ bool read_grid_dims(KernelObject* kernel, PyObject* const* items, Py_ssize_t n, 
 inline bool grid_dims_in_range(const long long* dims, int n, LaunchGrid* out) {
   uint32_t d[3] = {1, 1, 1};
   for (int i = 0; i < n; ++i) {
-    if (dims[i] < 0 || uint64_t(dims[i]) > (i == 0 ? kMaxGridX : kMaxGridYZ)) {
+    if (!grid_dim_in_range(dims[i], i)) {
       return false;
     }
     d[i] = uint32_t(dims[i]);

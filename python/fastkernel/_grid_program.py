@@ -55,6 +55,9 @@ _BINARY_310 = {
     "BINARY_FLOOR_DIVIDE": "FLOORDIV",
     "BINARY_MODULO": "MOD",
 }
+# Steps that push one value, and the binary operators' steps.
+_LEAF_STEPS = ("ARG", "CONST", "CELL", "GLOBAL", "DEFAULT")
+_BINARY_STEPS = tuple(_BINARY.values())
 # Bookkeeping instructions with no effect on the values (3.11+).
 _IGNORED = {"RESUME", "NOP", "CACHE", "PRECALL", "COPY_FREE_VARS", "EXTENDED_ARG"}
 # Code flags a translated function must not have: *args, **kwargs, generators, coroutines.
@@ -144,15 +147,10 @@ def _symbolic(code: types.CodeType, param_index: dict[str, int]) -> tuple[list[t
                 stack.append(("CONST", value))
             elif type(value) is str:
                 stack.append(("STR", value))
-            elif type(value) is tuple and 1 <= len(value) <= 3:
-                stack.append(("TUPLE", tuple(("CONST", _int_constant(v)) for v in value)))
             else:
-                raise _Untranslatable
+                stack.append(_constant_tuple(value))
         elif op == "RETURN_CONST":
-            value = ins.argval
-            if type(value) is not tuple or not 1 <= len(value) <= 3:
-                raise _Untranslatable
-            stack.append(("TUPLE", tuple(("CONST", _int_constant(v)) for v in value)))
+            stack.append(_constant_tuple(ins.argval))
             return _returned(stack, position, instructions)
         elif op == "LOAD_DEREF":
             if ins.argval not in code.co_freevars:
@@ -197,10 +195,13 @@ def _symbolic(code: types.CodeType, param_index: dict[str, int]) -> tuple[list[t
     raise _Untranslatable
 
 
-def _int_constant(value: Any) -> int:
-    if type(value) is not int:
+def _constant_tuple(value: Any) -> tuple:
+    """A constant tuple of 1 to 3 ints as a TUPLE node."""
+    if type(value) is not tuple or not 1 <= len(value) <= 3:
         raise _Untranslatable
-    return value
+    if any(type(v) is not int for v in value):
+        raise _Untranslatable
+    return ("TUPLE", tuple(("CONST", v) for v in value))
 
 
 def _returned(stack: list, position: int, instructions: list) -> tuple[list[tuple], bool]:
@@ -217,7 +218,7 @@ def _returned(stack: list, position: int, instructions: list) -> tuple[list[tupl
 
 def _emit(node: tuple, out: list[Step]) -> None:
     kind = node[0]
-    if kind in ("ARG", "CONST", "CELL", "GLOBAL", "DEFAULT"):
+    if kind in _LEAF_STEPS:
         out.append((kind, node[1]))
     elif kind == "ATTR":
         _emit(node[1], out)
@@ -227,7 +228,7 @@ def _emit(node: tuple, out: list[Step]) -> None:
         for arg in node[2]:
             _emit(arg, out)
         out.append(("CALL", len(node[2])))
-    elif kind in ("ADD", "SUB", "MUL", "FLOORDIV", "MOD"):
+    elif kind in _BINARY_STEPS:
         _emit(node[1], out)
         _emit(node[2], out)
         out.append((kind, 0))
@@ -238,11 +239,11 @@ def _emit(node: tuple, out: list[Step]) -> None:
 def _depth(program: list[Step]) -> int:
     depth = deepest = 0
     for op, operand in program:
-        if op in ("ARG", "CONST", "CELL", "GLOBAL", "DEFAULT"):
+        if op in _LEAF_STEPS:
             depth += 1
         elif op == "CALL":
             depth -= int(operand)
-        elif op in ("ADD", "SUB", "MUL", "FLOORDIV", "MOD"):
+        elif op in _BINARY_STEPS:
             depth -= 1
         deepest = max(deepest, depth)
     return deepest
