@@ -400,7 +400,17 @@ bool call_known(PyObject* callee, const Value* args, int n, long long* out) {
 
 // Runs `steps`; false as soon as a value is not what the fast case handles.
 bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call, int num_params,
-         Value* stack, int* sp, long long dims[3], int* num_dims) {
+         Value* stack, int* stack_size, long long dims[3], int* num_dims) {
+  // The next free slot lives in a register while the steps run (calls out could otherwise
+  // alias the caller's count) and the depth reaches the caller, which releases what is left,
+  // however the run ends.
+  Value* top = stack + *stack_size;
+  struct Publish {
+    Value* const& top;
+    Value* stack;
+    int* out;
+    ~Publish() { *out = int(top - stack); }
+  } publish{top, stack, stack_size};
   PyObject* globals = PyFunction_GET_GLOBALS(fn);
   PyObject* closure = PyFunction_GET_CLOSURE(fn);
   if (!PyDict_CheckExact(globals)) {
@@ -417,20 +427,19 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
     }
   }
   for (const GridStep& s : steps) {
-    Value* top = stack + *sp;
     switch (s.op) {
       case GridOp::Arg: {
         PyObject* v = s.index < num_params ? call.args[s.index] : nullptr;
         if (v == nullptr || !PyLong_CheckExact(v) || !push_object(v, top)) {
           return false;
         }
-        ++*sp;
+        ++top;
         break;
       }
       case GridOp::Const:
         top->i = s.value;
         top->object = nullptr;
-        ++*sp;
+        ++top;
         break;
       case GridOp::Cell: {
         if (closure == nullptr || !PyTuple_Check(closure) || s.index >= PyTuple_GET_SIZE(closure)) {
@@ -441,7 +450,7 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         if (v == nullptr || !push_object(v, top)) {
           return false;
         }
-        ++*sp;
+        ++top;
         break;
       }
       case GridOp::Global: {
@@ -466,7 +475,7 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         if (!push_object(v, top)) {
           return false;
         }
-        ++*sp;
+        ++top;
         break;
       }
       case GridOp::GlobalAttr: {
@@ -481,7 +490,7 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
           if (!push_object(a.value, top)) {
             return false;
           }
-          ++*sp;
+          ++top;
           break;
         }
         s.attr_cache = LookupCache{};  // refilled below only from the module found now
@@ -507,7 +516,7 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         if (!pushed) {
           return false;
         }
-        ++*sp;
+        ++top;
         break;
       }
       case GridOp::Attr: {
@@ -538,7 +547,7 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         Py_DECREF(callee->object);
         callee->object = nullptr;
         callee->i = r;
-        *sp -= s.index;
+        top -= s.index;
         break;
       }
       case GridOp::Default: {
@@ -553,11 +562,11 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
             !push_object(PyTuple_GET_ITEM(defaults, j), top)) {
           return false;
         }
-        ++*sp;
+        ++top;
         break;
       }
       case GridOp::ReturnTuple: {
-        PyObject* t = stack[*sp - 1].object;
+        PyObject* t = top[-1].object;
         if (t == nullptr || !PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) < 1 ||
             PyTuple_GET_SIZE(t) > 3) {
           return false;
@@ -575,13 +584,14 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
       }
       case GridOp::Return:
         for (int k = 0; k < s.index; ++k) {
-          const Value& v = stack[*sp - s.index + k];
+          const Value& v = top[k - s.index];
           if (v.object != nullptr) {
             return false;
           }
           dims[k] = v.i;
         }
         *num_dims = s.index;
+        top -= s.index;  // plain ints, nothing to release
         return true;
       default: {
         Value* a = top - 2;
@@ -612,7 +622,7 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
           return false;
         }
         a->i = r;
-        --*sp;
+        --top;
         break;
       }
     }

@@ -116,12 +116,6 @@ PyObject* constexpr_function_call(PyObject* self, PyObject* args, PyObject* kwar
 
 }  // namespace
 
-bool triton_cdiv(long long x, long long y, long long* out) {
-  long long a;
-  return !__builtin_add_overflow(x, y, &a) && !__builtin_sub_overflow(a, 1, &a) &&
-         python_floor_div(a, y, out);
-}
-
 bool triton_next_power_of_2(long long n, long long* out) {
   if (n < 1 || n >= kSmall) {
     return false;

@@ -49,7 +49,11 @@ inline bool python_floor_mod(long long a, long long b, long long* out) {
 
 /// triton.cdiv's body, `(x + y - 1) // y` (triton/__init__.py), on ints: true with the result
 /// in `out`, false where Python's arithmetic has to decide (y == 0, or a result past 64 bits).
-bool triton_cdiv(long long x, long long y, long long* out);
+inline bool triton_cdiv(long long x, long long y, long long* out) {
+  long long a;
+  return !__builtin_add_overflow(x, y, &a) && !__builtin_sub_overflow(a, 1, &a) &&
+         python_floor_div(a, y, out);
+}
 
 /// triton.next_power_of_2's body (triton/__init__.py: the smallest power of 2 >= n) for
 /// 1 <= n < 2**62: true with the result in `out`; false for other n (Python decides).

@@ -453,7 +453,8 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
 // checked against the record's cluster size. False with an exception set when malformed.
 inline bool resolve_grid(KernelObject* kernel, PyObject* grid_arg, const BoundCall& call,
                          const LaunchRecord& rec, LaunchGrid* grid) {
-  if (!PyTuple_CheckExact(grid_arg) && PyCallable_Check(grid_arg)) {
+  // A Python function is the common callable: told apart inline, before the call-out check.
+  if (!PyTuple_CheckExact(grid_arg) && (PyFunction_Check(grid_arg) || PyCallable_Check(grid_arg))) {
     long long dims[3];
     int num_dims = 0;
     if (eval_grid_program(kernel, grid_arg, call, dims, &num_dims) &&
