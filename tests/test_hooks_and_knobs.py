@@ -268,3 +268,162 @@ def test_a_failing_exit_hook_raises_after_the_launch(add, stand_in):
     finally:
         knobs.runtime.launch_exit_hook.remove(exit)
     assert len(stand_in.launches()) == 2  # the launch was issued before the exit hook ran
+
+
+def _metadata_of(launch):
+    """The metadata objects an enter hook receives during ``launch()``."""
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        launch()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    return seen
+
+
+def _shape(metadata):
+    return (
+        type(metadata),
+        list(vars(metadata)),
+        metadata.extras,
+        [(key, type(value)) for key, value in metadata.data.items()],
+        metadata.data["name"],
+        metadata.data["stream"],
+    )
+
+
+def test_hook_metadata_is_built_as_tritons_launcher_builds_it(add, stand_in):
+    def triton_launch():
+        with TritonReference(stand_in, TEST_STREAM):
+            kernels.add_kernel[(1,)](X, X, X, 64, BLOCK=64)
+
+    (expected,) = _metadata_of(triton_launch)
+    (got,) = _metadata_of(lambda: add[(1,)](X, X, X, 64, BLOCK=64))
+    assert _shape(got) == _shape(expected)
+    assert _shape(got)[:4] == (
+        abi.HOOK_METADATA_TYPE,
+        ["data", "extras"],
+        [],
+        [("name", str), ("function", int), ("stream", int)],
+    )
+
+
+def test_hook_metadata_is_new_on_every_launch(add, stand_in):
+    def scribble(metadata):
+        metadata.data["name"] = "scribbled"
+        metadata.extras.append((dict, ()))
+
+    knobs.runtime.launch_enter_hook.add(scribble)
+    try:
+        first, second = _metadata_of(lambda: [add[(1,)](X, X, X, 64, BLOCK=64) for _ in "ab"])
+    finally:
+        knobs.runtime.launch_enter_hook.remove(scribble)
+    (third,) = _metadata_of(lambda: add[(1,)](X, X, X, 64, BLOCK=64))
+    assert first.data is not second.data and first.extras is not second.extras
+    assert first.data["name"] == second.data["name"] == "scribbled"  # each by its own hook call
+    assert third.data == {
+        "name": "add_kernel",
+        "function": first.data["function"],
+        "stream": TEST_STREAM,
+    }
+    assert third.extras == []
+
+
+def test_hook_metadata_follows_the_stream_of_each_launch(add, stand_in):
+    other = TEST_STREAM + 0x100
+    _C._testing.set_host_testing(True, 0, other)
+    try:
+        (on_other,) = _metadata_of(lambda: add[(1,)](X, X, X, 64, BLOCK=64))
+    finally:
+        _C._testing.set_host_testing(True, 0, TEST_STREAM)
+    (on_test,) = _metadata_of(lambda: add[(1,)](X, X, X, 64, BLOCK=64))
+    assert (on_other.data["stream"], on_test.data["stream"]) == (other, TEST_STREAM)
+    assert [launch.stream for launch in stand_in.launches()[-2:]] == [other, TEST_STREAM]
+
+
+def test_a_changed_metadata_class_is_constructed_by_calling_it(add, stand_in, monkeypatch):
+    """The metadata class is built without its __init__ only while the predicate says that is
+    the same thing; a change to the class makes the launch ask again, and call it meanwhile."""
+    asked = []
+
+    def plain_check(cls):
+        asked.append(cls)
+        return abi.plain_lazy_dict(cls)
+
+    lazy_dict = abi.HOOK_METADATA_TYPE
+    _C.set_launch_hook_support(lazy_dict, abi.add_launch_metadata, plain_check)
+    try:
+        _metadata_of(lambda: [add[(1,)](X, X, X, 64, BLOCK=64) for _ in "abc"])
+        assert asked == [lazy_dict]  # once, then cached by the class's version tag
+        original = lazy_dict.__init__
+        inits = []
+
+        def counting_init(self, data):
+            inits.append(data["name"])
+            original(self, data)
+
+        monkeypatch.setattr(lazy_dict, "__init__", counting_init)
+        (metadata,) = _metadata_of(lambda: add[(1,)](X, X, X, 64, BLOCK=64))
+        assert inits == ["add_kernel"] and asked == [lazy_dict] * 2
+        assert _shape(metadata)[1:3] == (["data", "extras"], [])
+        monkeypatch.undo()
+        _metadata_of(lambda: [add[(1,)](X, X, X, 64, BLOCK=64) for _ in "ab"])
+        assert inits == ["add_kernel"] and asked == [lazy_dict] * 3
+    finally:
+        _C.set_launch_hook_support(lazy_dict, abi.add_launch_metadata, abi.plain_lazy_dict)
+
+
+def test_only_tritons_plain_metadata_class_counts_as_plain():
+    assert abi.plain_lazy_dict(abi.HOOK_METADATA_TYPE)
+
+    class Same:
+        def __init__(self, data):
+            self.data = data
+            self.extras = []
+
+    class OtherBody:
+        def __init__(self, data):
+            self.data = dict(data)
+            self.extras = []
+
+    class WithDefault:
+        def __init__(self, data=None):
+            self.data = data
+            self.extras = []
+
+    class WithSlots:
+        __slots__ = ("data", "extras")
+
+        def __init__(self, data):
+            self.data = data
+            self.extras = []
+
+    class WithNew(Same):
+        def __new__(cls, data):
+            return super().__new__(cls)
+
+    class Derived(Same):
+        pass
+
+    class WithSetattr(Same):
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+
+    class Meta(type):
+        pass
+
+    class WithMeta(metaclass=Meta):
+        __init__ = Same.__init__
+
+    assert abi.plain_lazy_dict(Same)
+    for cls in (OtherBody, WithDefault, WithSlots, WithNew, Derived, WithSetattr, WithMeta):
+        assert not abi.plain_lazy_dict(cls), cls.__name__
+
+
+def test_jit_function_lives_in_the_native_slot(add):
+    assert add.jit_function is kernels.add_kernel
+    assert "jit_function" not in vars(add)
+    add.jit_function = kernels.add_kernel
+    assert add.jit_function is kernels.add_kernel
+    with pytest.raises(AttributeError, match="jit_function"):
+        _ = _C.Kernel().jit_function

@@ -31,8 +31,16 @@ namespace {
 PyObject* g_lazy_dict_type = nullptr;
 PyObject* g_add_launch_metadata = nullptr;
 struct HookNames {
-  PyObject *name, *function, *stream, *jit_function, *launch_metadata;
+  PyObject *name, *function, *stream, *jit_function, *launch_metadata, *data, *extras;
 } g_hook_names{};
+// Whether LazyDict(data) is object.__new__ followed by `self.data = data; self.extras = []`:
+// the Python predicate that decides it (set_launch_hook_support's `plain_check`), its answer,
+// and the type's version tag when it answered. CPython gives a type a new tag (PyType_Modified)
+// whenever it or a base changes, so the answer stands while the tag is the same.
+PyObject* g_lazy_dict_check = nullptr;
+unsigned int g_lazy_dict_checked_tag = 0;
+bool g_lazy_dict_plain = false;
+PyObject* g_empty_tuple = nullptr;
 
 // Owns one Python reference for a scope.
 class Ref {
@@ -311,26 +319,100 @@ bool publish(KernelObject* kernel, const LaunchRecord& rec) {
   return true;
 }
 
-// The launch metadata Triton hands to launch hooks (triton/compiler/compiler.py
-// CompiledKernel.launch_metadata): a LazyDict of the kernel's name, function handle and stream,
-// to which the kernel's own `launch_metadata` callback, when it has one, is added with the grid,
-// the compiled metadata and the bound arguments. New reference, or nullptr with an exception.
-PyObject* make_hook_metadata(KernelObject* kernel, const LaunchRecord& rec, const LaunchGrid& grid,
-                             CUstream stream, const BoundCall& call) {
-  Ref data(PyDict_New());
-  Ref name(PyUnicode_FromStringAndSize(rec.kernel_name.data(), Py_ssize_t(rec.kernel_name.size())));
-  Ref function(PyLong_FromVoidPtr(rec.function));
-  Ref stream_handle(PyLong_FromVoidPtr(stream));
-  if (!data || !name || !function || !stream_handle ||
-      PyDict_SetItem(data.get(), g_hook_names.name, name.get()) < 0 ||
-      PyDict_SetItem(data.get(), g_hook_names.function, function.get()) < 0 ||
-      PyDict_SetItem(data.get(), g_hook_names.stream, stream_handle.get()) < 0) {
+// Triton's LazyDict(data): without LazyDict.__init__'s frame while the type is as verified
+// (lazy_dict_is_plain), by the class call otherwise. A new reference, or nullptr with an
+// exception set.
+bool lazy_dict_is_plain(PyTypeObject* type) {
+  if (g_lazy_dict_check == nullptr || Py_TYPE(type) != &PyType_Type) {
+    return false;
+  }
+  const unsigned int tag = type->tp_version_tag;
+  if (tag == g_lazy_dict_checked_tag) {
+    return g_lazy_dict_plain;
+  }
+  // Asked again after a change. The predicate's own lookups give the type a tag (0 only when
+  // CPython has none left to give: then the answer is no, and stays cached under 0).
+  PyObject* answer = PyObject_CallOneArg(g_lazy_dict_check, reinterpret_cast<PyObject*>(type));
+  const bool plain = answer != nullptr && answer == Py_True;
+  if (answer == nullptr) {
+    PyErr_Clear();  // a predicate that fails says no: the class is then called
+  }
+  Py_XDECREF(answer);
+  g_lazy_dict_checked_tag = type->tp_version_tag;
+  g_lazy_dict_plain = plain && g_lazy_dict_checked_tag != 0;
+  return g_lazy_dict_plain;
+}
+
+PyObject* new_lazy_dict(PyObject* data) {
+  auto* type = reinterpret_cast<PyTypeObject*>(g_lazy_dict_type);
+  if (!lazy_dict_is_plain(type)) {
+    return PyObject_CallOneArg(g_lazy_dict_type, data);
+  }
+  Ref obj(type->tp_new(type, g_empty_tuple, nullptr));  // object.__new__, as type.__call__ does
+  if (!obj || PyObject_SetAttr(obj.get(), g_hook_names.data, data) < 0) {
     return nullptr;
   }
-  Ref metadata(PyObject_CallOneArg(g_lazy_dict_type, data.get()));
-  Ref jit(metadata
-              ? PyObject_GetAttr(reinterpret_cast<PyObject*>(kernel), g_hook_names.jit_function)
-              : nullptr);
+  Ref extras(PyList_New(0));
+  if (!extras || PyObject_SetAttr(obj.get(), g_hook_names.extras, extras.get()) < 0) {
+    return nullptr;
+  }
+  return obj.release();
+}
+
+// Sets `key` to `value` (a new reference, or nullptr after a failed creation) in `dict`.
+bool set_hook_value(PyObject* dict, PyObject* key, PyObject* value) {
+  if (value == nullptr) {
+    return false;
+  }
+  const int rc = PyDict_SetItem(dict, key, value);
+  Py_DECREF(value);
+  return rc == 0;
+}
+
+// The dict Triton's launcher builds per launch, {"name": ..., "function": ..., "stream": ...}:
+// a copy of the kernel's template dict, whose values are made anew only when the record's name
+// or function handle or the stream differ from the last launch's (they rarely do). A new
+// reference, or nullptr with an exception set.
+PyObject* hook_data(KernelState& st, const LaunchRecord& rec, CUstream stream) {
+  const bool fresh = st.hook_template == nullptr;
+  if (fresh && (st.hook_template = PyDict_New()) == nullptr) {
+    return nullptr;
+  }
+  PyObject* t = st.hook_template;
+  bool ok = true;
+  if (fresh || st.hook_name != rec.kernel_name) {
+    ok = set_hook_value(
+        t, g_hook_names.name,
+        PyUnicode_FromStringAndSize(rec.kernel_name.data(), Py_ssize_t(rec.kernel_name.size())));
+    st.hook_name = rec.kernel_name;
+  }
+  if (ok && (fresh || st.hook_function != rec.function)) {
+    ok = set_hook_value(t, g_hook_names.function, PyLong_FromVoidPtr(rec.function));
+    st.hook_function = rec.function;
+  }
+  if (ok && (fresh || st.hook_stream != stream)) {
+    ok = set_hook_value(t, g_hook_names.stream, PyLong_FromVoidPtr(stream));
+    st.hook_stream = stream;
+  }
+  if (!ok) {
+    Py_CLEAR(st.hook_template);  // out of step with the raw values: made anew next time
+    return nullptr;
+  }
+  return PyDict_Copy(t);
+}
+
+// The launch hooks' metadata, as Triton's launcher makes it (triton/compiler/compiler.py
+// CompiledKernel.launch_metadata): a LazyDict of the kernel's name, function handle and stream,
+// plus the kernel's own launch_metadata callback when it has one. A new reference, or nullptr
+// with an exception set.
+PyObject* make_hook_metadata(KernelObject* kernel, const LaunchRecord& rec, const LaunchGrid& grid,
+                             CUstream stream, const BoundCall& call) {
+  Ref data(hook_data(*kernel->state, rec, stream));
+  Ref metadata(data ? new_lazy_dict(data.get()) : nullptr);
+  Ref jit(!metadata ? nullptr
+          : kernel->jit_function != nullptr
+              ? Py_NewRef(kernel->jit_function)
+              : PyObject_GetAttr(reinterpret_cast<PyObject*>(kernel), g_hook_names.jit_function));
   Ref callback(jit ? PyObject_GetAttr(jit.get(), g_hook_names.launch_metadata) : nullptr);
   if (!callback) {
     return nullptr;
@@ -684,6 +766,7 @@ void kernel_release_state(KernelObject* self) {
     }
     clear_grid_meta(self->state);
     clear_grid_programs(self->state);
+    Py_CLEAR(self->state->hook_template);
     Py_XDECREF(self->state->keywords.kwnames);
     delete self->state;
     self->state = nullptr;
@@ -698,6 +781,7 @@ int kernel_traverse(KernelObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->global_checks);
   Py_VISIT(self->publish_owner);
   Py_VISIT(self->last_published);
+  Py_VISIT(self->jit_function);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_VISIT(p.default_value);
@@ -715,6 +799,7 @@ int kernel_clear(KernelObject* self) {
   Py_CLEAR(self->publish_owner);
   Py_CLEAR(self->publish_name);
   Py_CLEAR(self->last_published);
+  Py_CLEAR(self->jit_function);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_CLEAR(p.default_value);
@@ -735,6 +820,30 @@ void kernel_dealloc(KernelObject* self) {
   // A Python subclass's subtype_dealloc releases the type reference itself.
   Py_TYPE(self)->tp_free(self);
 }
+
+PyObject* kernel_get_jit_function(KernelObject* self, void*) {
+  if (self->jit_function == nullptr) {
+    PyErr_SetString(PyExc_AttributeError, "jit_function");
+    return nullptr;
+  }
+  return Py_NewRef(self->jit_function);
+}
+
+int kernel_set_jit_function(KernelObject* self, PyObject* value, void*) {
+  if (value == nullptr && self->jit_function == nullptr) {
+    PyErr_SetString(PyExc_AttributeError, "jit_function");
+    return -1;
+  }
+  Py_XSETREF(self->jit_function, Py_XNewRef(value));
+  return 0;
+}
+
+PyGetSetDef kernel_getset[] = {
+    {"jit_function", reinterpret_cast<getter>(kernel_get_jit_function),
+     reinterpret_cast<setter>(kernel_set_jit_function),
+     "The wrapped triton.jit function (JITFunction).", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
 
 PyObject* kernel_new(PyTypeObject* type, PyObject*, PyObject*) {
   KernelObject* self = reinterpret_cast<KernelObject*>(type->tp_alloc(type, 0));
@@ -772,15 +881,23 @@ PyObject* kernel_subscript(KernelObject* self, PyObject* grid) {
   return fresh;
 }
 
-void set_launch_hook_support(PyObject* lazy_dict_type, PyObject* add_launch_metadata) {
+void set_launch_hook_support(PyObject* lazy_dict_type, PyObject* add_launch_metadata,
+                             PyObject* plain_check) {
   if (g_hook_names.name == nullptr) {
-    g_hook_names = {PyUnicode_InternFromString("name"), PyUnicode_InternFromString("function"),
+    g_hook_names = {PyUnicode_InternFromString("name"),
+                    PyUnicode_InternFromString("function"),
                     PyUnicode_InternFromString("stream"),
                     PyUnicode_InternFromString("jit_function"),
-                    PyUnicode_InternFromString("launch_metadata")};
+                    PyUnicode_InternFromString("launch_metadata"),
+                    PyUnicode_InternFromString("data"),
+                    PyUnicode_InternFromString("extras")};
+    g_empty_tuple = PyTuple_New(0);
   }
   Py_XSETREF(g_lazy_dict_type, Py_NewRef(lazy_dict_type));
   Py_XSETREF(g_add_launch_metadata, Py_NewRef(add_launch_metadata));
+  Py_XSETREF(g_lazy_dict_check, plain_check != Py_None ? Py_XNewRef(plain_check) : nullptr);
+  g_lazy_dict_checked_tag = 0;  // asked at the first hooked launch
+  g_lazy_dict_plain = false;
 }
 
 void set_python_error_from_current_exception(KernelObject* kernel) {
@@ -835,6 +952,7 @@ PyTypeObject KernelType = [] {
   t.tp_traverse = reinterpret_cast<traverseproc>(kernel_traverse);
   t.tp_clear = reinterpret_cast<inquiry>(kernel_clear);
   t.tp_as_mapping = &kernel_mapping;
+  t.tp_getset = kernel_getset;
   t.tp_weaklistoffset = offsetof(KernelObject, weakrefs);
   return t;
 }();

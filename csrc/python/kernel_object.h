@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fastkernel/launch_table.h"
@@ -55,6 +56,12 @@ struct KernelState {
   /// on the hot path for both).
   bool hit_extras = false;
   uint64_t hits = 0, misses = 0, fallbacks = 0;
+  /// The launch hooks' metadata dict of the last hooked launch (owned; copied per launch) and
+  /// the raw values its items were made from.
+  PyObject* hook_template = nullptr;
+  std::string hook_name;
+  const void* hook_function = nullptr;
+  const void* hook_stream = nullptr;
   uint64_t native_grids = 0;  ///< callable grids computed by their native program
   uint64_t called_grids = 0;  ///< callable grids called in Python
 };
@@ -76,6 +83,9 @@ struct KernelObject {
   PyObject* publish_owner;
   PyObject* publish_name;
   PyObject* last_published;
+  /// The `jit_function` attribute (the wrapped JITFunction), in a slot so that a hooked launch
+  /// reads it without an attribute lookup; nullptr while unset.
+  PyObject* jit_function;
 };
 
 /// `kernel[grid]`: a kernel with its grid, called with the kernel's arguments.
@@ -169,7 +179,11 @@ inline void finish_key(SpecializationKey* key, int device, uint64_t knob_word) {
 /// What a launch needs to run Triton's launch hooks natively (set at import): Triton's LazyDict
 /// class (triton/compiler/compiler.py) and add_launch_metadata(metadata, jit_function, grid,
 /// compiled, args), which adds a kernel's own launch_metadata callback to the metadata.
-void set_launch_hook_support(PyObject* lazy_dict_type, PyObject* add_launch_metadata);
+/// `plain_check(type) -> bool` (or None): whether LazyDict(data) is object.__new__ followed by
+/// `self.data = data; self.extras = []`; while it says so, launches build the metadata that way
+/// without the __init__ call. It is asked again whenever the type's version tag changes.
+void set_launch_hook_support(PyObject* lazy_dict_type, PyObject* add_launch_metadata,
+                             PyObject* plain_check);
 
 /// Sets the Python exception for the C++ exception in flight (call inside a catch block).
 void set_python_error_from_current_exception(KernelObject* kernel);

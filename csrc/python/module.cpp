@@ -242,12 +242,16 @@ PYBIND11_MODULE(_C, m) {
   m.attr("GRID_PROGRAM_STEPS") = py::reinterpret_steal<py::object>(grid_program_step_names());
   m.def(
       "set_launch_hook_support",
-      [](py::object lazy_dict_type, py::object add_launch_metadata) {
-        set_launch_hook_support(lazy_dict_type.ptr(), add_launch_metadata.ptr());
+      [](py::object lazy_dict_type, py::object add_launch_metadata, py::object plain_check) {
+        set_launch_hook_support(lazy_dict_type.ptr(), add_launch_metadata.ptr(), plain_check.ptr());
       },
       py::arg("lazy_dict_type"), py::arg("add_launch_metadata"),
+      py::arg("plain_check") = py::none(),
       "Triton's LazyDict class and the helper adding a kernel's launch_metadata callback to\n"
-      "it, for the launch hooks a native launch runs.");
+      "it, for the launch hooks a native launch runs. plain_check(type) -> bool: whether\n"
+      "LazyDict(data) is object.__new__ then `self.data = data; self.extras = []`; while it\n"
+      "is (asked again after each change of the class), launches build it without calling\n"
+      "__init__.");
   register_registration(m);
   register_kernel_methods();
   m.def(

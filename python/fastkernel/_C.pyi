@@ -36,6 +36,8 @@ class Kernel:
     ``kernel[grid]`` is a :class:`BoundLaunch`. The underscored methods are for its Python
     subclasses (kernel.py), which call them on themselves."""
 
+    #: The wrapped ``triton.jit`` function, held in a native slot (AttributeError while unset).
+    jit_function: Any
     def __getitem__(self, grid: Any) -> BoundLaunch: ...
     def _configure(
         self,
@@ -155,7 +157,9 @@ def set_grid_program_support(
     min: Callable[..., Any],
 ) -> None: ...
 def set_launch_hook_support(
-    lazy_dict_type: type, add_launch_metadata: Callable[..., Any]
+    lazy_dict_type: type,
+    add_launch_metadata: Callable[..., Any],
+    plain_check: Callable[[type], bool] | None = None,
 ) -> None: ...
 def install_patch(
     jit_type: type, factory: Callable[[Any], Kernel | None], triton_getitem: Callable[..., Any]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -447,6 +448,49 @@ def knob_state() -> tuple[Any, ...]:
 #: The class of the metadata launch hooks receive (triton/compiler/compiler.py LazyDict:
 #: ``data`` and ``extras``, materialized by ``get()``).
 HOOK_METADATA_TYPE = LazyDict
+
+
+def _plain_lazy_dict_init(self, data):
+    self.data = data
+    self.extras = []
+
+
+def plain_lazy_dict(cls: type = LazyDict) -> bool:
+    """Whether ``cls(data)`` is exactly ``object.__new__(cls)`` followed by ``self.data = data;
+    self.extras = []``, the body of Triton's ``LazyDict.__init__`` (triton/compiler/compiler.py):
+    a plain class of ``type`` with object's ``__new__`` and ``__setattr__``, no ``__slots__``,
+    and an ``__init__`` compiled from that body (same bytecode, constants, names and signature).
+    The native launch then builds the metadata without calling ``__init__``; any other class
+    (a Triton that changed it, a patched one) is constructed by calling it."""
+    init = cls.__dict__.get("__init__")
+    if (
+        type(cls) is not type
+        or cls.__bases__ != (object,)
+        or "__slots__" in cls.__dict__
+        or cls.__new__ is not object.__new__
+        or cls.__setattr__ is not object.__setattr__
+        or type(init) is not type(_plain_lazy_dict_init)
+        or init.__defaults__ is not None
+        or init.__kwdefaults__ is not None
+        or init.__closure__ is not None
+    ):
+        return False
+    got, want = init.__code__, _plain_lazy_dict_init.__code__
+    # co_flags' bits above the low 16 are __future__ imports; CO_NESTED says only where the
+    # function was defined. Neither changes what the body does.
+    flags = 0xFFFF & ~inspect.CO_NESTED
+    return (got.co_flags & flags) == (want.co_flags & flags) and all(
+        getattr(got, field) == getattr(want, field)
+        for field in (
+            "co_code",
+            "co_consts",
+            "co_names",
+            "co_varnames",
+            "co_argcount",
+            "co_posonlyargcount",
+            "co_kwonlyargcount",
+        )
+    )
 
 
 def add_launch_metadata(metadata, jit_fn, grid: tuple, compiled, args: tuple) -> None:
