@@ -13,6 +13,7 @@ import kernels
 import pytest
 import torch
 import triton
+import triton.language as tl
 from conftest import TEST_STREAM
 from triton_reference import TritonReference
 
@@ -135,6 +136,58 @@ def test_num_warps_and_callable_grid(stand_in):
     assert launch.grid == (10, 1, 1)
     assert launch.block == (256, 1, 1)
     assert set(seen) == {"x_ptr", "y_ptr", "out_ptr", "n", "BLOCK"} and seen["BLOCK"] == 512
+
+
+def test_call_site_options_follow_their_values(stand_in):
+    """One call site (the same keyword tuple every call) passing num_warps from a variable: the
+    option's key words kept from the last call serve only a call passing the same value object,
+    so every launch has its own value's binary, and returning to a value is a hit again."""
+    k = fastkernel(kernels.add_kernel)
+    x = torch.zeros(64)
+    warps = (4, 4, 8, 8, 4, 2, 4)
+    for w in warps:
+        k[(1,)](x, x, x, 64, BLOCK=64, num_warps=w, num_stages=2)
+    assert [launch.block for launch in stand_in.launches()] == [(32 * w, 1, 1) for w in warps]
+    stats = k.stats()
+    assert (stats["misses"], stats["hits"]) == (3, 4)
+    # The same options by other keywords, in another order, reach the same binaries.
+    k[(1,)](x, x, x, num_stages=2, num_warps=8, n=64, BLOCK=64)
+    assert stand_in.launches()[-1].block == (256, 1, 1) and k.stats()["hits"] == 5
+
+
+def test_a_call_reentered_while_its_key_is_built_takes_tritons_path(stand_in):
+    """A constexpr whose value is read by Python code that calls the same kernel through other
+    keywords (rebinding them): the option words the outer call took may be gone, so the outer
+    call is a fallback, launched by Triton's own launcher with the same binary's launch."""
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    armed = []
+
+    class Block(tl.constexpr):
+        @property
+        def value(self):
+            if armed:
+                armed.clear()
+                k[(1,)](x, x, x, 64, BLOCK=64, num_stages=2)  # other keywords
+            return self._value
+
+        @value.setter
+        def value(self, value):
+            self._value = value
+
+    blocks = [64, 64, Block(64)]
+    with TritonReference(stand_in, TEST_STREAM):
+        for b in blocks:
+            if isinstance(b, Block):
+                armed.append(True)
+            k[(1,)](x, x, x, 64, BLOCK=b, num_warps=2)
+    stats = k.stats()
+    reason = "the kernel was called again while this call's key was built"
+    assert stats["fallbacks"] == 1 and reason in str(stats["fallback_reasons"])
+    assert [launch.block for launch in stand_in.launches()] == [(64, 1, 1)] * 2 + [
+        (128, 1, 1),
+        (64, 1, 1),
+    ]
 
 
 def test_three_dimensional_grid_and_empty_grid(stand_in):

@@ -767,6 +767,7 @@ void kernel_release_state(KernelObject* self) {
     clear_grid_meta(self->state);
     clear_grid_programs(self->state);
     Py_CLEAR(self->state->hook_template);
+    clear_option_words(&self->state->keywords);
     Py_XDECREF(self->state->keywords.kwnames);
     delete self->state;
     self->state = nullptr;

@@ -36,7 +36,21 @@ struct KeywordBinding {
   PyObject* kwnames = nullptr;  ///< owned, so that its address is not reused while cached
   Py_ssize_t nargs = -1;
   std::vector<int16_t> slots;
+  /// The compile option values of the last call keyed through this binding, per keyword
+  /// (owned; nullptr for parameters), and the key words they made. Only immutable values
+  /// (exact int, float, str, bool, None) are kept, so a call passing the same objects (a call
+  /// site's literals are the same objects every call) makes the same words: they are pushed
+  /// without reading the values.
+  std::vector<PyObject*> option_values;
+  std::vector<uint64_t> option_words;
+  bool options_cached = false;
+  /// Advanced whenever the binding or its option words change: a key build that took the
+  /// words checks it was not re-entered meanwhile.
+  uint64_t generation = 0;
 };
+
+/// Drops the binding's cached option values and words.
+void clear_option_words(KeywordBinding* binding);
 
 struct GridPrograms;  // grid_program.cpp
 
@@ -120,6 +134,10 @@ struct BoundCall {
   uint16_t leaf_owner[kMaxArgs];
   int current_param = 0;  ///< the parameter whose value is being keyed
   SpecializationKey key;
+  /// With keywords: the binding generation the call started with, and that generation again
+  /// when the call passes the binding's kept option values (their words are pushed), else 0.
+  uint64_t keyword_generation = 0;
+  uint64_t kept_options = 0;
   const char* fallback_reason = nullptr;
   /// What the fallback is about (borrowed): the parameter or option name and the value whose
   /// kind the native key does not cover; nullptr when the reason concerns no one argument.

@@ -82,11 +82,41 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
     slots[size_t(k)] = int16_t(-1 - option);
   }
   KeywordBinding& binding = st.keywords;
+  clear_option_words(&binding);
   Py_INCREF(kwnames);
   Py_XSETREF(binding.kwnames, kwnames);
   binding.nargs = nargs;
   binding.slots = std::move(slots);
+  binding.option_values.assign(size_t(nkw), nullptr);
   return true;
+}
+
+// Keeps the option values of a call (the keywords after `nargs` positional arguments in
+// `args`) and the key words key->words[first, key->size) they made, when every value is
+// immutable and the binding is still the one the call used.
+[[gnu::cold]] void keep_option_words(KeywordBinding& binding, uint64_t generation,
+                                     PyObject* const* kw_values, const SpecializationKey& key,
+                                     int first) {
+  if (binding.generation != generation || key.overflowed) {
+    return;
+  }
+  const size_t nkw = binding.slots.size();
+  for (size_t k = 0; k < nkw; ++k) {
+    PyObject* v = kw_values[k];
+    if (binding.slots[k] < 0 && !(PyLong_CheckExact(v) || PyFloat_CheckExact(v) ||
+                                  PyUnicode_CheckExact(v) || PyBool_Check(v) || v == Py_None)) {
+      return;
+    }
+  }
+  clear_option_words(&binding);
+  binding.option_values.assign(nkw, nullptr);
+  for (size_t k = 0; k < nkw; ++k) {
+    if (binding.slots[k] < 0) {
+      binding.option_values[k] = Py_NewRef(kw_values[k]);
+    }
+  }
+  binding.option_words.assign(key.words + first, key.words + key.size);
+  binding.options_cached = true;
 }
 
 // Types whose instances are keyed by identity, and Triton's constexpr wrapper class (set once
@@ -653,6 +683,48 @@ void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types) {
   }
 }
 
+// The compile options' key words of a call with keywords (`kw_values`, in kwnames order):
+// the binding's kept words when the call passes the kept values, else from the values (and
+// then kept for the next call).
+[[gnu::always_inline]] inline KeyStatus push_options(KernelObject* kernel,
+                                                     PyObject* const* kw_values, BoundCall* call) {
+  SpecializationKey& key = call->key;
+  KernelState& st = *kernel->state;
+  if (call->kept_options != 0) {
+    const KeywordBinding& binding = st.keywords;
+    if (C10_UNLIKELY(binding.generation != call->kept_options)) {
+      // A value's key read ran Python that called this kernel with other keywords.
+      call->fallback_reason = "the kernel was called again while this call's key was built";
+      return KeyStatus::Fallback;
+    }
+    for (const uint64_t word : binding.option_words) {
+      key.push(word);
+    }
+    return KeyStatus::Ok;
+  }
+  const int first_option_word = key.size;
+  for (int j = 0; j < call->num_set_options; ++j) {
+    const int i = call->set_options[j];
+    PyObject* option = call->options[i];
+    long long small;
+    if (PyLong_CheckExact(option) && compact_int(option, &small)) {
+      key.push(uint64_t(ArgKind::OptionInt) | (uint64_t(i) << 8) | (uint64_t(small) << 16));
+      continue;
+    }
+    key.push(uint64_t(ArgKind::Option) | (uint64_t(i) << 8));
+    if (!push_constexpr(option, &key)) {
+      call->fallback_reason = "a compile option value of a kind the native key does not cover";
+      call->fallback_name = kernel->state->option_names[size_t(i)];
+      call->fallback_value = call->options[i];
+      return KeyStatus::Fallback;
+    }
+  }
+  if (call->num_set_options > 0) {
+    keep_option_words(st.keywords, call->keyword_generation, kw_values, key, first_option_word);
+  }
+  return KeyStatus::Ok;
+}
+
 KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                              PyObject* kwnames, BoundCall* call) {
   KernelState& st = *kernel->state;
@@ -672,8 +744,12 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
         !bind_keywords(kernel, kwnames, nargs)) {
       return KeyStatus::Error;
     }
+    const uint64_t generation = binding.generation;
+    call->keyword_generation = generation;
     const int16_t* slots = binding.slots.data();
+    PyObject* const* kept = binding.option_values.data();
     const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+    bool same_options = binding.options_cached;
     for (Py_ssize_t k = 0; k < nkw; ++k) {
       PyObject* value = args[nargs + k];
       const int slot = slots[k];
@@ -681,16 +757,26 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
         call->args[slot] = value;
         continue;
       }
-      const int option = -1 - slot;
-      // Keep the given options sorted by index so keyword order never changes the key
-      // (insertion into a list that is almost always 0-2 long).
-      int at = call->num_set_options++;
-      while (at > 0 && call->set_options[at - 1] > option) {
-        call->set_options[at] = call->set_options[at - 1];
-        --at;
+      same_options &= value == kept[k];
+    }
+    call->kept_options = same_options ? generation : 0;
+    if (!same_options) {
+      for (Py_ssize_t k = 0; k < nkw; ++k) {
+        const int slot = slots[k];
+        if (slot >= 0) {
+          continue;
+        }
+        const int option = -1 - slot;
+        // Keep the given options sorted by index so keyword order never changes the key
+        // (insertion into a list that is almost always 0-2 long).
+        int at = call->num_set_options++;
+        while (at > 0 && call->set_options[at - 1] > option) {
+          call->set_options[at] = call->set_options[at - 1];
+          --at;
+        }
+        call->set_options[at] = option;
+        call->options[option] = args[nargs + k];
       }
-      call->set_options[at] = option;
-      call->options[option] = value;
     }
   }
 
@@ -746,20 +832,10 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
       push_tuned_value(*value, &key);
     }
   }
-  for (int j = 0; j < call->num_set_options; ++j) {
-    const int i = call->set_options[j];
-    PyObject* option = call->options[i];
-    long long small;
-    if (PyLong_CheckExact(option) && compact_int(option, &small)) {
-      key.push(uint64_t(ArgKind::OptionInt) | (uint64_t(i) << 8) | (uint64_t(small) << 16));
-      continue;
-    }
-    key.push(uint64_t(ArgKind::Option) | (uint64_t(i) << 8));
-    if (!push_constexpr(option, &key)) {
-      call->fallback_reason = "a compile option value of a kind the native key does not cover";
-      call->fallback_name = kernel->state->option_names[size_t(i)];
-      call->fallback_value = call->options[i];
-      return KeyStatus::Fallback;
+  if (kwnames != nullptr) {
+    const KeyStatus status = push_options(kernel, args + nargs, call);
+    if (status != KeyStatus::Ok) {
+      return status;
     }
   }
   if (key.overflowed) {
@@ -767,6 +843,15 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
     return KeyStatus::Fallback;
   }
   return KeyStatus::Ok;
+}
+
+void clear_option_words(KeywordBinding* binding) {
+  for (PyObject*& v : binding->option_values) {
+    Py_CLEAR(v);
+  }
+  binding->option_words.clear();
+  binding->options_cached = false;
+  ++binding->generation;
 }
 
 }  // namespace fastkernel

@@ -66,6 +66,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   st.option_names.clear();
   Py_CLEAR(st.keywords.kwnames);  // its binding names the old parameters
   st.keywords.nargs = -1;
+  clear_option_words(&st.keywords);  // and so do its option words
   st.table.clear();
   for (py::handle item : params) {
     // (name, is_constexpr, specialize, align, tune flags (TuneFlag bits), has_default, default)
