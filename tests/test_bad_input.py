@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import kernels
 import pytest
@@ -117,6 +118,29 @@ def test_cpu_tensor_for_a_gpu_launch(stand_in):
     k = fastkernel(kernels.add_kernel)
     with pytest.raises(ValueError, match="argument 'x_ptr' is a tensor on 'cpu'"):
         k[(1,)](X, X, X, 64, BLOCK=64)
+    assert stand_in.launches() == []
+
+
+@pytest.mark.parametrize(
+    "tensor,layout",
+    [
+        (lambda: torch.zeros(64).to_sparse(), "Sparse"),
+        (lambda: torch.zeros(8, 8).to_sparse_csr(), "SparseCsr"),
+    ],
+    ids=["sparse_coo", "sparse_csr"],
+)
+def test_a_tensor_without_strided_storage_names_its_layout(add, stand_in, tensor, layout):
+    """A tensor with no data pointer (a non-strided layout) gets the layout error for its
+    argument, whether it comes first or after a tensor that was fine."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: sparse CSR support is in beta
+        t = tensor()
+    for args in ((t, X, X), (X, X, t)):
+        name = "x_ptr" if args[0] is t else "out_ptr"
+        with pytest.raises(
+            ValueError, match=f"argument '{name}' is a tensor with a {layout} layout"
+        ):
+            add[(1,)](*args, 64, BLOCK=64)
     assert stand_in.launches() == []
 
 
