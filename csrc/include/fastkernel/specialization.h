@@ -123,15 +123,19 @@ struct SpecializationKey {
     }
   }
 
-  /// A 64-bit mix of every word (splitmix-style finalizer per word).
+  /// A 64-bit mix of every word: one odd multiply per word (a bijection of the running value,
+  /// so no word is lost; a multiply carries bits only upward), then a fold of the high half
+  /// down, a multiply and a fold again, so the high bits reach the low bits the launch table
+  /// indexes by. Held only in memory: never persisted.
   uint64_t hash() const noexcept {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ uint64_t(size);
+#pragma GCC unroll 4
     for (int i = 0; i < size; ++i) {
-      h ^= words[i];
-      h *= 0xBF58476D1CE4E5B9ull;
-      h ^= h >> 31;
+      h = (h ^ words[i]) * 0xBF58476D1CE4E5B9ull;
     }
-    return h;
+    h ^= h >> 32;
+    h *= 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
   }
 
   bool equals(const uint64_t* other, int other_size) const noexcept {
