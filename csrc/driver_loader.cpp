@@ -12,11 +12,14 @@ namespace fastkernel {
 namespace {
 
 std::mutex g_load_mutex;
-DriverApi g_api{};
+DriverApi& g_api = detail::g_driver_api;
 bool g_loaded = false;
 bool g_forked = false;
 
-void mark_forked_child() { g_forked = true; }
+void mark_forked_child() {
+  g_forked = true;
+  detail::g_driver_ready.store(false, std::memory_order_relaxed);  // launches take driver_slow()
+}
 
 template <typename Fn>
 bool resolve(void* lib, const char* name, Fn* slot, bool required, std::string* missing) {
@@ -78,6 +81,7 @@ void load_locked() {
   // From here on the process holds CUDA handles; a forked child must not use them.
   pthread_atfork(nullptr, nullptr, mark_forked_child);
   g_loaded = true;
+  detail::g_driver_ready.store(true, std::memory_order_release);
 }
 
 }  // namespace
@@ -87,7 +91,10 @@ std::string driver_library_path() {
   return (override_path && *override_path) ? override_path : "libcuda.so.1";
 }
 
-const DriverApi& driver() {
+DriverApi detail::g_driver_api{};
+std::atomic<bool> detail::g_driver_ready{false};
+
+const DriverApi& detail::driver_slow() {
   if (g_loaded) {  // written once under the mutex, before any reader can see true
     check_not_forked();
     return g_api;

@@ -135,8 +135,21 @@ double float_value(const ArgValue& v, const char* type_name) {
 
 }  // namespace
 
-static CUresult launch_packed(const DriverApi& api, const LaunchRecord& record,
-                              const LaunchGrid& grid, CUstream stream, void** params);
+[[gnu::noinline]] static CUresult launch_with_attributes(const DriverApi& api,
+                                                         const LaunchRecord& record,
+                                                         const LaunchGrid& grid, CUstream stream,
+                                                         void** params);
+
+// cuLaunchKernel for a plain record (inline: every launch takes it); cuLaunchKernelEx with
+// the record's launch attributes otherwise.
+static inline CUresult launch_packed(const DriverApi& api, const LaunchRecord& record,
+                                     const LaunchGrid& grid, CUstream stream, void** params) {
+  if (!record.needs_attributes()) {
+    return api.cuLaunchKernel(record.function, grid.x, grid.y, grid.z, record.block_x, 1, 1,
+                              record.shared_mem, stream, params, nullptr);
+  }
+  return launch_with_attributes(api, record, grid, stream, params);
+}
 
 void pack_param(ParamType type, const ArgValue& v, void* slot) {
   std::memset(slot, 0, 8);
@@ -288,52 +301,45 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
   }
 }
 
-static CUresult launch_packed(const DriverApi& api, const LaunchRecord& record,
-                              const LaunchGrid& grid, CUstream stream, void** params) {
-  CUresult result;
-  if (!record.needs_attributes()) {
-    result = api.cuLaunchKernel(record.function, grid.x, grid.y, grid.z, record.block_x, 1, 1,
-                                record.shared_mem, stream, params, nullptr);
-  } else {
-    if (api.cuLaunchKernelEx == nullptr) {
-      throw CudaError(cu::ERROR_NOT_INITIALIZED,
-                      "fastkernel: '" + record.kernel_name +
-                          "' needs cuLaunchKernelEx (clusters, cooperative grid or PDL), which "
-                          "this CUDA driver lacks");
-    }
-    CUlaunchAttribute attrs[4];
-    std::memset(attrs, 0, sizeof(attrs));
-    unsigned num_attrs = 0;
-    if (record.pdl) {
-      attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attrs[num_attrs++].value.int_value = 1;
-    }
-    if (record.cooperative_grid) {
-      attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_COOPERATIVE;
-      attrs[num_attrs++].value.int_value = 1;
-    }
-    if (record.num_ctas != 1) {
-      attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attrs[num_attrs].value.cluster_dim.x = record.num_ctas;
-      attrs[num_attrs].value.cluster_dim.y = 1;
-      attrs[num_attrs++].value.cluster_dim.z = 1;
-      attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-      attrs[num_attrs++].value.int_value = cu::CLUSTER_SCHEDULING_POLICY_SPREAD;
-    }
-    CUlaunchConfig config{};
-    config.grid_x = grid.x * record.num_ctas;
-    config.grid_y = grid.y;
-    config.grid_z = grid.z;
-    config.block_x = record.block_x;
-    config.block_y = 1;
-    config.block_z = 1;
-    config.shared_mem_bytes = record.shared_mem;
-    config.stream = stream;
-    config.attrs = attrs;
-    config.num_attrs = num_attrs;
-    result = api.cuLaunchKernelEx(&config, record.function, params, nullptr);
+static CUresult launch_with_attributes(const DriverApi& api, const LaunchRecord& record,
+                                       const LaunchGrid& grid, CUstream stream, void** params) {
+  if (api.cuLaunchKernelEx == nullptr) {
+    throw CudaError(cu::ERROR_NOT_INITIALIZED,
+                    "fastkernel: '" + record.kernel_name +
+                        "' needs cuLaunchKernelEx (clusters, cooperative grid or PDL), which "
+                        "this CUDA driver lacks");
   }
-  return result;
+  CUlaunchAttribute attrs[4];
+  std::memset(attrs, 0, sizeof(attrs));
+  unsigned num_attrs = 0;
+  if (record.pdl) {
+    attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[num_attrs++].value.int_value = 1;
+  }
+  if (record.cooperative_grid) {
+    attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[num_attrs++].value.int_value = 1;
+  }
+  if (record.num_ctas != 1) {
+    attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[num_attrs].value.cluster_dim.x = record.num_ctas;
+    attrs[num_attrs].value.cluster_dim.y = 1;
+    attrs[num_attrs++].value.cluster_dim.z = 1;
+    attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    attrs[num_attrs++].value.int_value = cu::CLUSTER_SCHEDULING_POLICY_SPREAD;
+  }
+  CUlaunchConfig config{};
+  config.grid_x = grid.x * record.num_ctas;
+  config.grid_y = grid.y;
+  config.grid_z = grid.z;
+  config.block_x = record.block_x;
+  config.block_y = 1;
+  config.block_z = 1;
+  config.shared_mem_bytes = record.shared_mem;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.num_attrs = num_attrs;
+  return api.cuLaunchKernelEx(&config, record.function, params, nullptr);
 }
 
 }  // namespace fastkernel

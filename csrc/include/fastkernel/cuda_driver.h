@@ -2,6 +2,7 @@
 // time with dlopen so that the package imports and its CPU tests run with no driver installed.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -122,10 +123,26 @@ class DriverUnavailable : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The driver, opened and cuInit'ed on first use (thread-safe). Throws DriverUnavailable.
-/// The library is `$FASTKERNEL_CUDA_DRIVER` when set (the tests' recording stand-in), else
-/// libcuda.so.1.
-const DriverApi& driver();
+namespace detail {
+/// The loaded driver's entry points, and whether a launch may use them without more checks:
+/// set once, under a lock, by the first driver() that loads the library; cleared in a child
+/// forked after that (which must refuse). Read through driver().
+extern DriverApi g_driver_api;
+extern std::atomic<bool> g_driver_ready;
+/// driver()'s first-use and after-fork path.
+const DriverApi& driver_slow();
+}  // namespace detail
+
+/// The driver, opened and cuInit'ed on first use (thread-safe). Throws DriverUnavailable, or
+/// std::runtime_error in a child forked after it was loaded. The library is
+/// `$FASTKERNEL_CUDA_DRIVER` when set (the tests' recording stand-in), else libcuda.so.1.
+/// Inline: once loaded it is one load and a branch on every launch.
+inline const DriverApi& driver() {
+  if (__builtin_expect(detail::g_driver_ready.load(std::memory_order_acquire), 1)) {
+    return detail::g_driver_api;
+  }
+  return detail::driver_slow();
+}
 
 /// True once driver() has succeeded in this process; never opens the library itself.
 bool driver_loaded() noexcept;
