@@ -136,10 +136,27 @@ inline bool grid_dims_in_range(const long long* dims, int n, LaunchGrid* out) {
   return true;
 }
 
-// A grid: a tuple (the common case, read in place) or any other sequence of 1-3 ints.
+// A grid: a tuple (the common case, read in place) or any other sequence of 1-3 ints. A tuple
+// of small exact ints within CUDA's limits is read inline; anything else (other int kinds, the
+// errors) by read_grid_dims.
 inline bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
   if (PyTuple_CheckExact(grid)) {
-    return read_grid_dims(kernel, &PyTuple_GET_ITEM(grid, 0), PyTuple_GET_SIZE(grid), out);
+    PyObject* const* items = &PyTuple_GET_ITEM(grid, 0);
+    const Py_ssize_t n = PyTuple_GET_SIZE(grid);
+    uint32_t dims[3] = {1, 1, 1};
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      long long v;
+      if (i == 3 || !PyLong_CheckExact(items[i]) || !compact_int(items[i], &v) ||
+          !grid_dim_in_range(v, int(i))) {
+        return read_grid_dims(kernel, items, n, out);
+      }
+      dims[i] = uint32_t(v);
+    }
+    if (n == 0) {
+      return read_grid_dims(kernel, items, n, out);
+    }
+    *out = {dims[0], dims[1], dims[2]};
+    return true;
   }
   Ref seq(PySequence_Fast(grid, ""));
   if (!seq) {
