@@ -725,6 +725,56 @@ void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types) {
   return KeyStatus::Ok;
 }
 
+// The key words and captured value of parameter `i`, whose argument is `v` (nullptr when the
+// call left it out: its default, or the tuned config's value), stored in call->args[i].
+[[gnu::always_inline]] inline KeyStatus key_param(KernelObject* kernel, const KernelState& st,
+                                                  int i, PyObject* v, BoundCall* call) {
+  SpecializationKey& key = call->key;
+  const ParamSpec& param = st.params[i];
+  ArgValue* value = &call->values[i];
+  if (v == nullptr && (param.tune & kTuneConfigProvided)) {
+    // The record's tuned config supplies it (LaunchRecord::tuned_args); a call that passes it
+    // keys differently and reaches the miss path, which reports the conflict.
+    value->kind = ArgKind::None;
+    key.push(uint64_t(ArgKind::TunedAbsent));
+    return KeyStatus::Ok;
+  }
+  if (v == nullptr) {
+    v = param.default_value;
+    if (v == nullptr) {
+      PyErr_Format(PyExc_TypeError, "%U missing required argument '%U'", kernel->name, param.name);
+      return KeyStatus::Error;
+    }
+  }
+  call->args[i] = v;
+  if (param.is_constexpr) {
+    value->kind = ArgKind::None;
+    if (!push_constexpr(v, &key)) {
+      call->fallback_reason = "a constexpr value of a kind the native key does not cover";
+      call->fallback_name = param.name;
+      call->fallback_value = v;
+      return KeyStatus::Fallback;
+    }
+    return KeyStatus::Ok;
+  }
+  // The common kinds inline (the hot path); constexpr objects, tuples and the fallback out
+  // of line.
+  KeyStatus status;
+  if (THPVariable_CheckExact(v)) {
+    status = push_tensor(kernel, param, v, value, &key);
+  } else if (PyLong_CheckExact(v)) {
+    status = push_int(kernel, param, v, value, &key);
+  } else {
+    call->current_param = i;  // the owner of any leaves (tuple elements, descriptor fields)
+    status = push_runtime_arg(kernel, param, v, value, call, 0);
+  }
+  if (status == KeyStatus::Ok && C10_UNLIKELY(param.tune & kTuneValue) &&
+      value->kind != ArgKind::Tensor) {
+    push_tuned_value(*value, &key);
+  }
+  return status;
+}
+
 KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                              PyObject* kwnames, BoundCall* call) {
   KernelState& st = *kernel->state;
@@ -734,8 +784,8 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
                  num_params, nargs);
     return KeyStatus::Error;
   }
-  for (int i = 0; i < num_params; ++i) {
-    call->args[i] = i < nargs ? args[i] : nullptr;
+  for (int i = int(nargs); i < num_params; ++i) {
+    call->args[i] = nullptr;  // bound below by keyword, or left out
   }
   call->num_set_options = 0;
   if (kwnames != nullptr) {
@@ -784,53 +834,21 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   key.size = 0;
   key.overflowed = false;
   call->num_leaves = 0;
-  for (int i = 0; i < num_params; ++i) {
-    const ParamSpec& param = st.params[i];
-    PyObject* v = call->args[i];
-    ArgValue* value = &call->values[i];
-    if (v == nullptr && (param.tune & kTuneConfigProvided)) {
-      // The record's tuned config supplies it (LaunchRecord::tuned_args); a call that passes it
-      // keys differently and reaches the miss path, which reports the conflict.
-      value->kind = ArgKind::None;
-      key.push(uint64_t(ArgKind::TunedAbsent));
-      continue;
+  // Positional arguments are read in place; the others from the slots the keywords filled.
+  KeyStatus status = KeyStatus::Ok;
+  int i = 0;
+  for (; i < nargs && status == KeyStatus::Ok; ++i) {
+    status = key_param(kernel, st, i, args[i], call);
+  }
+  for (; i < num_params && status == KeyStatus::Ok; ++i) {
+    status = key_param(kernel, st, i, call->args[i], call);
+  }
+  if (status != KeyStatus::Ok) {
+    // The error reports (prefer_missing_argument_error) read which parameters the call bound.
+    for (int j = 0; j < nargs; ++j) {
+      call->args[j] = args[j];
     }
-    if (v == nullptr) {
-      v = param.default_value;
-      if (v == nullptr) {
-        PyErr_Format(PyExc_TypeError, "%U missing required argument '%U'", kernel->name,
-                     param.name);
-        return KeyStatus::Error;
-      }
-      call->args[i] = v;
-    }
-    if (param.is_constexpr) {
-      value->kind = ArgKind::None;
-      if (!push_constexpr(v, &key)) {
-        call->fallback_reason = "a constexpr value of a kind the native key does not cover";
-        call->fallback_name = param.name;
-        call->fallback_value = v;
-        return KeyStatus::Fallback;
-      }
-      continue;
-    }
-    // The common kinds inline (the hot path); constexpr objects, tuples and the fallback out
-    // of line.
-    KeyStatus status;
-    if (THPVariable_CheckExact(v)) {
-      status = push_tensor(kernel, param, v, value, &key);
-    } else if (PyLong_CheckExact(v)) {
-      status = push_int(kernel, param, v, value, &key);
-    } else {
-      call->current_param = i;  // the owner of any leaves (tuple elements, descriptor fields)
-      status = push_runtime_arg(kernel, param, v, value, call, 0);
-    }
-    if (status != KeyStatus::Ok) {
-      return status;
-    }
-    if (C10_UNLIKELY(param.tune & kTuneValue) && value->kind != ArgKind::Tensor) {
-      push_tuned_value(*value, &key);
-    }
+    return status;
   }
   if (kwnames != nullptr) {
     const KeyStatus status = push_options(kernel, args + nargs, call);
