@@ -227,6 +227,28 @@ void pack_param(ParamType type, const ArgValue& v, void* slot) {
   throw ParamError(-1, false, "unknown parameter type");
 }
 
+// Every parameter the launch loop does not pack inline: tensor maps, conversions, range checks
+// and errors (out of line, so the loop stays free of exception edges).
+[[gnu::noinline]] static void pack_other(const LaunchRecord& record, PackSlot slot,
+                                         const ArgValue& v, uint64_t* storage, void** param,
+                                         size_t* num_tensor_maps) {
+  try {
+    if (slot.type == ParamType::TensorMap) {
+      if (*num_tensor_maps >= record.tensor_maps.size() ||
+          *num_tensor_maps >= size_t(kMaxTensorMaps)) {
+        throw ParamError(-1, false, "the launch record has no tensor map for this parameter");
+      }
+      unsigned char* map = t_tensor_maps[(*num_tensor_maps)++];
+      encode_tensor_map(record.tensor_maps[*num_tensor_maps - 1], &v, map);
+      *param = map;
+      return;
+    }
+    pack_param(slot.type, v, storage);
+  } catch (ParamError& e) {
+    throw ParamError(slot.arg_index, e.overflow, e.what());
+  }
+}
+
 void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
             const ArgValue* args, CUdeviceptr global_scratch, CUdeviceptr profile_scratch) {
   const size_t n = record.plan.size();
@@ -254,21 +276,7 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
       storage[i] = slot.type == ParamType::I32 ? uint64_t(uint32_t(int32_t(v.i))) : v.u;
       continue;
     }
-    try {
-      if (slot.type == ParamType::TensorMap) {
-        if (num_tensor_maps >= record.tensor_maps.size() ||
-            num_tensor_maps >= size_t(kMaxTensorMaps)) {
-          throw ParamError(-1, false, "the launch record has no tensor map for this parameter");
-        }
-        unsigned char* map = t_tensor_maps[num_tensor_maps++];
-        encode_tensor_map(record.tensor_maps[num_tensor_maps - 1], &v, map);
-        params[i] = map;
-        continue;
-      }
-      pack_param(slot.type, v, &storage[i]);
-    } catch (ParamError& e) {
-      throw ParamError(slot.arg_index, e.overflow, e.what());
-    }
+    pack_other(record, slot, v, &storage[i], &params[i], &num_tensor_maps);
   }
   // Triton's launcher converts every argument, then launches nothing for an empty grid: a bad
   // argument raises either way.
