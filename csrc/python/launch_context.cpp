@@ -11,7 +11,7 @@ namespace fastkernel {
 namespace {
 
 #if FASTKERNEL_TESTING
-bool g_testing = false;
+bool& g_testing = detail::g_host_testing;
 int g_test_device = 0;
 uint64_t g_test_stream = 0;
 #endif
@@ -46,13 +46,13 @@ LaunchContext current_launch_context() {
 }
 
 #if FASTKERNEL_TESTING
+bool detail::g_host_testing = false;
+
 void set_host_testing(bool enabled, int device, uint64_t stream) {
   g_testing = enabled;
   g_test_device = device;
   g_test_stream = stream;
 }
-
-bool host_testing() noexcept { return g_testing; }
 #endif
 
 }  // namespace fastkernel
