@@ -582,18 +582,23 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         *num_dims = int(PyTuple_GET_SIZE(t));
         return true;
       }
-      case GridOp::Return:
+      case GridOp::Return: {
+        const Value* items = top - s.index;
         for (int k = 0; k < s.index; ++k) {
-          const Value& v = top[k - s.index];
-          if (v.object != nullptr) {
+          if (items[k].object != nullptr) {
             return false;
           }
-          dims[k] = v.i;
+          dims[k] = items[k].i;
         }
         *num_dims = s.index;
         top -= s.index;  // plain ints, nothing to release
         return true;
-      default: {
+      }
+      case GridOp::Add:
+      case GridOp::Sub:
+      case GridOp::Mul:
+      case GridOp::FloorDiv:
+      case GridOp::Mod: {
         Value* a = top - 2;
         const Value* b = top - 1;
         if (a->object != nullptr || b->object != nullptr) {
@@ -625,6 +630,9 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         --top;
         break;
       }
+      default:
+        // convert() admits only the ops above (and the fusion makes GlobalAttr): none other.
+        __builtin_unreachable();
     }
   }
   return false;

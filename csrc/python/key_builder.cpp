@@ -6,6 +6,7 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "fastkernel/tensor_map.h"
@@ -88,6 +89,9 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
   binding.nargs = nargs;
   binding.slots = std::move(slots);
   binding.option_values.assign(size_t(nkw), nullptr);
+  // Keywords that are all parameters make no option words: none to read, ever.
+  binding.options_cached = std::all_of(binding.slots.begin(), binding.slots.end(),
+                                       [](int16_t slot) { return slot >= 0; });
   return true;
 }
 
