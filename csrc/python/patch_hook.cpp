@@ -98,8 +98,11 @@ inline PyObject* find_or_create(PyObject* jit) {
 
 }  // namespace
 
-PyObject* patched_subscript(PyObject* jit, PyObject* grid) {
-  PyObject* dispatch = find_or_create(jit);
+namespace {
+
+// patched_subscript past the one-entry cache: the map or the factory, or Triton's __getitem__.
+[[gnu::noinline]] PyObject* patched_subscript_slow(PyObject* jit, PyObject* grid) {
+  PyObject* dispatch = find_or_create_slow(jit);
   if (dispatch == nullptr) {
     return nullptr;
   }
@@ -111,6 +114,17 @@ PyObject* patched_subscript(PyObject* jit, PyObject* grid) {
     return PyObject_CallFunctionObjArgs(g_triton_getitem, jit, grid, nullptr);
   }
   return kernel_subscript(reinterpret_cast<KernelObject*>(dispatch), grid);
+}
+
+}  // namespace
+
+PyObject* patched_subscript(PyObject* jit, PyObject* grid) {
+  // The kernel launched last (always a dispatch: the cache holds no other): a compare and a
+  // jump into its own subscript.
+  if (jit == g_last_jit) {
+    return kernel_subscript(g_last_dispatch, grid);
+  }
+  return patched_subscript_slow(jit, grid);
 }
 
 PyObject* patched_dispatch(PyObject* jit) {
