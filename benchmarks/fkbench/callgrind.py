@@ -216,6 +216,27 @@ def breakdown(total: int, functions: dict[str, int], hits: int) -> dict[str, flo
     return per
 
 
+#: The shape whose hits are also counted with a no-op launch_enter_hook set.
+HOOKED_SHAPE = "add-2"
+
+
+def _no_op_hook(metadata) -> None:
+    return None
+
+
+def _set_enter_hook() -> None:
+    from triton import knobs
+
+    knobs.runtime.launch_enter_hook.add(_no_op_hook)
+
+
+def _clear_enter_hook() -> None:
+    from triton import knobs
+
+    if _no_op_hook in knobs.runtime.launch_enter_hook.calls:
+        knobs.runtime.launch_enter_hook.remove(_no_op_hook)
+
+
 def callgrind_child(argv: list[str]) -> int:
     """Under valgrind: register each shape, then one collected loop of hits per grid kind."""
     parser = argparse.ArgumentParser(prog="fastkernel callgrind child")
@@ -256,6 +277,8 @@ def callgrind_child(argv: list[str]) -> int:
             names = shape.kernel.arg_names
             calls.append(("keywords", shape.grid, None, (), dict(zip(names, args))))
             calls.append(("options", shape.grid, None, args, CALL_SITE_OPTIONS))
+        if shape.name == HOOKED_SHAPE:  # a no-op launch_enter_hook set (removed after the loop)
+            calls.append(("enter hook", shape.grid, _set_enter_hook, args, {}))
         for grid_kind, grid, switch, call_args, call_kwargs in calls:
             if switch is not None:
                 switch()
@@ -277,6 +300,7 @@ def callgrind_child(argv: list[str]) -> int:
                 }
             )
         _host_helpers.uninstall()
+        _clear_enter_hook()
         # The same kernel as a plain Triton JITFunction under fastkernel.patch(), tuple grid.
         with patched():
             shape.kernel[shape.grid](*args)  # its dispatch's miss (warm index and disk cache)
@@ -494,6 +518,11 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
             "patched Triton kernel / @fastkernel kernel (fastkernel's own instructions per hit, "
             "tuple grid; the stand-in driver's share varies run to run): ",
             against_tuple("patched", lambda k, t: f"{k / t:.3f}"),
+        ),
+        (
+            "a no-op launch_enter_hook adds (fastkernel's instructions per hit, over the "
+            "unhooked tuple grid; the hook's own call included): ",
+            against_tuple("enter hook", lambda k, t: f"{k - t:.0f}"),
         ),
     ]
     for label, text in lines:
