@@ -12,7 +12,6 @@ namespace fastkernel {
 namespace {
 
 std::mutex g_load_mutex;
-DriverApi& g_api = detail::g_driver_api;
 bool g_loaded = false;
 bool g_forked = false;
 
@@ -77,7 +76,7 @@ void load_locked() {
     throw DriverUnavailable("fastkernel: cuInit failed with " + std::string(name ? name : "?") +
                             " (" + std::to_string(init) + "); no usable GPU");
   }
-  g_api = api;
+  detail::g_driver_api = api;
   // From here on the process holds CUDA handles; a forked child must not use them.
   pthread_atfork(nullptr, nullptr, mark_forked_child);
   g_loaded = true;
@@ -97,13 +96,13 @@ std::atomic<bool> detail::g_driver_ready{false};
 const DriverApi& detail::driver_slow() {
   if (g_loaded) {  // written once under the mutex, before any reader can see true
     check_not_forked();
-    return g_api;
+    return detail::g_driver_api;
   }
   std::lock_guard<std::mutex> lock(g_load_mutex);
   if (!g_loaded) {
     load_locked();
   }
-  return g_api;
+  return detail::g_driver_api;
 }
 
 bool driver_loaded() noexcept { return g_loaded; }
@@ -122,8 +121,8 @@ std::string describe_cuda_error(CUresult code) {
   const char* name = nullptr;
   const char* text = nullptr;
   if (g_loaded) {
-    g_api.cuGetErrorName(code, &name);
-    g_api.cuGetErrorString(code, &text);
+    detail::g_driver_api.cuGetErrorName(code, &name);
+    detail::g_driver_api.cuGetErrorString(code, &text);
   }
   return std::string(name ? name : "CUDA_ERROR_UNKNOWN") + " (" + std::to_string(code) +
          "): " + (text ? text : "unrecognized error code");

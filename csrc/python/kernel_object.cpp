@@ -143,17 +143,17 @@ inline bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
   if (PyTuple_CheckExact(grid)) {
     PyObject* const* items = &PyTuple_GET_ITEM(grid, 0);
     const Py_ssize_t n = PyTuple_GET_SIZE(grid);
+    if (n < 1 || n > 3) {
+      return read_grid_dims(kernel, items, n, out);
+    }
     uint32_t dims[3] = {1, 1, 1};
     for (Py_ssize_t i = 0; i < n; ++i) {
       long long v;
-      if (i == 3 || !PyLong_CheckExact(items[i]) || !compact_int(items[i], &v) ||
+      if (!PyLong_CheckExact(items[i]) || !compact_int(items[i], &v) ||
           !grid_dim_in_range(v, int(i))) {
         return read_grid_dims(kernel, items, n, out);
       }
       dims[i] = uint32_t(v);
-    }
-    if (n == 0) {
-      return read_grid_dims(kernel, items, n, out);
     }
     *out = {dims[0], dims[1], dims[2]};
     return true;
@@ -336,9 +336,8 @@ bool publish(KernelObject* kernel, const LaunchRecord& rec) {
   return true;
 }
 
-// Triton's LazyDict(data): without LazyDict.__init__'s frame while the type is as verified
-// (lazy_dict_is_plain), by the class call otherwise. A new reference, or nullptr with an
-// exception set.
+// Whether LazyDict(data) may be built without the class call: the predicate's answer for the
+// type's current version tag, asked again when the tag changed.
 bool lazy_dict_is_plain(PyTypeObject* type) {
   if (g_lazy_dict_check == nullptr || Py_TYPE(type) != &PyType_Type) {
     return false;
@@ -360,6 +359,9 @@ bool lazy_dict_is_plain(PyTypeObject* type) {
   return g_lazy_dict_plain;
 }
 
+// Triton's LazyDict(data): without LazyDict.__init__'s frame while the type is as verified
+// (lazy_dict_is_plain), by the class call otherwise. A new reference, or nullptr with an
+// exception set.
 PyObject* new_lazy_dict(PyObject* data) {
   auto* type = reinterpret_cast<PyTypeObject*>(g_lazy_dict_type);
   if (!lazy_dict_is_plain(type)) {

@@ -11,7 +11,6 @@ namespace fastkernel {
 namespace {
 
 #if FASTKERNEL_TESTING
-bool& g_testing = detail::g_host_testing;
 int g_test_device = 0;
 uint64_t g_test_stream = 0;
 #endif
@@ -30,7 +29,7 @@ const c10::impl::DeviceGuardImplInterface* cuda_guard_impl() {
 
 LaunchContext current_launch_context() {
 #if FASTKERNEL_TESTING
-  if (g_testing) {
+  if (detail::g_host_testing) {
     return {g_test_device, reinterpret_cast<CUstream>(g_test_stream)};
   }
 #endif
@@ -49,7 +48,7 @@ LaunchContext current_launch_context() {
 bool detail::g_host_testing = false;
 
 void set_host_testing(bool enabled, int device, uint64_t stream) {
-  g_testing = enabled;
+  detail::g_host_testing = enabled;
   g_test_device = device;
   g_test_stream = stream;
 }

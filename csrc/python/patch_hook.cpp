@@ -96,10 +96,6 @@ inline PyObject* find_or_create(PyObject* jit) {
   return find_or_create_slow(jit);
 }
 
-}  // namespace
-
-namespace {
-
 // patched_subscript past the one-entry cache: the map or the factory, or Triton's __getitem__.
 [[gnu::noinline]] PyObject* patched_subscript_slow(PyObject* jit, PyObject* grid) {
   PyObject* dispatch = find_or_create_slow(jit);
