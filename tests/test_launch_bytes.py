@@ -155,10 +155,12 @@ def test_call_site_options_follow_their_values(stand_in):
     assert stand_in.launches()[-1].block == (256, 1, 1) and k.stats()["hits"] == 5
 
 
-def test_a_call_reentered_while_its_key_is_built_takes_tritons_path(stand_in):
+@pytest.mark.parametrize("outer_warps", [2, 8], ids=["kept_options", "new_options"])
+def test_a_call_reentered_while_its_key_is_built_keeps_its_own_options(stand_in, outer_warps):
     """A constexpr whose value is read by Python code that calls the same kernel through other
-    keywords (rebinding them): the option words the outer call took may be gone, so the outer
-    call is a fallback, launched by Triton's own launcher with the same binary's launch."""
+    keywords (rebinding them). The outer call's option words were taken before any value was
+    read (kept ones) or are made from the call's own values (new ones), so it launches the
+    binary of its own options natively, and the calls after it launch theirs."""
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(64)
     armed = []
@@ -175,18 +177,21 @@ def test_a_call_reentered_while_its_key_is_built_takes_tritons_path(stand_in):
         def value(self, value):
             self._value = value
 
-    blocks = [64, 64, Block(64)]
+    calls = [(64, 2), (64, 2), (Block(64), outer_warps), (64, outer_warps), (64, 2)]
     with TritonReference(stand_in, TEST_STREAM):
-        for b in blocks:
-            if isinstance(b, Block):
+        for block, warps in calls:
+            if isinstance(block, Block):
                 armed.append(True)
-            k[(1,)](x, x, x, 64, BLOCK=b, num_warps=2)
-    stats = k.stats()
-    reason = "the kernel was called again while this call's key was built"
-    assert stats["fallbacks"] == 1 and reason in str(stats["fallback_reasons"])
-    assert [launch.block for launch in stand_in.launches()] == [(64, 1, 1)] * 2 + [
-        (128, 1, 1),
-        (64, 1, 1),
+            k[(1,)](x, x, x, 64, BLOCK=block, num_warps=warps)
+    assert k.stats()["fallbacks"] == 0
+    threads = [32 * w for _, w in calls]
+    assert [launch.block for launch in stand_in.launches()] == [
+        (threads[0], 1, 1),
+        (threads[1], 1, 1),
+        (128, 1, 1),  # the re-entrant call: Triton's default num_warps=4
+        (threads[2], 1, 1),
+        (threads[3], 1, 1),
+        (threads[4], 1, 1),
     ]
 
 

@@ -319,6 +319,27 @@ def test_compile_option_values_are_keyed_by_type_and_value():
         assert native_key(k, [x, x, x, 64], {"BLOCK": 64, "num_stages": v}) == key
 
 
+def test_option_pairs_are_keyed_by_both_values():
+    """Two small non-negative int options share one key word, greedily in option order; values
+    on both sides of the pairing bound, and a third option, still give every distinct set of
+    options its own key, whatever the keyword order."""
+    k = fastkernel(kernels.add_kernel)
+    x = torch.zeros(64)
+    values = [0, 3, 4, 2**20 - 1, 2**20, -1, 2**30, True, "4"]
+    keys = {}
+    for warps in values:
+        for stages in values:
+            for ctas in (None, 1, 2**21):
+                options = {"num_warps": warps, "num_stages": stages}
+                if ctas is not None:
+                    options["num_ctas"] = ctas
+                key = native_key(k, [x, x, x, 64], {"BLOCK": 64, **options})
+                reordered = dict(reversed(list(options.items())))
+                assert native_key(k, [x, x, x, 64], {**reordered, "BLOCK": 64}) == key
+                keys.setdefault(key, []).append(options)
+    assert all(len(same) == 1 for same in keys.values()), [s for s in keys.values() if len(s) > 1]
+
+
 def test_defaults_fill_missing_arguments():
     @triton.jit
     def with_default(x_ptr, n=16, BLOCK: tl.constexpr = 32):

@@ -42,8 +42,13 @@ struct KeywordBinding {
   /// site's literals are the same objects every call) makes the same words: they are pushed
   /// without reading the values.
   std::vector<PyObject*> option_values;
-  std::vector<uint64_t> option_words;
+  static constexpr int kMaxOptionWords = 4;  ///< longer option words are made anew per call
+  uint64_t option_words[kMaxOptionWords] = {};
+  int num_option_words = 0;
   bool options_cached = false;
+  /// Every keyword names a compile option (the `kernel[grid](*args, num_warps=4)` call site):
+  /// binding the call only compares the values with the kept ones.
+  bool all_options = false;
   /// Advanced whenever the binding or its option words change: a key build that took the
   /// words checks it was not re-entered meanwhile.
   uint64_t generation = 0;
@@ -134,10 +139,9 @@ struct BoundCall {
   uint16_t leaf_owner[kMaxArgs];
   int current_param = 0;  ///< the parameter whose value is being keyed
   SpecializationKey key;
-  /// With keywords: the binding generation the call started with, and that generation again
-  /// when the call passes the binding's kept option values (their words are pushed), else 0.
+  /// With keywords: the binding generation the call started with (its option words are kept
+  /// only if no re-entrant call rebound it meanwhile).
   uint64_t keyword_generation = 0;
-  uint64_t kept_options = 0;
   const char* fallback_reason = nullptr;
   /// What the fallback is about (borrowed): the parameter or option name and the value whose
   /// kind the native key does not cover; nullptr when the reason concerns no one argument.

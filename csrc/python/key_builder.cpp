@@ -92,6 +92,8 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
   // Keywords that are all parameters make no option words: none to read, ever.
   binding.options_cached = std::all_of(binding.slots.begin(), binding.slots.end(),
                                        [](int16_t slot) { return slot >= 0; });
+  binding.all_options = std::all_of(binding.slots.begin(), binding.slots.end(),
+                                    [](int16_t slot) { return slot < 0; });
   return true;
 }
 
@@ -101,7 +103,9 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
 [[gnu::cold]] void keep_option_words(KeywordBinding& binding, uint64_t generation,
                                      PyObject* const* kw_values, const SpecializationKey& key,
                                      int first) {
-  if (binding.generation != generation || key.overflowed) {
+  const int count = key.size - first;
+  if (binding.generation != generation || key.overflowed ||
+      count > KeywordBinding::kMaxOptionWords) {
     return;
   }
   const size_t nkw = binding.slots.size();
@@ -119,7 +123,8 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
       binding.option_values[k] = Py_NewRef(kw_values[k]);
     }
   }
-  binding.option_words.assign(key.words + first, key.words + key.size);
+  std::copy(key.words + first, key.words + key.size, binding.option_words);
+  binding.num_option_words = count;
   binding.options_cached = true;
 }
 
@@ -687,31 +692,30 @@ void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types) {
   }
 }
 
-// The compile options' key words of a call with keywords (`kw_values`, in kwnames order):
-// the binding's kept words when the call passes the kept values, else from the values (and
-// then kept for the next call).
-[[gnu::always_inline]] inline KeyStatus push_options(KernelObject* kernel,
-                                                     PyObject* const* kw_values, BoundCall* call) {
+// Whether an int option value fits a half of an OptionIntPair word.
+constexpr bool pairable_option(long long value) { return value >= 0 && value < (1LL << 20); }
+
+// The compile options' key words made from the values (`kw_values`, in kwnames order), kept
+// for the next call, and moved to the front of the key (out of line: a call site passing the
+// kept values never gets here).
+[[gnu::noinline]] KeyStatus make_option_words(KernelObject* kernel, PyObject* const* kw_values,
+                                              BoundCall* call) {
   SpecializationKey& key = call->key;
-  KernelState& st = *kernel->state;
-  if (call->kept_options != 0) {
-    const KeywordBinding& binding = st.keywords;
-    if (C10_UNLIKELY(binding.generation != call->kept_options)) {
-      // A value's key read ran Python that called this kernel with other keywords.
-      call->fallback_reason = "the kernel was called again while this call's key was built";
-      return KeyStatus::Fallback;
-    }
-    for (const uint64_t word : binding.option_words) {
-      key.push(word);
-    }
-    return KeyStatus::Ok;
-  }
   const int first_option_word = key.size;
   for (int j = 0; j < call->num_set_options; ++j) {
     const int i = call->set_options[j];
     PyObject* option = call->options[i];
     long long small;
     if (PyLong_CheckExact(option) && compact_int(option, &small)) {
+      long long next;
+      if (j + 1 < call->num_set_options && pairable_option(small) &&
+          PyLong_CheckExact(call->options[call->set_options[j + 1]]) &&
+          compact_int(call->options[call->set_options[j + 1]], &next) && pairable_option(next)) {
+        key.push(uint64_t(ArgKind::OptionIntPair) | (uint64_t(i) << 8) | (uint64_t(small) << 16) |
+                 (uint64_t(call->set_options[j + 1]) << 36) | (uint64_t(next) << 44));
+        ++j;
+        continue;
+      }
       key.push(uint64_t(ArgKind::OptionInt) | (uint64_t(i) << 8) | (uint64_t(small) << 16));
       continue;
     }
@@ -723,8 +727,11 @@ void set_constexpr_types(PyObject* constexpr_type, PyObject* identity_types) {
       return KeyStatus::Fallback;
     }
   }
-  if (call->num_set_options > 0) {
-    keep_option_words(st.keywords, call->keyword_generation, kw_values, key, first_option_word);
+  keep_option_words(kernel->state->keywords, call->keyword_generation, kw_values, key,
+                    first_option_word);
+  if (!key.overflowed) {
+    // The options' words lead the key, where a call passing the kept values pushes them.
+    std::rotate(key.words, key.words + first_option_word, key.words + key.size);
   }
   return KeyStatus::Ok;
 }
@@ -791,6 +798,10 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   for (int i = int(nargs); i < num_params; ++i) {
     call->args[i] = nullptr;  // bound below by keyword, or left out
   }
+  SpecializationKey& key = call->key;
+  key.size = 0;
+  key.overflowed = false;
+  call->num_leaves = 0;
   call->num_set_options = 0;
   if (kwnames != nullptr) {
     const KeywordBinding& binding = st.keywords;
@@ -804,17 +815,47 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
     PyObject* const* kept = binding.option_values.data();
     const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
     bool same_options = binding.options_cached;
-    for (Py_ssize_t k = 0; k < nkw; ++k) {
-      PyObject* value = args[nargs + k];
-      const int slot = slots[k];
-      if (slot >= 0) {
-        call->args[slot] = value;
-        continue;
+    if (binding.all_options) {
+      // Straight-line compares for the usual one to four options.
+      PyObject* const* given = args + nargs;
+      switch (nkw) {
+        case 4:
+          same_options &= given[3] == kept[3];
+          [[fallthrough]];
+        case 3:
+          same_options &= given[2] == kept[2];
+          [[fallthrough]];
+        case 2:
+          same_options &= given[1] == kept[1];
+          [[fallthrough]];
+        case 1:
+          same_options &= given[0] == kept[0];
+          [[fallthrough]];
+        case 0:
+          break;
+        default:
+          for (Py_ssize_t k = 0; k < nkw; ++k) {
+            same_options &= given[k] == kept[k];
+          }
       }
-      same_options &= value == kept[k];
+    } else {
+      for (Py_ssize_t k = 0; k < nkw; ++k) {
+        PyObject* value = args[nargs + k];
+        const int slot = slots[k];
+        if (slot >= 0) {
+          call->args[slot] = value;
+          continue;
+        }
+        same_options &= value == kept[k];
+      }
     }
-    call->kept_options = same_options ? generation : 0;
-    if (!same_options) {
+    if (same_options) {
+      // The kept words, pushed before any value is read: a value's key read can run Python
+      // that calls this kernel with other keywords and rebinds the binding.
+      for (int k = 0; k < binding.num_option_words; ++k) {
+        key.push(binding.option_words[k]);
+      }
+    } else {
       for (Py_ssize_t k = 0; k < nkw; ++k) {
         const int slot = slots[k];
         if (slot >= 0) {
@@ -834,10 +875,6 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
     }
   }
 
-  SpecializationKey& key = call->key;
-  key.size = 0;
-  key.overflowed = false;
-  call->num_leaves = 0;
   // Positional arguments are read in place; the others from the slots the keywords filled.
   KeyStatus status = KeyStatus::Ok;
   int i = 0;
@@ -854,8 +891,8 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
     }
     return status;
   }
-  if (kwnames != nullptr) {
-    const KeyStatus status = push_options(kernel, args + nargs, call);
+  if (kwnames != nullptr && call->num_set_options > 0) {
+    const KeyStatus status = make_option_words(kernel, args + nargs, call);
     if (status != KeyStatus::Ok) {
       return status;
     }
@@ -871,7 +908,7 @@ void clear_option_words(KeywordBinding* binding) {
   for (PyObject*& v : binding->option_values) {
     Py_CLEAR(v);
   }
-  binding->option_words.clear();
+  binding->num_option_words = 0;
   binding->options_cached = false;
   ++binding->generation;
 }

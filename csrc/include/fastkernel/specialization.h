@@ -46,6 +46,10 @@ enum class ArgKind : uint8_t {
   OptionInt = 23,       ///< a compile option set by keyword to an int of magnitude below 2**30 (the
                         ///< common num_warps=, num_stages=): bits 8..15 its index, bits 16..63 its
                         ///< value (two's complement); other values are Option words
+  OptionIntPair = 24,   ///< two compile options (in index order) set to ints in [0, 2**20), one
+                        ///< word: bits 8..15 and 36..43 their indices, 16..35 and 44..63 their
+                        ///< values. Options pair greedily in index order, so a set of options
+                        ///< and values makes one sequence of words.
 };
 
 /// Tuning flags of a parameter (ParamSpec::tune), set for kernels under fastkernel.autotune.
