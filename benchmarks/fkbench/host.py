@@ -22,10 +22,10 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 from . import common
+from . import library as library_calls
 
 #: The stream the host-side run launches on (any value: the stand-in records it).
 HOST_STREAM = 0x1234
@@ -277,7 +277,9 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             drv.reset()
         library = {}
         if reference is not None:  # Triton's launcher runs the unpatched calls
-            library = time_library_calls(drv, max(iterations // 10, 1), repeats)
+            library = library_calls.time_library_calls(
+                max(iterations // 10, 1), repeats, "cpu", lambda: None, drv.reset
+            )
         helpers = time_host_helpers(repeats)
     finally:
         if reference is not None:
@@ -289,7 +291,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
 
     warm = warm_start.measure(
         host=True,
-        repeats=1 if opts.quick else 3,
+        repeats=1 if opts.quick else 5,
         stream=HOST_STREAM,
         driver_library=os.environ.get("FASTKERNEL_CUDA_DRIVER"),
     )
@@ -373,12 +375,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 if (s, theirs) in us and (s + common.PATCHED_GROUP, ours) in us
             ]
             print(f"Triton's own {wrapper} / the same call patched:\n  " + "  ".join(ratios))
-    for name, row in library.items():
-        print(
-            f"{name}, through its own Python function: unpatched {row['unpatched']:.2f} us, "
-            f"patched {row['patched']:.2f} us per call ({row['ratio']:.2f}x); patched without "
-            f"the host helpers {row['patched_without_helpers']:.2f} us"
-        )
+    library_calls.print_library_calls(library)
     print(
         "host calls, ns (median; Triton's ConstexprFunction.__call__ / fastkernel's host helpers):"
     )
@@ -460,62 +457,6 @@ def time_hooks(
         hooks(False, False)()
 
 
-def _liger_rms_norm() -> Callable[[], Any] | None:
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    except ImportError:
-        return None
-    import torch
-
-    x, w = torch.randn(1, 2048), torch.randn(2048)
-    return lambda: LigerRMSNormFunction.apply(x, w, 1e-6)
-
-
-def _liger_decoder_step() -> Callable[[], Any] | None:
-    """One decoder step of a small transformer layer at batch 1 written with Liger-Kernel's ops
-    as a model built on it calls them (their autograd functions; their wrappers compute block
-    sizes with triton.next_power_of_2 on every call): RMSNorm, q/k/v projections, RoPE on q and
-    k, the output projection and residual, RMSNorm, SwiGLU's gate and up projections, Liger's
-    SiLU-mul, the down projection and residual. Four Triton launches per step; the matmuls are
-    torch's (on the CPU here, with small dimensions - hidden 256, 4 heads of 64, intermediate
-    512 - so that they do not drown the launches) and are in every mode alike. Attention
-    itself is left out: it is not a Liger kernel."""
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-        from liger_kernel.ops.rope import LigerRopeFunction
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    except ImportError:
-        return None
-    import torch
-
-    hidden, heads, head_dim, inter = 256, 4, 64, 512
-    gen = torch.Generator().manual_seed(0)
-
-    def weights(*shape: int) -> Any:
-        return torch.randn(*shape, generator=gen) * 0.02
-
-    x = torch.randn(1, 1, hidden, generator=gen)
-    norm1, norm2 = torch.ones(hidden), torch.ones(hidden)
-    wq, wk, wv, wo = (weights(hidden, hidden) for _ in range(4))
-    w_gate, w_up, w_down = weights(hidden, inter), weights(hidden, inter), weights(inter, hidden)
-    cos, sin = (
-        torch.randn(1, 1, head_dim, generator=gen),
-        torch.randn(1, 1, head_dim, generator=gen),
-    )
-
-    def heads_of(t: Any) -> Any:
-        return t.view(1, 1, heads, head_dim).transpose(1, 2)
-
-    def step() -> Any:
-        h = LigerRMSNormFunction.apply(x, norm1, 1e-6)
-        q, k = LigerRopeFunction.apply(heads_of(h @ wq), heads_of(h @ wk), cos, sin)
-        a = x + (h @ wv) @ wo
-        h2 = LigerRMSNormFunction.apply(a, norm2, 1e-6)
-        return a + LigerSiLUMulFunction.apply(h2 @ w_gate, h2 @ w_up) @ w_down
-
-    return step
-
-
 def time_host_helpers(repeats: int) -> dict[str, dict[str, float]]:
     """Nanoseconds per host call (``timeit``, median of ``repeats``) of ``triton.cdiv`` and
     ``triton.next_power_of_2`` with Triton's own ``ConstexprFunction.__call__`` and with
@@ -551,71 +492,4 @@ def time_host_helpers(repeats: int) -> dict[str, dict[str, float]]:
         ]
     )
     out["inline (4096 + 1023) // 1024"] = {"python": inline}
-    return out
-
-
-def time_library_calls(drv, calls: int, repeats: int) -> dict[str, dict[str, float]]:
-    """Library ops called through their own Python functions (Liger-Kernel's RMSNorm autograd
-    function, batch 1, hidden 2048, whose wrapper calls triton.next_power_of_2 on every call; a
-    decoder step built from Liger's ops, :func:`_liger_decoder_step`): unpatched, patched, and
-    patched with the host helpers switched off, alternating per repeat
-    (switched outside the timing, each mode warmed up after the switch). Microseconds per call,
-    medians; the op's own Python and torch allocations are in every mode. Also the native hits
-    and fallbacks fastkernel.stats() reports for the live kernels at the end of the last
-    "patched" repeat (a fallback there would mean a patched call left the native path)."""
-    import fastkernel
-    from fastkernel import _host_helpers
-    from fastkernel.patch import patch, unpatch
-
-    def native_counts() -> dict[str, int]:
-        """Hits and fallbacks summed over every live kernel (fastkernel.stats())."""
-        every = fastkernel.stats().values()
-        return {c: sum(counters[c] for counters in every) for c in ("hits", "fallbacks")}
-
-    ops = {
-        "Liger-Kernel RMSNorm": _liger_rms_norm(),
-        "decoder step (Liger RMSNorm x2, RoPE, SwiGLU; torch matmuls)": _liger_decoder_step(),
-    }
-    out: dict[str, dict[str, float]] = {}
-    for name, op in ops.items():
-        if op is None:
-            continue
-        native: dict[str, int] = {}
-        samples: dict[str, list[float]] = {
-            "unpatched": [],
-            "patched": [],
-            "patched_without_helpers": [],
-        }
-        for _ in range(repeats):
-            for mode in samples:
-                if mode != "unpatched":
-                    patch()
-                if mode == "patched_without_helpers":
-                    _host_helpers.uninstall()
-                try:
-                    for _ in range(20):
-                        op()
-                    drv.reset()
-                    start = time.perf_counter_ns()
-                    for _ in range(calls):
-                        op()
-                    samples[mode].append((time.perf_counter_ns() - start) / 1e3 / calls)
-                    if mode == "patched":  # read before unpatch
-                        native = native_counts()
-                finally:
-                    if mode != "unpatched":
-                        unpatch()
-                drv.reset()
-        unpatched, patched_us = (
-            common.median(samples["unpatched"]),
-            common.median(samples["patched"]),
-        )
-        out[name] = {
-            "unpatched": unpatched,
-            "patched": patched_us,
-            "patched_without_helpers": common.median(samples["patched_without_helpers"]),
-            "ratio": unpatched / patched_us,
-            "patched_hits": native["hits"],
-            "patched_fallbacks": native["fallbacks"],
-        }
     return out

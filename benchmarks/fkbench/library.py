@@ -1,0 +1,178 @@
+"""Library ops called through their own Python functions, unpatched and under fastkernel.patch().
+
+Liger-Kernel's RMSNorm autograd function (batch 1, hidden 2048; its wrapper calls
+``triton.next_power_of_2`` on every call), and one decoder step of a small transformer layer
+written with Liger-Kernel's ops (:func:`liger_decoder_step`). Host-side (CPU tensors, launches
+to the recording stand-in) the times are the host cost of a call; on a GPU they are wall time
+per call with the device synchronized before each clock read, and the decoder step is also
+replayed as a CUDA graph (the launch-free reference).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import common
+
+
+def liger_rms_norm(device: str) -> Callable[[], Any] | None:
+    """Liger-Kernel's RMSNorm on a (1, 2048) fp32 row; None without Liger-Kernel."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        return None
+    import torch
+
+    x, w = torch.randn(1, 2048, device=device), torch.randn(2048, device=device)
+    return lambda: LigerRMSNormFunction.apply(x, w, 1e-6)
+
+
+def liger_decoder_step(device: str) -> Callable[[], Any] | None:
+    """One decoder step of a small transformer layer at batch 1 written with Liger-Kernel's ops
+    as a model built on it calls them (their autograd functions; their wrappers compute block
+    sizes with triton.next_power_of_2 on every call): RMSNorm, q/k/v projections, RoPE on q and
+    k, the output projection and residual, RMSNorm, SwiGLU's gate and up projections, Liger's
+    SiLU-mul, the down projection and residual. Four Triton launches per step; the matmuls are
+    torch's, with small dimensions (hidden 256, 4 heads of 64, intermediate 512) so that they
+    do not drown the launches, and are in every mode alike. Attention itself is left out: it is
+    not a Liger kernel. None without Liger-Kernel."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.rope import LigerRopeFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except ImportError:
+        return None
+    import torch
+
+    hidden, heads, head_dim, inter = 256, 4, 64, 512
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int, scale: float = 1.0) -> Any:
+        return (torch.randn(*shape, generator=gen) * scale).to(device)
+
+    x = randn(1, 1, hidden)
+    norm1, norm2 = torch.ones(hidden, device=device), torch.ones(hidden, device=device)
+    wq, wk, wv, wo = (randn(hidden, hidden, scale=0.02) for _ in range(4))
+    w_gate, w_up = randn(hidden, inter, scale=0.02), randn(hidden, inter, scale=0.02)
+    w_down = randn(inter, hidden, scale=0.02)
+    cos, sin = randn(1, 1, head_dim), randn(1, 1, head_dim)
+
+    def heads_of(t: Any) -> Any:
+        return t.view(1, 1, heads, head_dim).transpose(1, 2)
+
+    def step() -> Any:
+        h = LigerRMSNormFunction.apply(x, norm1, 1e-6)
+        q, k = LigerRopeFunction.apply(heads_of(h @ wq), heads_of(h @ wk), cos, sin)
+        a = x + (h @ wv) @ wo
+        h2 = LigerRMSNormFunction.apply(a, norm2, 1e-6)
+        return a + LigerSiLUMulFunction.apply(h2 @ w_gate, h2 @ w_up) @ w_down
+
+    return step
+
+
+def _graph_replay(op: Callable[[], Any]) -> Callable[[], Any]:
+    """``op`` captured once into a CUDA graph (after it ran outside the capture, so every kernel
+    is compiled); the returned callable replays it. Captured unpatched: a replay launches
+    nothing from the host, whoever recorded it."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs advises
+        for _ in range(3):
+            op()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        op()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def time_library_calls(
+    calls: int,
+    repeats: int,
+    device: str,
+    sync: Callable[[], None],
+    reset: Callable[[], None] = lambda: None,
+) -> dict[str, dict[str, float]]:
+    """Microseconds per call of each library op: ``unpatched``, ``patched``
+    (``fastkernel.patch()``), ``patched_without_helpers`` (the host helpers switched off), and
+    on a GPU (``device == "cuda"``) the decoder step's ``cuda_graph`` replay. The modes
+    alternate per repeat (each switched and warmed up outside the timing); medians of
+    ``repeats``. ``sync`` runs before each clock read (the device's synchronize on a GPU);
+    ``reset`` after each mode (the stand-in's record). Also the native hits and fallbacks
+    ``fastkernel.stats()`` reports for the live kernels at the end of the last ``patched``
+    repeat (a fallback there would mean a patched call left the native path)."""
+    import fastkernel
+    from fastkernel import _host_helpers
+    from fastkernel.patch import patch, unpatch
+
+    def native_counts() -> dict[str, int]:
+        """Hits and fallbacks summed over every live kernel (fastkernel.stats())."""
+        every = fastkernel.stats().values()
+        return {c: sum(counters[c] for counters in every) for c in ("hits", "fallbacks")}
+
+    def timed(op: Callable[[], Any]) -> float:
+        for _ in range(20):
+            op()
+        sync()
+        reset()
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            op()
+        sync()
+        return (time.perf_counter_ns() - start) / 1e3 / calls
+
+    ops = {
+        "Liger-Kernel RMSNorm": liger_rms_norm(device),
+        "decoder step (Liger RMSNorm x2, RoPE, SwiGLU; torch matmuls)": liger_decoder_step(device),
+    }
+    out: dict[str, dict[str, float]] = {}
+    for name, op in ops.items():
+        if op is None:
+            continue
+        native: dict[str, int] = {}
+        modes = ["unpatched", "patched", "patched_without_helpers"]
+        replay = None
+        if device == "cuda" and name.startswith("decoder step"):
+            replay = _graph_replay(op)
+            modes.append("cuda_graph")
+        samples: dict[str, list[float]] = {mode: [] for mode in modes}
+        for _ in range(repeats):
+            for mode in modes:
+                if mode == "cuda_graph":
+                    assert replay is not None
+                    samples[mode].append(timed(replay))
+                    continue
+                if mode != "unpatched":
+                    patch()
+                if mode == "patched_without_helpers":
+                    _host_helpers.uninstall()
+                try:
+                    samples[mode].append(timed(op))
+                    if mode == "patched":  # read before unpatch
+                        native = native_counts()
+                finally:
+                    if mode != "unpatched":
+                        unpatch()
+                reset()
+        row: dict[str, float] = {mode: common.median(values) for mode, values in samples.items()}
+        row["ratio"] = row["unpatched"] / row["patched"]
+        row["patched_hits"] = native["hits"]
+        row["patched_fallbacks"] = native["fallbacks"]
+        out[name] = row
+    return out
+
+
+def print_library_calls(library: dict[str, dict[str, float]]) -> None:
+    """One line per op: its modes in microseconds and unpatched / patched."""
+    for name, row in library.items():
+        graph = f"; CUDA graph replay {row['cuda_graph']:.2f} us" if "cuda_graph" in row else ""
+        print(
+            f"{name}, through its own Python function: unpatched {row['unpatched']:.2f} us, "
+            f"patched {row['patched']:.2f} us per call ({row['ratio']:.2f}x); patched without "
+            f"the host helpers {row['patched_without_helpers']:.2f} us{graph}"
+        )
