@@ -49,8 +49,9 @@ struct KeywordBinding {
   /// Every keyword names a compile option (the `kernel[grid](*args, num_warps=4)` call site):
   /// binding the call only compares the values with the kept ones.
   bool all_options = false;
-  /// Advanced whenever the binding or its option words change: a key build that took the
-  /// words checks it was not re-entered meanwhile.
+  /// Advanced whenever the binding or its option words change: a call that made its option
+  /// words keeps them only if no re-entrant call (a value's key read can run Python) rebound
+  /// the binding meanwhile.
   uint64_t generation = 0;
 };
 
