@@ -707,12 +707,12 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
     PyObject* option = call->options[i];
     long long small;
     if (PyLong_CheckExact(option) && compact_int(option, &small)) {
+      const int following = j + 1 < call->num_set_options ? call->set_options[j + 1] : -1;
       long long next;
-      if (j + 1 < call->num_set_options && pairable_option(small) &&
-          PyLong_CheckExact(call->options[call->set_options[j + 1]]) &&
-          compact_int(call->options[call->set_options[j + 1]], &next) && pairable_option(next)) {
+      if (following >= 0 && pairable_option(small) && PyLong_CheckExact(call->options[following]) &&
+          compact_int(call->options[following], &next) && pairable_option(next)) {
         key.push(uint64_t(ArgKind::OptionIntPair) | (uint64_t(i) << 8) | (uint64_t(small) << 16) |
-                 (uint64_t(call->set_options[j + 1]) << 36) | (uint64_t(next) << 44));
+                 (uint64_t(following) << 36) | (uint64_t(next) << 44));
         ++j;
         continue;
       }
