@@ -10,7 +10,6 @@ replayed as a CUDA graph (the launch-free reference).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -91,41 +90,76 @@ def _graph_replay(op: Callable[[], Any]) -> Callable[[], Any]:
     return graph.replay
 
 
+def _time_modes(
+    calls_of: dict[str, Callable[[], Any]],
+    calls: int,
+    repeats: int,
+    sync: Callable[[], None],
+    reset: Callable[[], None] | None,
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """:func:`fkbench.common.time_systems` over the modes of one op (mode -> the call to time):
+    each mode is switched to, and its call made 20 times, before each of its loops, outside
+    the timing (a kernel patched anew makes one miss first). Returns the samples and the hits
+    and fallbacks ``fastkernel.stats()`` reports for the live kernels at the end of the last
+    ``patched`` loop."""
+    import fastkernel
+    from fastkernel import _host_helpers
+    from fastkernel.patch import patch, unpatch
+
+    native: dict[str, int] = {}
+    current = [""]  # the mode switched to last
+
+    def leave_mode() -> None:
+        if current[0] == "patched":  # its counters, read before unpatch() drops them
+            every = fastkernel.stats().values()
+            native.update({c: sum(k[c] for k in every) for c in ("hits", "fallbacks")})
+        unpatch()
+
+    def switch(mode: str, call: Callable[[], Any]) -> Callable[[], None]:
+        def prepare() -> None:
+            leave_mode()
+            if mode.startswith("patched"):
+                patch()
+            if mode == "patched_without_helpers":
+                _host_helpers.uninstall()
+            current[0] = mode
+            for _ in range(20):
+                call()
+
+        return prepare
+
+    def loop(call: Callable[[], Any]) -> Callable[[int], None]:
+        def run(n: int) -> None:
+            for _ in range(n):
+                call()
+
+        return run
+
+    systems = {
+        mode: common.Timed(loop(call), prepare=switch(mode, call))
+        for mode, call in calls_of.items()
+    }
+    try:
+        samples = common.time_systems(systems, calls, repeats, sync, before_repeat=reset)
+    finally:
+        leave_mode()
+    return samples, native
+
+
 def time_library_calls(
     calls: int,
     repeats: int,
     device: str,
     sync: Callable[[], None],
-    reset: Callable[[], None] = lambda: None,
+    reset: Callable[[], None] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Microseconds per call of each library op: ``unpatched``, ``patched``
     (``fastkernel.patch()``), ``patched_without_helpers`` (the host helpers switched off), and
-    on a GPU (``device == "cuda"``) the decoder step's ``cuda_graph`` replay. The modes
-    alternate per repeat (each switched and warmed up outside the timing); medians of
-    ``repeats``. ``sync`` runs before each clock read (the device's synchronize on a GPU);
-    ``reset`` after each mode (the stand-in's record). Also the native hits and fallbacks
-    ``fastkernel.stats()`` reports for the live kernels at the end of the last ``patched``
-    repeat (a fallback there would mean a patched call left the native path)."""
-    import fastkernel
-    from fastkernel import _host_helpers
-    from fastkernel.patch import patch, unpatch
-
-    def native_counts() -> dict[str, int]:
-        """Hits and fallbacks summed over every live kernel (fastkernel.stats())."""
-        every = fastkernel.stats().values()
-        return {c: sum(counters[c] for counters in every) for c in ("hits", "fallbacks")}
-
-    def timed(op: Callable[[], Any]) -> float:
-        for _ in range(20):
-            op()
-        sync()
-        reset()
-        start = time.perf_counter_ns()
-        for _ in range(calls):
-            op()
-        sync()
-        return (time.perf_counter_ns() - start) / 1e3 / calls
-
+    on a GPU (``device == "cuda"``) the decoder step's ``cuda_graph`` replay; medians of
+    ``repeats`` loops of ``calls`` calls, the modes interleaved per repeat, ``sync`` before
+    each clock read, ``reset`` before each loop (the stand-in's record). Also the native hits
+    and fallbacks of the patched calls (``patched_hits``, ``patched_fallbacks``: a fallback
+    would mean a patched call left the native path)."""
     ops = {
         "Liger-Kernel RMSNorm": liger_rms_norm(device),
         "decoder step (Liger RMSNorm x2, RoPE, SwiGLU; torch matmuls)": liger_decoder_step(device),
@@ -134,31 +168,10 @@ def time_library_calls(
     for name, op in ops.items():
         if op is None:
             continue
-        native: dict[str, int] = {}
-        modes = ["unpatched", "patched", "patched_without_helpers"]
-        replay = None
+        calls_of = {"unpatched": op, "patched": op, "patched_without_helpers": op}
         if device == "cuda" and name.startswith("decoder step"):
-            replay = _graph_replay(op)
-            modes.append("cuda_graph")
-        samples: dict[str, list[float]] = {mode: [] for mode in modes}
-        for _ in range(repeats):
-            for mode in modes:
-                if mode == "cuda_graph":
-                    assert replay is not None
-                    samples[mode].append(timed(replay))
-                    continue
-                if mode != "unpatched":
-                    patch()
-                if mode == "patched_without_helpers":
-                    _host_helpers.uninstall()
-                try:
-                    samples[mode].append(timed(op))
-                    if mode == "patched":  # read before unpatch
-                        native = native_counts()
-                finally:
-                    if mode != "unpatched":
-                        unpatch()
-                reset()
+            calls_of["cuda_graph"] = _graph_replay(op)
+        samples, native = _time_modes(calls_of, calls, repeats, sync, reset)
         row: dict[str, float] = {mode: common.median(values) for mode, values in samples.items()}
         row["ratio"] = row["unpatched"] / row["patched"]
         row["patched_hits"] = native["hits"]
