@@ -267,6 +267,60 @@ def test_a_module_is_never_launched_on_another_device(stand_in):
     assert [launch.device for launch in stand_in.launches()] == [1]
 
 
+@pytest.mark.parametrize("spare_words", [0, 1, 2])
+def test_a_key_at_the_buffer_limit_keeps_its_device_word(stand_in, spare_words):
+    """The launch device and the knob state end every key. A call whose arguments fill the key
+    buffer up to them keeps both words, or falls back: it never launches the record another
+    device registered under the same leading words."""
+    from fastkernel import _C
+
+    k = fastkernel(kernels.constexpr_kernel)
+    out = torch.empty(16)
+    mode = _mode_filling_the_key(spare_words)
+    _make_current(stand_in, 0)
+    with TritonReference(stand_in, TEST_STREAM, device=0):  # a fallback launches through Triton
+        k[(1,)](out, SCALE=2.0, MODE=mode, BLOCK=16)
+    _C._testing.set_host_testing(True, 1, TEST_STREAM)
+    _make_current(stand_in, 1)
+    try:
+        with TritonReference(stand_in, TEST_STREAM, device=1):
+            k[(1,)](out, SCALE=2.0, MODE=mode, BLOCK=16)
+    finally:
+        _C._testing.set_host_testing(True, 0, TEST_STREAM)
+        _make_current(stand_in, 0)
+    assert [launch.device for launch in stand_in.launches()] == [0, 1]
+    stats = k.stats()
+    assert stats["specializations"] + stats["fallbacks"] == 2 and stats["hits"] == 0
+
+
+@pytest.mark.parametrize("spare_words", [0, 1, 2])
+def test_a_key_at_the_buffer_limit_keeps_its_knob_word(stand_in, spare_words):
+    """As above for the word of the binary-changing knobs: Triton's debug knob set between two
+    otherwise equal calls selects a debug binary, never the one compiled without it."""
+    from triton import knobs
+
+    k = fastkernel(kernels.constexpr_kernel)
+    out = torch.empty(16)
+    mode = _mode_filling_the_key(spare_words)
+    with TritonReference(stand_in, TEST_STREAM):  # a fallback launches through Triton
+        k[(1,)](out, SCALE=2.0, MODE=mode, BLOCK=16)
+        knobs.runtime.debug = True
+        try:
+            k[(1,)](out, SCALE=2.0, MODE=mode, BLOCK=16)
+        finally:
+            knobs.runtime.debug = False
+    assert len(stand_in.launches()) == 2
+    stats = k.stats()
+    assert stats["specializations"] + stats["fallbacks"] == 2 and stats["hits"] == 0
+
+
+def _mode_filling_the_key(spare_words: int) -> str:
+    """A MODE string for constexpr_kernel whose call leaves `spare_words` of the 96-word key
+    buffer free before the device and knob words: out_ptr, SCALE and BLOCK take 1 + 2 + 2 words,
+    the string a header word and one word per 8 bytes."""
+    return "m" * 8 * (96 - 5 - 1 - spare_words)
+
+
 def test_fallback_path_counts_and_warns_once(stand_in, caplog):
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(64)

@@ -195,8 +195,7 @@ void set_tensor_descriptor_type(PyObject* type);
 
 /// Appends the launch device and the binary-changing knob state to a built key.
 inline void finish_key(SpecializationKey* key, int device, uint64_t knob_word) {
-  key->push(uint64_t(ArgKind::Device) | (uint64_t(uint32_t(device)) << 8));
-  key->push(knob_word);
+  key->push_tail(uint64_t(ArgKind::Device) | (uint64_t(uint32_t(device)) << 8), knob_word);
 }
 
 /// What a launch needs to run Triton's launch hooks natively (set at import): Triton's LazyDict

@@ -106,16 +106,27 @@ constexpr ValueClass int_class(uint64_t bits, bool is_one, bool specialize, bool
 
 /// A key under construction and, once built, the one looked up.
 struct SpecializationKey {
+  /// Words every built key ends with: finish_key's launch device and knob state.
+  static constexpr int kTailWords = 2;
   uint64_t words[kMaxKeyWords];
   int size = 0;
   bool overflowed = false;
 
+  /// Appends a word, or marks the key overflowed when only the tail's room is left.
   void push(uint64_t word) noexcept {
-    if (size < kMaxKeyWords) {
+    if (size < kMaxKeyWords - kTailWords) {
       words[size++] = word;
     } else {
       overflowed = true;
     }
+  }
+
+  /// Appends the kTailWords words that end a built key (the launch device, the knob state).
+  /// push() always leaves room for them, so they are never the words an overflow drops.
+  void push_tail(uint64_t device_word, uint64_t knob_word) noexcept {
+    words[size] = device_word;
+    words[size + 1] = knob_word;
+    size += kTailWords;
   }
 
   /// Appends `length` bytes, zero-padded to whole words.
