@@ -5,7 +5,7 @@
 
 namespace fastkernel {
 
-LaunchTable::LaunchTable() : slots_(16) {}
+LaunchTable::LaunchTable() : slots_(16), recent_(slots_.data()) {}
 
 LaunchTable::~LaunchTable() { clear(); }
 
@@ -18,6 +18,7 @@ const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t has
     }
     if (slot.hash == hash && key.equals(slot.words.get(), slot.size)) {
       slot.last_used = ++tick_;  // a counter and a store: the LRU order costs nothing more
+      recent_ = &slot;
       return slot.record.get();
     }
   }
@@ -54,6 +55,7 @@ const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
   slot.words.reset(new uint64_t[key.size > 0 ? key.size : 1]);
   std::copy(key.words, key.words + key.size, slot.words.get());
   slot.record = std::move(record);
+  recent_ = &slot;
   ++count_;
   return slot.record.get();
 }
@@ -88,6 +90,7 @@ void LaunchTable::set_capacity(size_t capacity) noexcept {
 void LaunchTable::rehash(size_t capacity) {
   std::vector<Slot> old(capacity);
   old.swap(slots_);
+  recent_ = slots_.data();
   const size_t mask = slots_.size() - 1;
   for (Slot& slot : old) {
     if (slot.size < 0) {

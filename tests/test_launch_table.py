@@ -76,6 +76,31 @@ def test_many_specializations_through_a_small_table(stand_in, monkeypatch):
         assert launch.grid == (grid_x, 1, 1)
 
 
+def test_every_call_launches_its_own_binary_whatever_slot_was_used_last(stand_in):
+    """Repeated and alternating specializations, through table growth, capacity evictions and a
+    clear: each launch runs its own call's binary (num_warps tells them apart in the block)."""
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(128)
+    specs = [(block, warps) for warps in (1, 2, 4, 8) for block in (16, 32, 64)]
+    rng = random.Random(2)
+    calls = specs + [rng.choice(specs) for _ in range(60)]  # 12 inserts grow the table
+    calls += [specs[0]] * 3 + [specs[1], specs[0]] * 3  # repeats, then alternation
+    for at, (block, warps) in enumerate(calls):
+        if at == 70:
+            assert k.stats()["misses"] == len(specs)  # one per specialization, nothing shared
+            k._set_capacity(2)  # evicts all but the two most recent
+        if at == 75:
+            k._clear_records()  # every slot a tombstone, the last one used included
+            misses = k.stats()["misses"]
+        k[(1,)](x, x, x, 128, BLOCK=block, num_warps=warps)
+        if at == 75:
+            assert k.stats()["misses"] == misses + 1
+    assert [launch.block[0] for launch in stand_in.launches()] == [32 * w for _, w in calls]
+    stats = k.stats()
+    assert stats["hits"] + stats["misses"] == len(calls) and stats["fallbacks"] == 0
+    assert stats["evictions"] >= 10 and stats["specializations"] <= 2
+
+
 def test_max_specializations_must_be_a_count(monkeypatch):
     monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "lots")
     with pytest.raises(ValueError, match="FASTKERNEL_MAX_SPECIALIZATIONS"):

@@ -649,8 +649,7 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
   try {
     const LaunchContext ctx = current_launch_context();
     finish_key(&call.key, ctx.device, knobs->key_word);
-    const uint64_t hash = call.key.hash();
-    const LaunchRecord* rec = st.table.find(call.key, hash);
+    const LaunchRecord* rec = st.table.lookup(call.key);
     if (rec != nullptr) {
       ++st.hits;
     } else {

@@ -26,6 +26,18 @@ class LaunchTable {
   /// The record registered under `key`, or nullptr. Marks it as the most recently used.
   const LaunchRecord* find(const SpecializationKey& key, uint64_t hash) noexcept;
 
+  /// find(key, key.hash()), first comparing `key` with the slot the last lookup or insert
+  /// landed on: a kernel called again with the same specialization skips hashing and probing.
+  /// The comparison is the full key, so a stale slot (evicted, reused) only costs that compare.
+  const LaunchRecord* lookup(const SpecializationKey& key) noexcept {
+    Slot& slot = *recent_;
+    if (key.equals(slot.words.get(), slot.size)) {  // empty and deleted slots have size < 0
+      slot.last_used = ++tick_;
+      return slot.record.get();
+    }
+    return find(key, key.hash());
+  }
+
   /// Registers `record` under `key`; if `key` is already registered, the existing record is kept
   /// (it may be in use) and `record` is unloaded. At capacity, the least recently used record
   /// is evicted first (its module unloaded). Returns the record now registered.
@@ -61,6 +73,7 @@ class LaunchTable {
   void rehash(size_t capacity);
   bool evict_least_recently_used() noexcept;  ///< false when every record is pinned
   std::vector<Slot> slots_;
+  Slot* recent_;  ///< the slot of the last hit or insert; into slots_, reset when it reallocates
   size_t count_ = 0;
   size_t tombstones_ = 0;
   size_t capacity_ = 0;
