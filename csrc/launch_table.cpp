@@ -24,6 +24,15 @@ const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t has
   }
 }
 
+const LaunchRecord* LaunchTable::lookup(const SpecializationKey& key) noexcept {
+  Slot& slot = *recent_;
+  if (key.equals(slot.words.get(), slot.size)) {  // empty and deleted slots have size < 0
+    slot.last_used = ++tick_;
+    return slot.record.get();
+  }
+  return find(key, key.hash());
+}
+
 const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
                                         std::unique_ptr<LaunchRecord> record) {
   const uint64_t hash = key.hash();

@@ -254,7 +254,7 @@ Ir               file:function
 12,000 (24.00%)  /src/trampoline.cpp:fastkernel::launch(fastkernel::LaunchRecord const&, fastkernel::LaunchGrid const&, fastkernel::CUstream_st*, fastkernel::ArgValue const*, unsigned long long, unsigned long long) [/x/_C.so]
 10,000 (20.00%)  /src/key_builder.cpp:fastkernel::bind_and_build_key(fastkernel::KernelObject*, _object* const*, long, _object*, fastkernel::BoundCall*) [/x/_C.so]
  9,000 (18.00%)  ???:cuLaunchKernel [/x/librecording_driver.so]
- 2,000 ( 4.00%)  /src/launch_table.cpp:fastkernel::LaunchTable::find(fastkernel::SpecializationKey const&, unsigned long) const [/x/_C.so]
+ 2,000 ( 4.00%)  /src/launch_table.cpp:fastkernel::LaunchTable::lookup(fastkernel::SpecializationKey const&) [/x/_C.so]
    500 ( 1.00%)  /src/launch_context.cpp:fastkernel::current_launch_context() [/x/_C.so]
    100 ( 0.20%)  ???:cuLaunchKernelEx [/x/librecording_driver.so]
 """

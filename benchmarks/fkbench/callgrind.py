@@ -41,7 +41,7 @@ CALL_SITE_OPTIONS = {"num_warps": 4, "num_stages": 3}
 #: "fastkernel::launch" includes the driver call; the breakdown subtracts it.
 GROUP_SYMBOLS: list[tuple[str, str]] = [
     ("key build", "fastkernel::bind_and_build_key("),
-    ("lookup", "fastkernel::LaunchTable::find("),
+    ("lookup", "fastkernel::LaunchTable::lookup("),
     ("stream query", "fastkernel::current_launch_context("),
     ("packing + launch", "fastkernel::launch("),
     ("driver call", "cuLaunchKernel"),

@@ -29,14 +29,7 @@ class LaunchTable {
   /// find(key, key.hash()), first comparing `key` with the slot the last lookup or insert
   /// landed on: a kernel called again with the same specialization skips hashing and probing.
   /// The comparison is the full key, so a stale slot (evicted, reused) only costs that compare.
-  const LaunchRecord* lookup(const SpecializationKey& key) noexcept {
-    Slot& slot = *recent_;
-    if (key.equals(slot.words.get(), slot.size)) {  // empty and deleted slots have size < 0
-      slot.last_used = ++tick_;
-      return slot.record.get();
-    }
-    return find(key, key.hash());
-  }
+  const LaunchRecord* lookup(const SpecializationKey& key) noexcept;
 
   /// Registers `record` under `key`; if `key` is already registered, the existing record is kept
   /// (it may be in use) and `record` is unloaded. At capacity, the least recently used record
