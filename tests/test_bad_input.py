@@ -144,6 +144,20 @@ def test_a_tensor_without_strided_storage_names_its_layout(add, stand_in, tensor
     assert stand_in.launches() == []
 
 
+def test_a_strided_tensor_without_storage_keeps_torchs_error(add, stand_in):
+    """Inside torch.func.vmap the argument is a batched tensor: strided, with no storage, so
+    data_ptr() refuses it. The call raises torch's own error (with the kernel's name), as
+    Triton's launcher would on its data_ptr() call, and launches nothing."""
+
+    def call(t):
+        add[(1,)](t, X, X, 64, BLOCK=64)
+        return t
+
+    with pytest.raises(RuntimeError, match="add_kernel: Cannot access data pointer of Tensor"):
+        torch.func.vmap(call)(torch.zeros(2, 64))
+    assert stand_in.launches() == []
+
+
 def test_failed_launch_names_the_cuda_error_and_kernel(add, stand_in):
     add[(1,)](X, X, X, 64, BLOCK=64)
     stand_in.set_launch_result(700)

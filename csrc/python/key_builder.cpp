@@ -406,13 +406,34 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   key->push(word);
 }
 
-// Whether a tensor can feed a launch: on a CUDA device (or the CPU under host testing) and
-// strided. Only a tensor without storage can be non-strided (sparse, mkldnn...); has_storage()
-// is a load where layout() walks the dispatch keys, and data_ptr() checks it anyway.
-[[gnu::always_inline]] inline bool launchable(const at::Tensor& tensor, c10::Device device) {
-  return (device.type() == c10::DeviceType::CUDA ||
-          (host_testing() && device.type() == c10::DeviceType::CPU)) &&
-         !C10_UNLIKELY(!tensor.has_storage() && tensor.layout() != c10::kStrided);
+// data_ptr() threw: a tensor without storage. One with a layout other than strided (sparse,
+// mkldnn...) gets the error naming the argument and its layout; any other keeps torch's own.
+[[gnu::noinline, gnu::cold]] KeyStatus storageless_tensor_error(KernelObject* kernel,
+                                                                const ParamSpec& param,
+                                                                const at::Tensor& tensor) {
+  if (tensor.layout() != c10::kStrided) {
+    return tensor_error(kernel, param, tensor);
+  }
+  throw;
+}
+
+// A tensor argument's data pointer, as Triton's launcher takes it (`tensor.data_ptr()`), into
+// `out`; or the error naming the argument when the tensor is on a device other than CUDA (the
+// CPU under host testing) or has no storage. data_ptr() checks has_storage() itself (a virtual
+// call) and throws without one, so the layout is asked only then.
+[[gnu::always_inline]] inline KeyStatus tensor_address(KernelObject* kernel, const ParamSpec& param,
+                                                       const at::Tensor& tensor, c10::Device device,
+                                                       uint64_t* out) {
+  if (!(device.type() == c10::DeviceType::CUDA ||
+        (host_testing() && device.type() == c10::DeviceType::CPU))) {
+    return tensor_error(kernel, param, tensor);
+  }
+  try {
+    *out = reinterpret_cast<uint64_t>(tensor.data_ptr());
+  } catch (const c10::Error&) {
+    return storageless_tensor_error(kernel, param, tensor);
+  }
+  return KeyStatus::Ok;
 }
 
 [[gnu::always_inline]] inline KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param,
@@ -420,10 +441,11 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
                                                     SpecializationKey* key) {
   const at::Tensor& tensor = THPVariable_Unpack(v);
   const c10::Device device = tensor.device();
-  if (!launchable(tensor, device)) {
-    return tensor_error(kernel, param, tensor);
+  uint64_t ptr = 0;
+  const KeyStatus status = tensor_address(kernel, param, tensor, device, &ptr);
+  if (status != KeyStatus::Ok) {
+    return status;
   }
-  const uint64_t ptr = reinterpret_cast<uint64_t>(tensor.data_ptr());
   value->kind = ArgKind::Tensor;
   value->u = ptr;
   const ValueClass cls = pointer_class(ptr, param.specialize, param.align);
@@ -546,11 +568,11 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   }
   const at::Tensor& tensor = THPVariable_Unpack(f.base);
   const c10::Device device = tensor.device();
-  if (!launchable(tensor, device)) {
-    return tensor_error(kernel, param, tensor);
+  const KeyStatus status = tensor_address(kernel, param, tensor, device, &leaves[0].u);
+  if (status != KeyStatus::Ok) {
+    return status;
   }
   leaves[0].kind = ArgKind::Tensor;
-  leaves[0].u = reinterpret_cast<uint64_t>(tensor.data_ptr());
   ArgValue& padding = leaves[1 + 2 * rank];
   padding.kind = ArgKind::Bool;
   padding.i = nan == 0;
