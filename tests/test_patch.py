@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import importlib
+import importlib.util
 import logging
 import os
 import pathlib
@@ -308,6 +309,40 @@ def test_a_call_triton_keys_otherwise_stays_on_triton_autotune(stand_in, caplog)
     reason = "autotune key 'x_ptr' is a tensor, which Triton keys by identity"
     assert stats["fallback_reasons"] == {reason: 3}
     assert reason in caplog.text and "add_kernel" in caplog.text
+
+
+def test_a_kernel_the_native_path_cannot_take_keeps_tritons_path_and_says_why(
+    stand_in, tmp_path, caplog
+):
+    """A kernel with more parameters than the native path takes: its dispatch cannot be built,
+    so under the patch every launch takes Triton's own path (no error), is counted as a fallback
+    with the reason in fastkernel.stats(), and the reason is logged once."""
+    names = ", ".join(f"a{i}" for i in range(128))
+    path = tmp_path / "fk_wide_kernel.py"
+    path.write_text(
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        f"def wide_kernel(out_ptr, {names}, BLOCK: tl.constexpr):\n"
+        "    tl.store(out_ptr + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.float32) + a2)\n"
+    )
+    spec = importlib.util.spec_from_file_location("fk_wide_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = torch.empty(16)
+    args = [out, *range(128)]
+    with (
+        fastkernel.patched(),
+        TritonReference(stand_in, TEST_STREAM),
+        caplog.at_level("WARNING", logger="fastkernel"),
+    ):
+        for _ in range(3):
+            module.wide_kernel[(1,)](*args, BLOCK=16)
+        stats = fastkernel.stats()["fk_wide_kernel.wide_kernel"]
+    assert len(stand_in.launches()) == 3
+    assert (stats["hits"], stats["fallbacks"]) == (0, 3)
+    ((reason, count),) = stats["fallback_reasons"].items()
+    assert count == 3 and "more than 128 parameters" in reason
+    assert caplog.text.count("wide_kernel goes through Triton's own launcher") == 1
+    assert "fk_wide_kernel.wide_kernel" not in fastkernel.stats()  # unpatched: record dropped
 
 
 def test_a_config_pre_hook_runs_on_every_call(stand_in):

@@ -18,7 +18,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import triton
 from triton.compiler.compiler import CompiledKernel
@@ -208,7 +208,16 @@ def _warm_spec_problem(
     return None
 
 
-_KERNELS: weakref.WeakSet[NativeDispatch] = weakref.WeakSet()
+class StatsSource(Protocol):
+    """What :func:`stats` reads: native dispatches, and kernels the patch could not serve."""
+
+    def _stats_name(self) -> str: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+#: Every live source of :func:`stats` counters.
+_KERNELS: weakref.WeakSet[StatsSource] = weakref.WeakSet()
 
 # What a callable grid receives is a read-only mapping (Triton passes a dict of the same
 # contents); it is a collections.abc.Mapping to isinstance checks.

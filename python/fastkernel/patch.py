@@ -49,6 +49,7 @@ from . import _C, SUPPORTED_TRITON, _env
 from . import _triton_abi as abi
 from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_VALUE
 from .kernel import (
+    _KERNELS,
     COMPILED_GETITEM,
     PATCH_ATTR,
     TRITON_RUN,
@@ -416,10 +417,57 @@ def _new_dispatch(obj: Any) -> NativeDispatch | None:
     return PatchedAutotuner(obj, params)
 
 
+class _Unserved:
+    """A kernel object whose native dispatch could not be built (a kernel with more parameters
+    than the native path takes, for one): every launch of it takes Triton's own path and is
+    counted in :func:`fastkernel.stats` as a fallback under ``reason``."""
+
+    def __init__(self, obj: Any, reason: str):
+        fn, suffix = obj, ""
+        if isinstance(obj, Autotuner):
+            suffix = " [triton.autotune]"
+        elif isinstance(obj, TritonHeuristics):
+            suffix = " [triton.heuristics]"
+        while getattr(fn, "fn", None) is not None:  # Autotuner -> JITFunction -> function
+            fn = fn.fn
+        self.name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}{suffix}"
+        self.reason = reason
+        self.launches = 0
+        _KERNELS.add(self)
+
+    def _stats_name(self) -> str:
+        return self.name
+
+    def stats(self) -> dict[str, Any]:
+        """The counters :func:`fastkernel.stats` merges: every launch a fallback."""
+        return {
+            "hits": 0,
+            "misses": 0,
+            "fallbacks": self.launches,
+            "specializations": 0,
+            "evictions": 0,
+            "table_bytes": 0,
+            "fallback_reasons": {self.reason: self.launches} if self.launches else {},
+        }
+
+
+def _new_dispatch_or_unserved(obj: Any) -> NativeDispatch | _Unserved | None:
+    """:func:`_new_dispatch`, or an :class:`_Unserved` record (logged once) when building the
+    dispatch raises: the kernel then keeps Triton's path instead of failing every launch."""
+    try:
+        return _new_dispatch(obj)
+    except Exception as exc:  # noqa: BLE001 - any failure here means Triton's path, said once
+        unserved = _Unserved(obj, f"its native dispatch could not be built: {exc}")
+        log.warning(
+            "fastkernel: %s goes through Triton's own launcher: %s", unserved.name, unserved.reason
+        )
+        return unserved
+
+
 def _dispatch_for(obj: Any):
-    """The patch factory (called natively at a kernel object's first launch): its dispatch;
-    None when this object keeps Triton's own path; False when every instance of its type does
-    (a subclass with its own ``run``)."""
+    """The patch factory (called natively at each launch of a kernel object it has no cached
+    dispatch for): its dispatch; None when this object keeps Triton's own path; False when every
+    instance of its type does (a subclass with its own ``run``)."""
     run = type(obj).run
     if not getattr(run, "_fastkernel_patched", False) and run is not HEURISTICS_RUN:
         return False  # a subclass with its own run: its behaviour is its own
@@ -428,10 +476,17 @@ def _dispatch_for(obj: Any):
             return None
         dispatch = obj.__dict__.get(PATCH_ATTR)
         if dispatch is None:
-            dispatch = _new_dispatch(obj)
+            dispatch = _new_dispatch_or_unserved(obj)
             obj.__dict__[PATCH_ATTR] = dispatch if dispatch is not None else False
             _served[id(obj)] = weakref.ref(obj, functools.partial(_forget_served, id(obj)))
-        return dispatch if dispatch is not False else None
+        return dispatch if isinstance(dispatch, NativeDispatch) else None
+
+
+def _count_unserved(obj: Any) -> None:
+    """Counts a launch of ``obj`` on Triton's path when the patch could not serve it."""
+    unserved = obj.__dict__.get(PATCH_ATTR)
+    if type(unserved) is _Unserved:
+        unserved.launches += 1
 
 
 def _patched_run(self, *args, grid, warmup, **kwargs):
@@ -441,6 +496,7 @@ def _patched_run(self, *args, grid, warmup, **kwargs):
         dispatch = _C.patched_dispatch(self)
         if dispatch is not None:
             return dispatch[grid](*args, **kwargs)
+        _count_unserved(self)
     return TRITON_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
 
 
@@ -454,6 +510,7 @@ def _patched_autotuner_run(self, *args, **kwargs):
             grid = kwargs.pop("grid")
             kwargs.pop("warmup", None)
             return dispatch[grid](*args, **kwargs)
+        _count_unserved(self)
     return AUTOTUNER_RUN(self, *args, **kwargs)
 
 
