@@ -336,6 +336,14 @@ static CUresult launch_with_attributes(const DriverApi& api, const LaunchRecord&
     attrs[num_attrs].id = cu::LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
     attrs[num_attrs++].value.int_value = cu::CLUSTER_SCHEDULING_POLICY_SPREAD;
   }
+  // The driver checks grid_x, not the product that makes it: a wrapped product would launch a
+  // few clusters where the grid asked for 2**32 CTAs more.
+  if (uint64_t(grid.x) * record.num_ctas > uint64_t(INT32_MAX)) {
+    throw CudaError(cu::ERROR_INVALID_VALUE, "fastkernel: '" + record.kernel_name + "': grid[0] " +
+                                                 std::to_string(grid.x) + " * num_ctas " +
+                                                 std::to_string(record.num_ctas) + " exceeds " +
+                                                 std::to_string(INT32_MAX));
+  }
   CUlaunchConfig config{};
   config.grid_x = grid.x * record.num_ctas;
   config.grid_y = grid.y;

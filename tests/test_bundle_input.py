@@ -306,6 +306,23 @@ def test_swapped_cubins_fail_the_digest(bundle):
         _C._testing.load_bundle(str(bundle))
 
 
+def test_a_cluster_grid_past_the_driver_limit_is_refused_not_wrapped(bundle, stand_in):
+    """With clusters the launch passes grid[0] * num_ctas to the driver: a product past
+    2**31 - 1 is refused, where 32-bit arithmetic would wrap it to a few CTAs and launch."""
+    lines = manifest_lines(bundle)
+    rewrite(bundle, _replace_entry_field(lines, 7, "2"))  # num_ctas 2
+    x = torch.randn(4096)
+    launcher = _C.BenchBundle(
+        str(bundle), "add_kernel", 0, [("pointer", x.data_ptr())] * 3 + [("int", 4096)]
+    )
+    stand_in.reset()
+    launcher.run((2**30 - 1, 1, 1), 0x5EED5, 1)  # 2**31 - 2 CTAs: launched
+    with pytest.raises(fastkernel.CudaError, match=r"grid\[0\] 2147483649 \* num_ctas 2 exceeds"):
+        launcher.run((2**31 + 1, 1, 1), 0x5EED5, 1)
+    ((launch),) = stand_in.launches()
+    assert launch.grid == (2**31 - 2, 1, 1)
+
+
 def test_a_record_packing_fewer_parameters_than_the_cubin_declares_is_not_launched(
     bundle, stand_in
 ):

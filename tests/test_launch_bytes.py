@@ -435,6 +435,30 @@ def test_global_scratch_comes_from_tritons_allocator(stand_in, triton_allocator)
     assert launch.params[-1] == b"\0" * 8  # profile_scratch: size 0, NULL
 
 
+def test_a_scratch_size_past_64_bits_reaches_the_allocator_exactly(stand_in, triton_allocator):
+    """Triton sizes scratch with Python ints; so does the native launch past 64 bits (no wrap
+    to a small buffer the kernel would overrun)."""
+    k = fastkernel(kernels.device_descriptor_kernel)
+    src, dst = torch.randn(64, 32), torch.empty(64, 32)
+    sizes = []
+
+    def allocator(size, alignment, stream):
+        sizes.append(size)
+        if size > 2**40:
+            raise MemoryError(f"no {size} bytes here")
+        return torch.empty(size + alignment, dtype=torch.int8)
+
+    triton.set_allocator(allocator)
+    k[(1,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)
+    per_cta = k._compiled[-1].metadata.global_scratch_size
+    stand_in.reset()
+    grid = (2**31 - 1, 65535, 65535)
+    with pytest.raises(MemoryError):
+        k[grid](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)
+    assert sizes[-1] == (2**31 - 1) * 65535 * 65535 * per_cta > 2**64
+    assert stand_in.launches() == []
+
+
 # cuda.h: CU_LAUNCH_ATTRIBUTE_{COOPERATIVE=2, CLUSTER_DIMENSION=4,
 # CLUSTER_SCHEDULING_POLICY_PREFERENCE=5, PROGRAMMATIC_STREAM_SERIALIZATION=6};
 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8.

@@ -496,6 +496,21 @@ bool call_launch_hook(const HeldHook& hook, PyObject* metadata) {
   return true;
 }
 
+// scratch_bytes(...) as a Python int, exact where it does not fit 64 bits. A new reference, or
+// nullptr with an exception set.
+PyObject* exact_scratch_bytes(const LaunchGrid& grid, unsigned num_ctas, uint64_t per_cta) {
+  const uint64_t factors[] = {grid.x, grid.y, grid.z, num_ctas, per_cta};
+  Ref product(PyLong_FromUnsignedLongLong(1));
+  for (const uint64_t f : factors) {
+    Ref factor(PyLong_FromUnsignedLongLong(f));
+    if (!product || !factor) {
+      return nullptr;
+    }
+    product.reset(PyNumber_Multiply(product.get(), factor.get()));
+  }
+  return product.release();
+}
+
 // Allocates one scratch buffer of scratch_bytes(...) through the Python allocator. Returns the
 // buffer object (new reference; it must outlive the launch call) and its device pointer, or nullptr
 // with an exception set.
@@ -503,7 +518,9 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
                            const LaunchRecord& rec, const LaunchGrid& grid, CUstream stream,
                            const char* kind, CUdeviceptr* out) {
   const uint64_t bytes = scratch_bytes(grid, rec.num_ctas, per_cta);
-  Ref size(PyLong_FromUnsignedLongLong(bytes));
+  // Past 64 bits the allocator gets the exact size, as Triton's Python ints give it.
+  Ref size(bytes != UINT64_MAX ? PyLong_FromUnsignedLongLong(bytes)
+                               : exact_scratch_bytes(grid, rec.num_ctas, per_cta));
   Ref alignment(PyLong_FromUnsignedLongLong(align));
   Ref stream_handle(PyLong_FromVoidPtr(stream));
   Ref which(PyUnicode_FromString(kind));

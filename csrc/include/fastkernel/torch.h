@@ -150,6 +150,10 @@ inline TensorCall tensor_call(const std::string& kernel, std::initializer_list<A
 inline at::Tensor allocate_scratch(const LaunchGrid& grid, unsigned num_ctas, uint64_t per_cta,
                                    uint64_t align, int device, CUdeviceptr* pointer) {
   const uint64_t bytes = scratch_bytes(grid, num_ctas, per_cta);
+  if (bytes > uint64_t(INT64_MAX) - align) {
+    throw std::invalid_argument("fastkernel: the grid's scratch buffer (" +
+                                std::to_string(per_cta) + " bytes per CTA) exceeds 2**63 bytes");
+  }
   const c10::Device where = testing::host_tensors()
                                 ? c10::Device(c10::DeviceType::CPU)
                                 : c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(device));
@@ -167,8 +171,8 @@ inline at::Tensor allocate_scratch(const LaunchGrid& grid, unsigned num_ctas, ui
 ///
 /// Throws, in this order: fastkernel::BundleError (no entry matches the arguments' count and
 /// kinds; the message lists the bundle's entries), std::invalid_argument (a bad tensor argument,
-/// named by position), std::runtime_error (no stream given and torch has no CUDA support),
-/// fastkernel::CudaError (the driver failed).
+/// named by position, or a grid whose scratch buffer exceeds 2**63 bytes), std::runtime_error (no
+/// stream given and torch has no CUDA support), fastkernel::CudaError (the driver failed).
 inline void launch(Bundle& bundle, const std::string& kernel, const LaunchGrid& grid,
                    std::initializer_list<Arg> args, std::optional<CUstream> stream = std::nullopt) {
   TensorCall call = tensor_call(kernel, args);

@@ -17,9 +17,17 @@ struct LaunchGrid {
 
 /// Bytes of one scratch buffer for a launch on `grid`: every CTA of the grid, times num_ctas,
 /// times `per_cta` bytes (Triton's sizing: third_party/nvidia/backends/driver.py, the launcher's
-/// global and profile scratch allocation).
+/// global and profile scratch allocation). Saturates at UINT64_MAX, a size no allocator gives,
+/// where the product does not fit 64 bits (Triton computes it with Python ints).
 inline uint64_t scratch_bytes(const LaunchGrid& grid, unsigned num_ctas, uint64_t per_cta) {
-  return uint64_t(grid.x) * grid.y * grid.z * num_ctas * per_cta;
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(uint64_t(grid.x), uint64_t(grid.y), &bytes) ||
+      __builtin_mul_overflow(bytes, uint64_t(grid.z), &bytes) ||
+      __builtin_mul_overflow(bytes, uint64_t(num_ctas), &bytes) ||
+      __builtin_mul_overflow(bytes, per_cta, &bytes)) {
+    return UINT64_MAX;
+  }
+  return bytes;
 }
 
 /// Writes one parameter of type `type` from `value` into `slot` (8 bytes, zeroed first).
