@@ -11,6 +11,8 @@ import warnings
 import kernels
 import pytest
 import torch
+from conftest import TEST_STREAM
+from triton_reference import TritonReference
 
 from fastkernel import CudaError, fastkernel
 
@@ -156,6 +158,24 @@ def test_a_strided_tensor_without_storage_keeps_torchs_error(add, stand_in):
     with pytest.raises(RuntimeError, match="add_kernel: Cannot access data pointer of Tensor"):
         torch.func.vmap(call)(torch.zeros(2, 64))
     assert stand_in.launches() == []
+
+
+@pytest.mark.parametrize("name", ["num_warps", "BLOCK"])
+def test_a_keyword_repeated_in_a_hand_built_kwnames_takes_tritons_path(add, stand_in, name):
+    """Only a C caller can pass one keyword twice (CPython's call syntax never does): 70 times
+    here, past the native buffer of set options. The call is not bound natively; Triton's path
+    takes it, where **kwargs keeps the last value, and it is counted with its reason."""
+    _testcapi = pytest.importorskip("_testcapi")
+    values = {"num_warps": (1,) * 69 + (2,), "BLOCK": (16,) * 69 + (64,)}[name]
+    kwnames = (name,) * 70 + (("BLOCK",) if name == "num_warps" else ())
+    args = (X, X, X, 64, *values) + ((64,) if name == "num_warps" else ())
+    with TritonReference(stand_in, TEST_STREAM):
+        _testcapi.pyobject_vectorcall(add[(1,)], args, kwnames)
+    (launch,) = stand_in.launches()
+    assert launch.block == ((64, 1, 1) if name == "num_warps" else (128, 1, 1))
+    stats = add.stats()
+    assert stats["fallbacks"] == 1
+    assert stats["fallback_reasons"] == {"a keyword given twice in one call's kwnames": 1}
 
 
 def test_failed_launch_names_the_cuda_error_and_kernel(add, stand_in):

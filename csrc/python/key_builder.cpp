@@ -39,19 +39,28 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
 }
 
 // Binds the keywords of `kwnames` (after `nargs` positional arguments) to parameters and
-// compile options into kernel->state->keywords, raising Python's TypeError for a name that is
-// neither or a parameter given twice, in keyword order. Once per call site: later calls passing
-// the same kwnames tuple reuse the binding.
-[[gnu::cold]] bool bind_keywords(KernelObject* kernel, PyObject* kwnames, Py_ssize_t nargs) {
+// compile options into kernel->state->keywords; true when bound. Once per call site: later
+// calls passing the same kwnames tuple reuse the binding. False with Python's TypeError set for
+// a name that is neither or a parameter also given by position, in keyword order; false with
+// call->fallback_reason set for a name repeated within `kwnames` (a tuple CPython never builds,
+// only a C caller can), which Triton's path takes, where **kwargs keeps the last value.
+[[gnu::cold]] bool bind_keywords(KernelObject* kernel, PyObject* kwnames, Py_ssize_t nargs,
+                                 BoundCall* call) {
   KernelState& st = *kernel->state;
   const int num_params = int(st.params.size());
   const int num_options = int(st.option_names.size());
   const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
   std::vector<int16_t> slots(size_t(nkw), 0);
   std::vector<bool> bound(size_t(num_params), false);
+  std::vector<bool> by_keyword(size_t(num_params), false);
+  std::vector<bool> option_given(size_t(num_options), false);
   for (int i = 0; i < num_params && i < nargs; ++i) {
     bound[size_t(i)] = true;
   }
+  const auto repeated = [&] {
+    call->fallback_reason = "a keyword given twice in one call's kwnames";
+    return false;
+  };
   for (Py_ssize_t k = 0; k < nkw; ++k) {
     PyObject* kw = PyTuple_GET_ITEM(kwnames, k);
     int index = find_interned(kw, st.param_names.data(), num_params);
@@ -63,11 +72,14 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
       }
     }
     if (index >= 0) {
+      if (by_keyword[size_t(index)]) {
+        return repeated();
+      }
       if (bound[size_t(index)]) {
         PyErr_Format(PyExc_TypeError, "%U got multiple values for argument '%U'", kernel->name, kw);
         return false;
       }
-      bound[size_t(index)] = true;
+      bound[size_t(index)] = by_keyword[size_t(index)] = true;
       slots[size_t(k)] = int16_t(index);
       continue;
     }
@@ -78,8 +90,10 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
                    kernel->name, kw);
       return false;
     }
-    // CPython rejects a keyword given twice before the call; an option repeated anyway (a
-    // hand-built kwnames tuple) keeps its last value, as a dict would.
+    if (option_given[size_t(option)]) {
+      return repeated();
+    }
+    option_given[size_t(option)] = true;
     slots[size_t(k)] = int16_t(-1 - option);
   }
   KeywordBinding& binding = st.keywords;
@@ -828,8 +842,8 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   if (kwnames != nullptr) {
     const KeywordBinding& binding = st.keywords;
     if ((kwnames != binding.kwnames || nargs != binding.nargs) &&
-        !bind_keywords(kernel, kwnames, nargs)) {
-      return KeyStatus::Error;
+        !bind_keywords(kernel, kwnames, nargs, call)) {
+      return call->fallback_reason != nullptr ? KeyStatus::Fallback : KeyStatus::Error;
     }
     const uint64_t generation = binding.generation;
     call->keyword_generation = generation;
