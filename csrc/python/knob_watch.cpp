@@ -51,6 +51,11 @@ void set_hook(LaunchHook* hook, PyObject* calls, bool reversed, PyObject* callab
   Py_XSETREF(hook->callable, callable == Py_None ? nullptr : Py_NewRef(callable));
 }
 
+// Where a hook list's size is kept (read on every launch), or kNoHooks without a list.
+const Py_ssize_t* list_size(PyObject* list) {
+  return list != nullptr ? &reinterpret_cast<PyVarObject*>(list)->ob_size : &kNoHooks;
+}
+
 }  // namespace
 
 const KnobState* knob_watch_detail::refresh() {
@@ -76,6 +81,9 @@ const KnobState* knob_watch_detail::refresh() {
     state.native_disabled = disabled != 0;
     set_hook(&state.enter, enter, enter_reversed != 0, enter_callable);
     set_hook(&state.exit, exit, exit_reversed != 0, exit_callable);
+    state.any_hook_callable = state.enter.callable != nullptr || state.exit.callable != nullptr;
+    state.hook_list_sizes[0] = list_size(state.enter.calls);
+    state.hook_list_sizes[1] = list_size(state.exit.calls);
     mark_clean();
   }
   Py_DECREF(result);

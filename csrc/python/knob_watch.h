@@ -16,18 +16,23 @@ struct LaunchHook {
   PyObject* calls = nullptr;     ///< the HookChain's `calls` list (owned), or nullptr
   bool reversed = false;         ///< the HookChain's `reversed`
   PyObject* callable = nullptr;  ///< a plain callable set as the hook (owned), or nullptr
-
-  bool active() const {
-    return callable != nullptr || (calls != nullptr && PyList_GET_SIZE(calls) > 0);
-  }
 };
+
+namespace knob_watch_detail {
+inline constexpr Py_ssize_t kNoHooks = 0;  ///< the list size read for a hook with no list
+}
 
 /// The knob state a launch uses.
 struct KnobState {
-  uint64_t key_word = 0;         ///< identifies the binary-changing knob values (0 until set)
-  bool native_disabled = false;  ///< a knob the native path cannot honour is set: use Triton's
-  LaunchHook enter;              ///< knobs.runtime.launch_enter_hook
-  LaunchHook exit;               ///< knobs.runtime.launch_exit_hook
+  uint64_t key_word = 0;           ///< identifies the binary-changing knob values (0 until set)
+  bool native_disabled = false;    ///< a knob the native path cannot honour is set: use Triton's
+  LaunchHook enter;                ///< knobs.runtime.launch_enter_hook
+  LaunchHook exit;                 ///< knobs.runtime.launch_exit_hook
+  bool any_hook_callable = false;  ///< a plain callable is set as either hook
+  /// The sizes of the enter and exit HookChains' live lists (hooks can be added to a chain
+  /// without a knob changing), or kNoHooks: read on every launch without a branch per hook.
+  const Py_ssize_t* hook_list_sizes[2] = {&knob_watch_detail::kNoHooks,
+                                          &knob_watch_detail::kNoHooks};
 };
 
 /// Watches `dicts` (the knobs objects' __dict__s) and calls `refresh()` whenever one changed
@@ -85,6 +90,8 @@ inline const KnobState* current_knobs() {
 }
 
 /// Whether a launch hook would run now (a non-empty HookChain or a plain callable).
-inline bool hooks_active(const KnobState& s) { return s.enter.active() || s.exit.active(); }
+inline bool hooks_active(const KnobState& s) {
+  return s.any_hook_callable || (*s.hook_list_sizes[0] | *s.hook_list_sizes[1]) != 0;
+}
 
 }  // namespace fastkernel
