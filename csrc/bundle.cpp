@@ -200,6 +200,10 @@ void check_plan(const BundleEntry& entry, const Fail& fail) {
     fail("the parameter plan has " + std::to_string(plan.size()) +
          " parameters; the argument patterns make " + std::to_string(slot));
   }
+  if (plan.size() + 2 > size_t(kMaxLaunchParams)) {
+    fail("the parameter plan has " + std::to_string(plan.size()) + " parameters; a launch packs " +
+         "at most " + std::to_string(kMaxLaunchParams - 2) + " besides the scratch pointers");
+  }
 }
 
 bool parse_type(const std::string& type, ParamType* out) { return parse_param_type(type, out); }

@@ -14,8 +14,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace fastkernel {
 namespace {
 
-constexpr int kMaxParams = 256;
-
 // Tensor maps of host descriptor arguments, per thread rather than on the stack so that a launch
 // without descriptors keeps a small frame. Nothing between packing and the driver call runs
 // other code on this thread, so one buffer per thread is enough.
@@ -252,11 +250,11 @@ void pack_param(ParamType type, const ArgValue& v, void* slot) {
 void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
             const ArgValue* args, CUdeviceptr global_scratch, CUdeviceptr profile_scratch) {
   const size_t n = record.plan.size();
-  if (n + 2 > size_t(kMaxParams)) {
+  if (n + 2 > size_t(kMaxLaunchParams)) {
     throw ParamError(-1, false, "too many kernel parameters");
   }
-  alignas(16) uint64_t storage[kMaxParams];
-  void* params[kMaxParams];
+  alignas(16) uint64_t storage[kMaxLaunchParams];
+  void* params[kMaxLaunchParams];
   size_t num_tensor_maps = 0;
   const PackSlot* plan = record.plan.data();
   for (size_t i = 0; i < n; ++i) {

@@ -156,6 +156,18 @@ def test_malformed_manifests_are_refused(bundle, mutate, message):
         _C._testing.load_bundle(str(bundle))
 
 
+def test_an_entry_packing_more_parameters_than_a_launch_holds_is_refused(bundle):
+    """255 pointer arguments, each passed: consistent and re-digested, but more than the 254
+    parameters (besides the two scratch pointers) a launch packs. Refused at load, where every
+    launch would otherwise raise."""
+    lines = manifest_lines(bundle)
+    start, end = first(lines, "arg"), first(lines, "digest")
+    wide = [lines[start]] * 255 + [f"plan {i} *fp32" for i in range(255)]
+    rewrite(bundle, lines[:start] + wide + lines[end:])
+    with pytest.raises(RuntimeError, match="255 parameters; a launch packs at most 254"):
+        _C._testing.load_bundle(str(bundle))
+
+
 def test_a_truncated_manifest_is_refused(bundle):
     lines = manifest_lines(bundle)
     rewrite(bundle, lines[: first(lines, "digest") - 1])

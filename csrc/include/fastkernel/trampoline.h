@@ -15,6 +15,11 @@ struct LaunchGrid {
   uint32_t x = 1, y = 1, z = 1;
 };
 
+/// The most parameters one launch packs, the two scratch pointers included (the trampoline's
+/// on-stack parameter buffers). Triton's launcher has no such bound; a Triton kernel near it
+/// has far more arguments than fastkernel's Python path takes.
+constexpr int kMaxLaunchParams = 256;
+
 /// Bytes of one scratch buffer for a launch on `grid`: every CTA of the grid, times num_ctas,
 /// times `per_cta` bytes (Triton's sizing: third_party/nvidia/backends/driver.py, the launcher's
 /// global and profile scratch allocation). Saturates at UINT64_MAX, a size no allocator gives,
