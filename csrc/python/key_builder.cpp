@@ -52,7 +52,6 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
   const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
   std::vector<int16_t> slots(size_t(nkw), 0);
   std::vector<bool> bound(size_t(num_params), false);
-  std::vector<bool> by_keyword(size_t(num_params), false);
   std::vector<bool> option_given(size_t(num_options), false);
   for (int i = 0; i < num_params && i < nargs; ++i) {
     bound[size_t(i)] = true;
@@ -72,14 +71,14 @@ int find_by_value(PyObject* name, PyObject* const* names, int count) {
       }
     }
     if (index >= 0) {
-      if (by_keyword[size_t(index)]) {
-        return repeated();
-      }
       if (bound[size_t(index)]) {
+        if (index >= nargs) {
+          return repeated();  // bound by an earlier keyword, not by position
+        }
         PyErr_Format(PyExc_TypeError, "%U got multiple values for argument '%U'", kernel->name, kw);
         return false;
       }
-      bound[size_t(index)] = by_keyword[size_t(index)] = true;
+      bound[size_t(index)] = true;
       slots[size_t(k)] = int16_t(index);
       continue;
     }
