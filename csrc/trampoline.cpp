@@ -336,11 +336,11 @@ static CUresult launch_with_attributes(const DriverApi& api, const LaunchRecord&
   }
   // The driver checks grid_x, not the product that makes it: a wrapped product would launch a
   // few clusters where the grid asked for 2**32 CTAs more.
-  if (uint64_t(grid.x) * record.num_ctas > uint64_t(INT32_MAX)) {
+  if (uint64_t(grid.x) * record.num_ctas > kMaxGridX) {
     throw CudaError(cu::ERROR_INVALID_VALUE, "fastkernel: '" + record.kernel_name + "': grid[0] " +
                                                  std::to_string(grid.x) + " * num_ctas " +
                                                  std::to_string(record.num_ctas) + " exceeds " +
-                                                 std::to_string(INT32_MAX));
+                                                 std::to_string(kMaxGridX));
   }
   CUlaunchConfig config{};
   config.grid_x = grid.x * record.num_ctas;

@@ -65,8 +65,7 @@ class Ref {
   PyObject* p_;
 };
 
-// CUDA's limits on grid dimensions (CUDA C Programming Guide, "Compute Capabilities").
-constexpr uint64_t kMaxGridX = 2147483647ull;
+// CUDA's limit on grid dimensions y and z (x: kMaxGridX, fastkernel/trampoline.h).
 constexpr uint64_t kMaxGridYZ = 65535ull;
 
 // The largest value grid dimension `axis` may take.

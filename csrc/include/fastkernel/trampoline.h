@@ -15,6 +15,10 @@ struct LaunchGrid {
   uint32_t x = 1, y = 1, z = 1;
 };
 
+/// CUDA's limit on grid dimension x, in CTAs: with clusters it bounds grid x times num_ctas (CUDA
+/// C Programming Guide, "Compute Capabilities"; cuLaunchKernelEx's gridDimX).
+constexpr uint64_t kMaxGridX = 2147483647ull;
+
 /// The most parameters one launch packs, the two scratch pointers included (the trampoline's
 /// on-stack parameter buffers). Triton's launcher has no such bound; a Triton kernel near it
 /// has far more arguments than fastkernel's Python path takes.
