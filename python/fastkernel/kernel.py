@@ -208,6 +208,12 @@ def _warm_spec_problem(
     return None
 
 
+def stats_name(fn: Any, suffix: str = "") -> str:
+    """A kernel's name in :func:`stats`: its Python function's ``module.qualname``, then
+    ``suffix``."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}{suffix}"
+
+
 class StatsSource(Protocol):
     """What :func:`stats` reads: native dispatches, and kernels the patch could not serve."""
 
@@ -354,9 +360,11 @@ class NativeDispatch(_C.Kernel):
         self._set_capacity(capacity)
         _KERNELS.add(self)
 
+    #: Appended to the kernel's name in :func:`stats` (the patch's autotuners and heuristics).
+    _stats_suffix = ""
+
     def _stats_name(self) -> str:
-        fn = self.jit_function.fn
-        return f"{fn.__module__}.{fn.__qualname__}"
+        return stats_name(self.jit_function.fn, self._stats_suffix)
 
     def stats(self) -> dict[str, Any]:
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``

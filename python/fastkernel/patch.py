@@ -56,6 +56,7 @@ from .kernel import (
     NativeDispatch,
     _params_spec,
     install_triton_watch,
+    stats_name,
     uninstall_triton_watch,
 )
 
@@ -130,8 +131,7 @@ class PatchedAutotuner(NativeDispatch):
     def __repr__(self) -> str:
         return f"PatchedAutotuner({self._stats_name()})"
 
-    def _stats_name(self) -> str:
-        return super()._stats_name() + " [triton.autotune]"
+    _stats_suffix = " [triton.autotune]"
 
     @staticmethod
     def config_params(autotuner: Autotuner) -> tuple[str, ...] | None:
@@ -332,8 +332,7 @@ class PatchedHeuristics(NativeDispatch):
     def __repr__(self) -> str:
         return f"PatchedHeuristics({self._stats_name()})"
 
-    def _stats_name(self) -> str:
-        return super()._stats_name() + " [triton.heuristics]"
+    _stats_suffix = " [triton.heuristics]"
 
     def _not_native(
         self, read: set[str], seen: dict[str, Any], values: dict[str, Any]
@@ -423,14 +422,15 @@ class _Unserved:
     counted in :func:`fastkernel.stats` as a fallback under ``reason``."""
 
     def __init__(self, obj: Any, reason: str):
-        fn, suffix = obj, ""
+        suffix = ""
         if isinstance(obj, Autotuner):
-            suffix = " [triton.autotune]"
+            suffix = PatchedAutotuner._stats_suffix
         elif isinstance(obj, TritonHeuristics):
-            suffix = " [triton.heuristics]"
+            suffix = PatchedHeuristics._stats_suffix
+        fn = obj
         while getattr(fn, "fn", None) is not None:  # Autotuner -> JITFunction -> function
             fn = fn.fn
-        self.name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}{suffix}"
+        self.name = stats_name(fn, suffix)
         self.reason = reason
         self.launches = 0
         _KERNELS.add(self)
