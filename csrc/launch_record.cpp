@@ -1,5 +1,6 @@
 // Loads a compiled specialization into a device's primary context and resolves its function,
 // once, at registration: the per-call path only reads the resulting launch record.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -174,6 +175,7 @@ void fill_launch_record(const LaunchFacts& facts, int max_args, LaunchRecord* re
       fail("parameter plan index out of range");
     }
     rec->plan.push_back({uint16_t(arg_index), pt});
+    rec->values_read = std::max(rec->values_read, arg_index + 1);
   }
   // Each "nvTmaDesc" parameter reads its descriptor's leaves from its plan index on.
   size_t map_slots = 0;
@@ -199,6 +201,7 @@ void fill_launch_record(const LaunchFacts& facts, int max_args, LaunchRecord* re
         map.swizzle < 0 || map.swizzle > 3) {
       fail("malformed tensor map description for " + name);
     }
+    rec->values_read = std::max(rec->values_read, slot.arg_index + descriptor_leaves(spec.rank));
     spec.data_type = map.data_type;
     spec.elem_size = map.elem_size;
     spec.swizzle = map.swizzle;

@@ -230,3 +230,27 @@ def test_a_record_with_tuned_args_of_another_length_is_refused(stand_in):
         _C.LaunchRecord(facts, meta.cubin, None, tuned_args=[None] * 5)
     with pytest.raises(TypeError, match="global checks are"):
         _C.LaunchRecord(facts, meta.cubin, None, global_checks=(("g", 1),))
+
+
+def test_a_record_reading_argument_slots_the_call_did_not_bind_is_refused(stand_in):
+    """A record inserted under the key of a call that binds fewer argument slots than its plan
+    reads (here: slot 5, the first tuple leaf, for add_kernel's five parameters and no tuple)
+    raises RuntimeError on the hit and launches nothing: its packing would read slots the call
+    never filled."""
+    from fastkernel import _C
+
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+    key = next(iter(k._registrations))
+    _target, spec, meta = k._registrations[key]
+    plan = list(spec.plan)
+    assert plan[-1][0] == 3  # n
+    plan[-1] = (5, plan[-1][1])
+    facts = _C.LaunchFacts(kernel_name=meta.name, device=0, block_x=meta.block_x, plan=plan)
+    k._clear_records()
+    k._insert(key, _C.LaunchRecord(facts, meta.cubin, None))
+    launches = stand_in.launch_count()
+    with pytest.raises(RuntimeError, match="reads 6 argument slots but the call binds 5"):
+        k[(1,)](x, x, x, 64, BLOCK=64)
+    assert stand_in.launch_count() == launches

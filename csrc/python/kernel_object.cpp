@@ -311,6 +311,17 @@ bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t n
   launch(rec, grid, stream, args, global_scratch, profile_scratch);
 }
 
+// A record whose plan reads argument slots this call did not bind: refused, never packed.
+[[gnu::noinline, gnu::cold]] PyObject* unbound_slots_error(KernelObject* kernel,
+                                                           const LaunchRecord& rec,
+                                                           const BoundCall& call) {
+  PyErr_Format(PyExc_RuntimeError,
+               "%U: the launch record for this specialization reads %d argument slots but the "
+               "call binds %d; it was registered under a key it was not compiled for",
+               kernel->name, rec.values_read, int(kernel->state->params.size()) + call.num_leaves);
+  return nullptr;
+}
+
 // Gives the parameters a tuned config provides (absent from the call) the record's values, so
 // the callable grid and the hooks see them as Triton's autotuner passes them.
 void fill_tuned_args(const KernelState& st, const LaunchRecord& rec, BoundCall* call) {
@@ -678,6 +689,11 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     // From here Python runs (globals' __eq__, a callable grid, the scratch allocator, hooks) and
     // may launch this kernel again; the pin keeps `rec` from being evicted under us.
     const RecordPin pin(rec);
+    if (C10_UNLIKELY(rec->leaves_read > call.num_leaves)) {
+      // Only a record inserted under a key it was not compiled for reads past what the call
+      // bound (its plan names tuple leaves the call does not have); never pack those slots.
+      return unbound_slots_error(kernel, *rec, call);
+    }
     if (C10_UNLIKELY(st.hit_extras)) {
       if (st.has_config_params) {
         fill_tuned_args(st, *rec, &call);

@@ -7,6 +7,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -149,6 +150,7 @@ const LaunchRecord* insert_loaded(KernelObject* kernel, const SpecializationKey&
     PyObject* checks = loaded.global_checks.ptr();
     Py_XSETREF(kernel->global_checks, PyTuple_GET_SIZE(checks) ? Py_NewRef(checks) : nullptr);
   }
+  loaded.record->leaves_read = std::max(0, rec.values_read - int(num_params));
   return kernel->state->table.insert(key, std::move(loaded.record));
 }
 

@@ -61,6 +61,12 @@ struct LaunchRecord {
   bool pdl = false;                        ///< programmatic dependent launch
   std::vector<PackSlot> plan;              ///< declared non-constexpr parameters, in order
   std::vector<TensorMapSpec> tensor_maps;  ///< one per ParamType::TensorMap slot of `plan`
+  /// Bound-argument slots a launch reads: one past the highest plan index or descriptor leaf.
+  /// A caller whose bound call filled fewer slots must not launch the record.
+  int values_read = 0;
+  /// values_read less the declared parameters of the kernel whose table holds the record (the
+  /// tuple and descriptor leaves it reads), set at insertion; the hit compares it to the call's.
+  int leaves_read = 0;
   int num_scratch_params = 2;  ///< pointers the installed Triton appends: 0 (<=3.2), 1 (3.3-3.4), 2
   uint64_t global_scratch_size = 0;  ///< bytes per CTA; > 0 needs an allocation per launch
   uint64_t global_scratch_align = 1;
