@@ -245,3 +245,21 @@ def flag_kernel(out_ptr, FLAG: tl.constexpr, BLOCK: tl.constexpr):
     # A constexpr that is a fill value: Triton compiles numpy scalars and enum members here.
     offs = tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.full([BLOCK], FLAG, tl.float32))
+
+
+@triton.jit
+def scaled_kernel(x_ptr, out_ptr, n, scale=2.0, BLOCK: tl.constexpr = 128):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * scale, mask=mask)
+
+
+@triton.jit
+def optional_add_kernel(x_ptr, y_ptr, out_ptr, n, HAS_Y: tl.constexpr, BLOCK: tl.constexpr):
+    # y_ptr may be None (then a constexpr): libraries pick the branch with a heuristic.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    if HAS_Y:
+        x = x + tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x, mask=mask)

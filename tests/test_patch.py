@@ -9,6 +9,7 @@ import enum
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import pathlib
 import re
@@ -869,7 +870,7 @@ def _grid_by_block(meta):
 
 def test_a_call_of_triton_heuristics_is_one_native_hit(stand_in):
     # BLOCK follows n, so n joins the key by value; each launch is the one Triton makes.
-    heuristic = triton.heuristics({"BLOCK": lambda args: 256 if args["n"] <= N // 2 else 1024})(
+    heuristic = triton.heuristics({"BLOCK": lambda args: 256 if args["n"] <= 2048 else 1024})(
         _fresh_add_kernel()
     )
     _KEPT.append(heuristic)
@@ -891,9 +892,6 @@ def test_a_call_of_triton_heuristics_is_one_native_hit(stand_in):
     assert [launch.grid[0] for launch in ours] == [4, 8, 4, 8, 4]
 
 
-_KEY_NAME = "n"
-
-
 @pytest.mark.parametrize(
     "values, call_kwargs, reason",
     [
@@ -913,7 +911,7 @@ _KEY_NAME = "n"
             "a heuristic reads its arguments as a whole",
         ),
         (
-            {"BLOCK": lambda args: 1024 if args[_KEY_NAME] > 8 else 256},
+            {"BLOCK": lambda args: 1024 if args["nn"[1:]] > 8 else 256},  # spells "nn"
             {},
             "a heuristic reads 'n', which its code does not name",
         ),
@@ -941,5 +939,160 @@ def test_heuristics_the_key_cannot_follow_run_through_triton(
     for launch in stand_in.launches():
         assert_same_launch(launch, theirs)
     assert stats["fallbacks"] == 2 and stats["hits"] == 0
+    (counted,) = stats["fallback_reasons"]
+    assert counted.startswith(reason), counted
+
+
+def test_a_heuristic_testing_an_argument_for_none_is_one_native_hit(stand_in):
+    # flash-linear-attention's most common heuristic: which arguments are None is in the key,
+    # so a tensor read only by `is not None` keeps the call native.
+    heuristic = triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})(
+        JITFunction(kernels.optional_add_kernel.fn)
+    )
+    _KEPT.append(heuristic)
+    x, y, out = _tensors()
+    calls = (y, None, y, None, y)
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = {
+            b is None: reference.launch(heuristic, (4,), x, b, out, N, BLOCK=1024)
+            for b in (y, None)
+        }
+    stand_in.reset()
+    with fastkernel.patched():
+        for b in calls:
+            heuristic[(4,)](x, b, out, N, BLOCK=1024)
+        stats = _stats_of(heuristic)
+    ours = stand_in.launches()
+    assert len(ours) == len(calls)
+    for b, launch in zip(calls, ours):
+        assert_same_launch(launch, theirs[b is None])
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
+
+
+def test_a_heuristic_sees_whether_an_argument_was_passed(stand_in):
+    # Triton's Heuristics.run passes only the arguments given: `scale` left out (default 2.0)
+    # and `scale=2.0` passed are different inputs to the heuristic, so different keys.
+    heuristic = triton.heuristics(
+        {"BLOCK": lambda args: 1024 if args.get("scale", 1.0) == 2.0 else 256}
+    )(JITFunction(kernels.scaled_kernel.fn))
+    _KEPT.append(heuristic)
+    x, _, out = _tensors()
+    calls = ((), (2.0,), (), (2.0,), ())
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = {
+            extra: reference.launch(heuristic, _grid_by_block, x, out, N, *extra)
+            for extra in ((), (2.0,))
+        }
+    stand_in.reset()
+    with fastkernel.patched():
+        for extra in calls:
+            heuristic[_grid_by_block](x, out, N, *extra)
+        stats = _stats_of(heuristic)
+    ours = stand_in.launches()
+    assert [launch.grid[0] for launch in ours] == [16, 4, 16, 4, 16]
+    for extra, launch in zip(calls, ours):
+        assert_same_launch(launch, theirs[extra])
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
+
+
+def _jumps_on_none(args):
+    if args["h0"] is None:
+        return 1
+    return 2
+
+
+def _reads_h0_twice(args):
+    return args["h0"] is not None and args["h0"].shape[0] > 2
+
+
+@pytest.mark.parametrize(
+    "fn, identity_only, outside",
+    [
+        (lambda args: args["h0"] is not None, {"h0"}, None),
+        (_jumps_on_none, {"h0"}, None),
+        (_reads_h0_twice, set(), None),  # one read is not an identity test
+        (lambda args: None is args["h0"], set(), None),  # a form not recognised: not trusted
+        (lambda args: min(triton.next_power_of_2(args["n"]), 1024), set(), None),
+        (lambda args: triton.cdiv(args["n"], 2) + math.ceil(args["n"] / 3), set(), None),
+        (lambda args: sum(args[k] for k in ("a", "b")), set(), None),
+        (lambda args: N, set(), "reads 'N', which the key does not hold"),
+        (lambda args: math.pi, set(), "reads 'math.pi', which the key does not hold"),
+        (lambda args: __import__("os"), set(), "reads '__import__', which the key does not hold"),
+    ],
+    ids=[
+        "is-not-none",
+        "jump-if-none",
+        "other-use",
+        "reversed",
+        "pure-calls",
+        "math",
+        "comprehension",
+        "global",
+        "module-constant",
+        "import",
+    ],
+)
+def test_heuristic_code_analysis(fn, identity_only, outside):
+    from fastkernel import _heuristic_code
+
+    reads = _heuristic_code.analyze(fn)
+    assert reads.identity_only == identity_only
+    assert reads.outside == outside
+
+
+_SMALL_BLOCKS = {"on": False}
+
+
+def _closure_heuristic():
+    switch = _SMALL_BLOCKS
+    return lambda args: 256 if switch["on"] else 1024
+
+
+@pytest.mark.parametrize(
+    "heuristic_fn, reason",
+    [
+        (
+            lambda args: 256 if _SMALL_BLOCKS["on"] else 1024,
+            "the heuristic for 'BLOCK' reads '_SMALL_BLOCKS', which the key does not hold",
+        ),
+        (
+            lambda args: 256 if torch.are_deterministic_algorithms_enabled() else 1024,
+            "the heuristic for 'BLOCK' reads 'torch.are_deterministic_algorithms_enabled'",
+        ),
+        (_closure_heuristic(), "the heuristic for 'BLOCK' reads closure variable 'switch'"),
+    ],
+    ids=["global", "torch-state", "closure"],
+)
+def test_a_heuristic_reading_state_outside_its_arguments_never_serves_a_stale_value(
+    heuristic_fn, reason, stand_in
+):
+    heuristic = triton.heuristics({"BLOCK": heuristic_fn})(_fresh_add_kernel())
+    _KEPT.append(heuristic)
+    x, y, out = _tensors()
+    states = (False, True, False, True)
+
+    def set_state(on: bool) -> None:
+        _SMALL_BLOCKS["on"] = on
+        torch.use_deterministic_algorithms(on)
+
+    try:
+        with TritonReference(stand_in, TEST_STREAM) as reference:
+            theirs = {}
+            for on in (False, True):
+                set_state(on)
+                theirs[on] = reference.launch(heuristic, _grid_by_block, x, y, out, N)
+        stand_in.reset()
+        with fastkernel.patched():
+            for on in states:
+                set_state(on)
+                heuristic[_grid_by_block](x, y, out, N)
+            stats = _stats_of(heuristic)
+    finally:
+        set_state(False)
+    ours = stand_in.launches()
+    assert [launch.grid[0] for launch in ours] == [4, 16, 4, 16]
+    for on, launch in zip(states, ours):
+        assert_same_launch(launch, theirs[on])
+    assert stats["fallbacks"] == len(states) and stats["hits"] == 0
     (counted,) = stats["fallback_reasons"]
     assert counted.startswith(reason), counted

@@ -791,6 +791,9 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
       PyErr_Format(PyExc_TypeError, "%U missing required argument '%U'", kernel->name, param.name);
       return KeyStatus::Error;
     }
+    if (C10_UNLIKELY(param.tune & kTuneValue)) {
+      key.push(uint64_t(ArgKind::TuneDefaulted));
+    }
   }
   call->args[i] = v;
   if (param.is_constexpr) {

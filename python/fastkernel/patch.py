@@ -45,7 +45,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import _C, SUPPORTED_TRITON, _env
+from . import _C, SUPPORTED_TRITON, _env, _heuristic_code
 from . import _triton_abi as abi
 from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_VALUE
 from .kernel import (
@@ -214,17 +214,6 @@ class PatchedAutotuner(NativeDispatch):
         return result
 
 
-def _names_in_code(code: types.CodeType) -> set[str]:
-    """Every string constant of a code object and the code objects nested in it."""
-    names: set[str] = set()
-    for const in code.co_consts:
-        if isinstance(const, str):
-            names.add(const)
-        elif isinstance(const, types.CodeType):
-            names |= _names_in_code(const)
-    return names
-
-
 class _RecordedArguments(dict):
     """The mapping a heuristic function receives (a dict, as Triton passes), noting each name
     it reads; reading it as a whole (iteration, ``len``, views, a copy, a comparison, ``repr``,
@@ -285,24 +274,37 @@ class PatchedHeuristics(NativeDispatch):
     under :func:`patch`: each computed value is compiled into the launch record of its key, so a
     call is one native hit.
 
-    The key is the kernel's own plus the exact value of every parameter whose name a heuristic
-    function's code spells (its string constants, nested functions included). On a miss the
-    functions run as Triton runs them (``Heuristics.run``: each sees the positional arguments by
-    name, the keywords, ``grid`` and ``warmup``, and the values computed before it) on a mapping
-    that notes what they read; the record is registered only when every read is a parameter the
-    key holds by value (an int, float, bool or None, or a constexpr), an earlier value, a
-    compile option passed by keyword, or ``warmup``. Anything else (a tensor, a tuple, the grid,
-    a name the code does not spell, reading the mapping as a whole, a computed parameter passed
-    by the caller) sends that call through Triton's ``Heuristics.run``, counted with the reason;
-    its launch underneath is still native.
+    The key is the kernel's own plus, for every parameter whose name a heuristic function's code
+    spells (its string constants, nested functions included), its exact value and whether the
+    call passed it (Triton's ``Heuristics.run`` passes the functions only the arguments given).
+    On a miss the functions run as Triton runs them (each sees the positional arguments by name,
+    the keywords, ``grid`` and ``warmup``, and the values computed before it) on a mapping that
+    notes what they read; the record is registered only when every read is a parameter the key
+    holds by value (an int, float, bool or None, or a constexpr), a parameter the code only
+    compares with None by identity (``args["h0"] is not None``: the key holds which arguments
+    are None), an earlier value, a compile option passed by keyword, or ``warmup``. Anything
+    else (a tensor read otherwise, a tuple, the grid, a name the code does not spell, reading
+    the mapping as a whole, a computed parameter passed by the caller) sends that call through
+    Triton's ``Heuristics.run``, counted with the reason; its launch underneath is still native.
+    So does every call of a function whose code may read state outside its arguments (a global
+    other than a pure built-in, ``math`` function, ``triton.cdiv`` or ``triton.next_power_of_2``;
+    a closure variable; an import), found from its bytecode (``fastkernel._heuristic_code``).
     """
 
     _serves_patch = True
 
-    def __init__(self, heuristics: TritonHeuristics, spelled: frozenset[str]):
+    def __init__(
+        self,
+        heuristics: TritonHeuristics,
+        spelled: frozenset[str],
+        identity_only: frozenset[str] = frozenset(),
+        outside: str | None = None,
+    ):
         jit_fn = heuristics.fn
         self.heuristics = heuristics
         self._values = dict(heuristics.values)
+        self._identity_only = identity_only
+        self._outside = outside
         by_name = {p.name: p for p in jit_fn.params}
         self._constexprs = frozenset(p.name for p in jit_fn.params if p.is_constexpr)
         self._keyed = frozenset(n for n in spelled if n in by_name and n not in self._values)
@@ -319,15 +321,22 @@ class PatchedHeuristics(NativeDispatch):
         (a compile option or a runtime argument, which the record cannot carry)."""
         params = {p.name: p for p in heuristics.fn.params}
         spelled: set[str] = set()
+        identity_only: set[str] = set()
+        other_uses: set[str] = set()
+        outside = None
         for name, fn in heuristics.values.items():
             p = params.get(name)
             if p is None or not p.is_constexpr:
                 return None
-            code = getattr(fn, "__code__", None)
-            if code is None:
+            if not isinstance(fn, types.FunctionType):
                 return None
-            spelled |= _names_in_code(code)
-        return cls(heuristics, frozenset(spelled))
+            reads = _heuristic_code.analyze(fn)
+            spelled |= reads.spelled
+            identity_only |= reads.identity_only
+            other_uses |= reads.spelled - reads.identity_only
+            if outside is None and reads.outside is not None:
+                outside = f"the heuristic for {name!r} {reads.outside}"
+        return cls(heuristics, frozenset(spelled), frozenset(identity_only - other_uses), outside)
 
     def __repr__(self) -> str:
         return f"PatchedHeuristics({self._stats_name()})"
@@ -347,7 +356,11 @@ class PatchedHeuristics(NativeDispatch):
                     continue  # a compile option passed by keyword: keyed with its value
                 return f"a heuristic reads {name!r}, which its code does not name"
             value = seen.get(name)
-            if value is not None and type(value) not in (int, float, bool):
+            if (
+                value is not None
+                and type(value) not in (int, float, bool)
+                and name not in self._identity_only
+            ):
                 return (
                     f"a heuristic reads argument {name!r} of type {type(value).__name__}; "
                     f"only scalars are keyed by value"
@@ -362,6 +375,8 @@ class PatchedHeuristics(NativeDispatch):
             given = [name for name in self._values if name in kwargs]
             if given:
                 reason = f"argument {given[0]!r} is computed by the heuristics"
+            elif self._outside is not None:
+                reason = self._outside
         if key is None or reason is not None:
             return self._through_triton(grid, args, kwargs, key, reason or "unsupported call")
         positional = dict(zip(heuristics.arg_names, args))

@@ -50,12 +50,16 @@ enum class ArgKind : uint8_t {
                         ///< word: bits 8..15 and 36..43 their indices, 16..35 and 44..63 their
                         ///< values. Options pair greedily in index order, so a set of options
                         ///< and values makes one sequence of words.
+  TuneDefaulted = 25,   ///< a kTuneValue parameter the call left out (its default is keyed after
+                        ///< this word): Triton's autotune key and heuristics see only the
+                        ///< arguments passed, so a default passed explicitly is another key
 };
 
 /// Tuning flags of a parameter (ParamSpec::tune), set for kernels under fastkernel.autotune.
 enum TuneFlag : uint8_t {
   kTuneConfigProvided = 1,  ///< a config sets it; absent from the call
-  kTuneValue = 2,           ///< named in the autotune key: the value itself is keyed
+  kTuneValue = 2,           ///< named in the autotune key: the value itself is keyed, and
+                            ///< whether the call passed it
   kTuneLayout = 4,          ///< a tensor's stride pattern is keyed (every tensor of a tuned kernel)
   kTuneSizes = 8,           ///< named in the autotune key: a tensor's sizes are keyed
 };

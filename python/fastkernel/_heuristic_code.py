@@ -1,0 +1,210 @@
+"""What a ``@triton.heuristics`` function can read, found from its bytecode.
+
+Triton's ``Heuristics.run`` (triton/runtime/autotuner.py) calls each function with a dict of
+the call's arguments. The patched dispatch serves a heuristics call natively only when the
+values it computes follow from the native key, so it must know, before trusting a record,
+that a function reads nothing else: no global variable, closure variable, import or helper
+whose value could change between calls without the key changing. :func:`analyze` reads the
+function's code (nested functions and comprehensions included) with :mod:`dis`; anything it
+does not recognise counts as an outside read, so an unknown construct keeps the heuristic on
+Triton's path rather than risking a stale value.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import triton
+
+#: Callables whose result depends only on their arguments: a heuristic may call them (found as
+#: globals, built-ins or module attributes) and still be served natively. The functions of
+#: :mod:`math` count as well (see :func:`_pure_callable`).
+_PURE_CALLABLES: tuple[Any, ...] = (
+    abs,
+    all,
+    any,
+    bool,
+    divmod,
+    float,
+    int,
+    isinstance,
+    len,
+    max,
+    min,
+    pow,
+    range,
+    round,
+    str,
+    sum,
+    tuple,
+    triton.cdiv,
+    triton.next_power_of_2,
+)
+
+#: Instructions that change state outside the call, or import.
+_OUTSIDE_EFFECTS = frozenset(
+    {
+        "STORE_GLOBAL",
+        "DELETE_GLOBAL",
+        "STORE_NAME",
+        "DELETE_NAME",
+        "IMPORT_NAME",
+        "IMPORT_FROM",
+        "IMPORT_STAR",
+    }
+)
+
+#: Loads of a name from the function's globals or the built-ins.
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+
+#: Loads and stores of closure cells (free variables when the name is one of the function's).
+_CELL_OPS = frozenset(
+    {"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF", "STORE_DEREF", "DELETE_DEREF"}
+)
+
+#: Attribute loads (a method load on 3.10 and 3.11 is its own instruction).
+_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+#: Jumps taken on a value being (or not being) None, as CPython 3.11-3.13 compile `if x is None`.
+_NONE_JUMPS = frozenset(
+    {
+        "POP_JUMP_IF_NONE",
+        "POP_JUMP_IF_NOT_NONE",
+        "POP_JUMP_FORWARD_IF_NONE",
+        "POP_JUMP_FORWARD_IF_NOT_NONE",
+        "POP_JUMP_BACKWARD_IF_NONE",
+        "POP_JUMP_BACKWARD_IF_NOT_NONE",
+    }
+)
+
+
+@dataclass(frozen=True)
+class HeuristicReads:
+    """What one heuristic function can read.
+
+    ``spelled``: every string constant of its code, the names it could read from the
+    argument mapping. ``identity_only``: the names whose every use is ``args[name]`` compared
+    with None by identity (``args["h0"] is not None``), which depends only on whether the
+    argument is None, a fact the native key holds for an argument of any kind. ``outside``:
+    why it may read state the argument mapping does not hold (a global variable, a closure
+    variable, an import, a helper function), as a phrase ("reads 'G', which the key does not
+    hold"), or None when it provably reads none.
+    """
+
+    spelled: frozenset[str]
+    identity_only: frozenset[str]
+    outside: str | None
+
+
+def _pure_callable(obj: Any) -> bool:
+    """Whether calling ``obj`` computes from its arguments alone (see ``_PURE_CALLABLES``)."""
+    if isinstance(obj, types.BuiltinFunctionType) and getattr(obj, "__module__", None) == "math":
+        return True
+    return any(obj is f for f in _PURE_CALLABLES)
+
+
+def _global_problem(globals_: dict, instructions: list[dis.Instruction], i: int) -> str | None:
+    """Why the global loaded by ``instructions[i]`` (with the module attributes loaded right
+    after it) may change between calls, or None when it is a pure callable."""
+    missing = object()
+    chain = instructions[i].argval
+    obj = globals_.get(chain, missing)
+    if obj is missing:
+        obj = getattr(builtins, chain, missing)
+    for follow in instructions[i + 1 :]:
+        if not isinstance(obj, types.ModuleType) or follow.opname not in _ATTRIBUTE_LOADS:
+            break
+        chain += "." + follow.argval
+        obj = getattr(obj, follow.argval, missing)
+    if obj is not missing and _pure_callable(obj):
+        return None
+    return f"reads {chain!r}, which the key does not hold"
+
+
+def _strings_in(value: Any) -> list[str]:
+    """The strings of an instruction's constant operand (tuples and frozensets searched)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (tuple, frozenset)):
+        return [s for item in value for s in _strings_in(item)]
+    return []
+
+
+def _identity_tested(instructions: list[dis.Instruction], i: int) -> bool:
+    """Whether the subscript at ``instructions[i]`` is only compared with None by identity."""
+    following = instructions[i + 1 : i + 3]
+    if following and following[0].opname in _NONE_JUMPS:
+        return True
+    return (
+        len(following) == 2
+        and following[0].opname == "LOAD_CONST"
+        and following[0].argval is None
+        and following[1].opname == "IS_OP"
+    )
+
+
+def _names_in_code(code: types.CodeType) -> set[str]:
+    """Every string constant of a code object and the code objects nested in it (inside
+    tuple and frozenset constants too)."""
+    names: set[str] = set()
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_in_code(const)
+        else:
+            names.update(_strings_in(const))
+    return names
+
+
+def analyze(fn: types.FunctionType) -> HeuristicReads:
+    """What heuristic function ``fn`` can read (:class:`HeuristicReads`), from its code.
+
+    A free variable (a closure) is an outside read: the enclosing scope can rebind it. So is
+    every global or built-in other than the pure callables of ``_PURE_CALLABLES`` and the
+    functions of :mod:`math`, reached directly or through module attributes (``triton.cdiv``).
+    """
+    outer = fn.__code__
+    free = set(outer.co_freevars)
+    outside: str | None = None
+    if free:
+        outside = f"reads closure variable {sorted(free)[0]!r}"
+    identity_uses: set[str] = set()
+    other_uses: set[str] = set()
+    pending = [outer]
+    while pending:
+        code = pending.pop()
+        pending.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        args_name = code.co_varnames[0] if code is outer and code.co_argcount else None
+        instructions = list(dis.get_instructions(code))
+        for i, ins in enumerate(instructions):
+            op = ins.opname
+            if outside is None:
+                if op in _OUTSIDE_EFFECTS:
+                    outside = f"imports or writes a global ({op})"
+                elif op in _GLOBAL_LOADS:
+                    outside = _global_problem(fn.__globals__, instructions, i)
+                elif op in _CELL_OPS and ins.argval in free:
+                    outside = f"reads closure variable {ins.argval!r}"
+            names = _strings_in(ins.argval) if op not in _GLOBAL_LOADS else []
+            if (
+                names
+                and op == "LOAD_CONST"
+                and args_name is not None
+                and 0 < i < len(instructions) - 1
+                and instructions[i - 1].opname.startswith("LOAD_FAST")
+                and instructions[i - 1].argval == args_name
+                and instructions[i + 1].opname == "BINARY_SUBSCR"
+                and _identity_tested(instructions, i + 1)
+            ):
+                identity_uses.update(names)
+            else:
+                other_uses.update(names)
+    spelled = _names_in_code(outer)
+    return HeuristicReads(
+        spelled=frozenset(spelled),
+        identity_only=frozenset(identity_uses - other_uses),
+        outside=outside,
+    )
