@@ -11,7 +11,7 @@ import torch
 import triton
 from conftest import TEST_STREAM
 from triton import knobs
-from triton_reference import TritonReference
+from triton_reference import TritonReference, assert_same_launch
 
 from fastkernel import _C, fastkernel
 from fastkernel import _triton_abi as abi
@@ -427,3 +427,47 @@ def test_jit_function_lives_in_the_native_slot(add):
     assert add.jit_function is kernels.add_kernel
     with pytest.raises(AttributeError, match="jit_function"):
         _ = _C.Kernel().jit_function
+
+
+@pytest.mark.parametrize(
+    "knob",
+    ["jit_cache_hook", "jit_post_compile_hook", "kernel_load_start_hook", "kernel_load_end_hook"],
+)
+def test_a_compile_or_load_hook_sees_what_is_compiled_and_loaded_while_it_is_set(stand_in, knob):
+    """Triton calls these hooks when it compiles (JITFunction.run) or loads a module
+    (CompiledKernel._init_handles); the native path does neither through Triton, so a miss
+    while one is set is Triton's to compile, load and launch. Once unset, the next miss
+    registers natively."""
+    from triton.runtime.jit import JITFunction
+
+    seen = []
+
+    def hook(*args, **kwargs):
+        seen.append(knob)
+        return False  # jit_cache_hook: False means compile as usual
+
+    jit_fn = JITFunction(kernels.add_kernel.fn)  # nothing compiled for it yet, in Triton either
+    k = fastkernel(jit_fn)
+    chain = getattr(knobs.runtime, knob)
+    if hasattr(chain, "add"):
+        chain.add(hook)
+    else:
+        setattr(knobs.runtime, knob, hook)
+    try:
+        with TritonReference(stand_in, TEST_STREAM):
+            k[(1,)](X, X, X, 64, BLOCK=64)
+            assert seen, f"Triton's {knob} did not run"
+            theirs = stand_in.launches()[-1]
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+        else:
+            setattr(knobs.runtime, knob, None)
+    stats = k.stats()
+    assert stats["fallbacks"] == 1 and stats["specializations"] == 0
+    (reason,) = stats["fallback_reasons"]
+    assert f"knobs.runtime.{knob} is set" in reason
+    seen.clear()
+    k[(1,)](X, X, X, 64, BLOCK=64)
+    assert not seen and k.stats()["specializations"] == 1
+    assert_same_launch(stand_in.launches()[-1], theirs)

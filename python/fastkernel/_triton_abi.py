@@ -412,6 +412,35 @@ def _hook_parts(hook) -> tuple[list | None, bool, Any]:
     return None, False, hook
 
 
+#: Triton's hooks around compiling and loading a kernel (triton/knobs.py runtime_knobs):
+#: JITFunction.run calls the first two when it compiles, CompiledKernel._init_handles the others
+#: when it loads a module. The native path compiles through its own cache and loads its own
+#: modules, so none of them would run.
+COMPILE_HOOK_KNOBS = (
+    "jit_cache_hook",
+    "jit_post_compile_hook",
+    "kernel_load_start_hook",
+    "kernel_load_end_hook",
+)
+
+
+def compile_hook_set() -> str | None:
+    """The name of the first of :data:`COMPILE_HOOK_KNOBS` that is set (a callable, or a
+    HookChain holding at least one hook), or None. A specialization missed while one is set
+    is compiled, loaded and launched by Triton, so the hook sees it (torch's NVSHMEM support
+    initializes each module in ``jit_post_compile_hook``)."""
+    from triton import knobs
+
+    for name in COMPILE_HOOK_KNOBS:
+        hook = getattr(knobs.runtime, name, None)
+        if hook is None:
+            continue
+        calls, _reversed, callable_ = _hook_parts(hook)
+        if calls or callable_ is not None:
+            return name
+    return None
+
+
 def binary_knobs() -> tuple[bool, str, bool]:
     """The knob values that change the compiled binary: (debug, instrumentation mode,
     fpsan homomorphic casts), as JITFunction.run reads them into the compile options."""

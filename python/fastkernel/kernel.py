@@ -434,6 +434,9 @@ class NativeDispatch(_C.Kernel):
         refused = self._refused_keys.get(key)
         if refused is not None:  # registration failed before: straight to Triton
             return refused
+        hook = abi.compile_hook_set()
+        if hook is not None:  # not remembered: the next miss after the hook is unset registers
+            return f"Triton's knobs.runtime.{hook} is set; Triton compiles and loads the kernel"
         with self._lock:
             target = self._target(device)
             # A warm process finds the specialization of a native key it has seen in the disk
