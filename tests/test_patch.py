@@ -1096,3 +1096,26 @@ def test_a_heuristic_reading_state_outside_its_arguments_never_serves_a_stale_va
     assert stats["fallbacks"] == len(states) and stats["hits"] == 0
     (counted,) = stats["fallback_reasons"]
     assert counted.startswith(reason), counted
+
+
+def test_a_copy_of_a_served_kernel_gets_its_own_dispatch(stand_in):
+    # copy.copy copies the instance dict, dispatch included; the copy launches through its own.
+    import copy
+
+    jit_fn = _fresh_add_kernel()
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(jit_fn, (4,), x, y, out, N, BLOCK=1024)
+    stand_in.reset()
+    with fastkernel.patched():
+        jit_fn[(4,)](x, y, out, N, BLOCK=1024)
+        twin = copy.copy(jit_fn)
+        _KEPT.append(twin)
+        twin[(4,)](x, y, out, N, BLOCK=1024)
+        jit_fn[(4,)](x, y, out, N, BLOCK=1024)
+        assert (_stats_of(jit_fn)["misses"], _stats_of(jit_fn)["hits"]) == (1, 1)
+        assert (_stats_of(twin)["misses"], _stats_of(twin)["hits"]) == (1, 0)
+    for launch in stand_in.launches():
+        assert_same_launch(launch, theirs)
+    assert len(stand_in.launches()) == 3
+    assert PATCH_ATTR not in jit_fn.__dict__ and PATCH_ATTR not in twin.__dict__

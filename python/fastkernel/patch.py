@@ -490,6 +490,9 @@ def _dispatch_for(obj: Any):
         if _saved is None:
             return None
         dispatch = obj.__dict__.get(PATCH_ATTR)
+        served = _served.get(id(obj))
+        if dispatch is not None and (served is None or served() is not obj):
+            dispatch = None  # a copy (copy.copy copies the instance dict): given its own
         if dispatch is None:
             dispatch = _new_dispatch_or_unserved(obj)
             obj.__dict__[PATCH_ATTR] = dispatch if dispatch is not None else False
