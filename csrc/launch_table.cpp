@@ -38,11 +38,15 @@ const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
   const uint64_t hash = key.hash();
   if (const LaunchRecord* existing = find(key, hash)) {
     // Another registration won the race: keep its record, which launches may already be
-    // using (its module can be executing), and drop the new, never-launched one.
+    // using (its module can be executing), and drop the new, never-launched one (pinning the
+    // kept one while the dropped one's destructor runs, as below).
     unload_launch_record(*record);
+    const RecordPin pin(existing);
+    record.reset();
     return existing;
   }
-  while (capacity_ != 0 && count_ >= capacity_ && evict_least_recently_used()) {
+  Dropped dropped;
+  while (capacity_ != 0 && count_ >= capacity_ && evict_least_recently_used(&dropped)) {
   }
   if ((count_ + tombstones_ + 1) * 2 > slots_.size()) {
     // Grow when the live records need it; otherwise rehashing at the same size clears the
@@ -66,10 +70,17 @@ const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
   slot.record = std::move(record);
   recent_ = &slot;
   ++count_;
-  return slot.record.get();
+  const LaunchRecord* placed = slot.record.get();
+  if (!dropped.empty()) {
+    // The evicted records' destructors may run Python that launches (and so evicts): the new
+    // record, not yet pinned by its caller, stays while they run.
+    const RecordPin pin(placed);
+    dropped.clear();
+  }
+  return placed;
 }
 
-bool LaunchTable::evict_least_recently_used() noexcept {
+bool LaunchTable::evict_least_recently_used(Dropped* dropped) {
   Slot* victim = nullptr;
   for (Slot& slot : slots_) {
     if (slot.size >= 0 && slot.record->pins == 0 &&
@@ -81,7 +92,7 @@ bool LaunchTable::evict_least_recently_used() noexcept {
     return false;
   }
   unload_launch_record(*victim->record);
-  victim->record.reset();
+  dropped->push_back(std::move(victim->record));
   victim->words.reset();
   victim->size = kDeleted;
   --count_;
@@ -90,9 +101,10 @@ bool LaunchTable::evict_least_recently_used() noexcept {
   return true;
 }
 
-void LaunchTable::set_capacity(size_t capacity) noexcept {
+void LaunchTable::set_capacity(size_t capacity) {
   capacity_ = capacity;
-  while (capacity_ != 0 && count_ > capacity_ && evict_least_recently_used()) {
+  Dropped dropped;
+  while (capacity_ != 0 && count_ > capacity_ && evict_least_recently_used(&dropped)) {
   }
 }
 
@@ -114,13 +126,14 @@ void LaunchTable::rehash(size_t capacity) {
   tombstones_ = 0;
 }
 
-void LaunchTable::clear() noexcept {
+void LaunchTable::clear() {
+  Dropped dropped;
   for (Slot& slot : slots_) {
     if (slot.size < 0 || slot.record->pins != 0) {
       continue;
     }
     unload_launch_record(*slot.record);
-    slot.record.reset();
+    dropped.push_back(std::move(slot.record));
     slot.words.reset();
     slot.size = kDeleted;
     --count_;

@@ -52,3 +52,45 @@ def test_an_equal_new_object_is_not_a_change(stand_in):
     finally:
         SCALE = old
     assert len(stand_in.launches()) == 2
+
+
+class _LaunchingConstant(tl.constexpr):
+    """A constexpr global whose equality check (run on every hit: Triton stores a copy of each
+    global, so the check compares two objects) launches the kernel with a new specialization."""
+
+    on_compare = None
+
+    def __eq__(self, other):
+        hook, _LaunchingConstant.on_compare = _LaunchingConstant.on_compare, None
+        if hook is not None:
+            hook()
+        return self.value == (other.value if isinstance(other, tl.constexpr) else other)
+
+    def __hash__(self):
+        return hash(self.value)
+
+
+OFFSET = _LaunchingConstant(1.0)
+BIAS = _LaunchingConstant(0.5)
+SHIFT = _LaunchingConstant(0.25)
+
+
+@triton.jit
+def offset_copy(in_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(in_ptr + offs) + OFFSET + BIAS + SHIFT)
+
+
+def test_a_global_check_that_registers_another_specialization_finishes_its_checks(stand_in):
+    # The nested miss replaces the kernel's global checks while the outer hit still iterates
+    # over the old ones (which it must keep alive).
+    k = fastkernel(offset_copy)
+    x, out = torch.randn(64), torch.empty(64)
+    k[(1,)](x, out, BLOCK=16)
+    for block in (32, 64, 8):
+        _LaunchingConstant.on_compare = lambda block=block: k[(1,)](x, out, BLOCK=block)
+        k[(1,)](x, out, BLOCK=16)
+        assert _LaunchingConstant.on_compare is None  # the nested launch ran
+    stats = k.stats()
+    assert (stats["misses"], stats["hits"], stats["specializations"]) == (4, 3, 4)
+    assert len(stand_in.launches()) == 7

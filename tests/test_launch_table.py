@@ -254,3 +254,50 @@ def test_a_record_reading_argument_slots_the_call_did_not_bind_is_refused(stand_
     with pytest.raises(RuntimeError, match="reads 6 argument slots but the call binds 5"):
         k[(1,)](x, x, x, 64, BLOCK=64)
     assert stand_in.launch_count() == launches
+
+
+@pytest.mark.parametrize("drop", ["evict", "clear"])
+def test_a_dropped_record_whose_release_launches_the_kernel_leaves_the_table_whole(
+    stand_in, monkeypatch, drop
+):
+    """Dropping a record releases what a launch returns (the compiled kernel); when that was its
+    last reference, its finalizer runs Python, here a launch of the same kernel, while the
+    table is dropping the record. The nested launch registers and launches; the table stays
+    consistent for the calls after it."""
+    monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "1" if drop == "evict" else "8")
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    nested = []
+
+    def launch_again():
+        nested.append(k[(2,)](x, x, x, 64, BLOCK=64))
+
+    weakref.finalize(k[(1,)](x, x, x, 64, BLOCK=16), launch_again)
+    k._compiled.clear()  # the record holds the compiled kernel's last reference now
+    if drop == "evict":
+        k[(3,)](x, x, x, 64, BLOCK=32)  # a miss at capacity 1 evicts the BLOCK=16 record
+    else:
+        k._clear_records()
+    gc.collect()
+    assert len(nested) == 1
+    k[(4,)](x, x, x, 64, BLOCK=64)
+    k[(5,)](x, x, x, 64, BLOCK=32)
+    grids = [launch.grid[0] for launch in stand_in.launches()]
+    assert grids == ([1, 2, 3, 4, 5] if drop == "evict" else [1, 2, 4, 5])
+
+
+def test_a_grid_whose_release_launches_the_kernel_does_not_change_the_callers_grid(stand_in):
+    """`kernel[grid]` reuses one bound launch per kernel and swaps its grid; releasing the old
+    grid can run Python (here a finalizer launching the kernel with a third grid). Each call
+    launches with its own grid."""
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+
+    def first_grid(meta):
+        return (1,)
+
+    weakref.finalize(first_grid, lambda: k[(3,)](x, x, x, 64, BLOCK=64))
+    k[first_grid](x, x, x, 64, BLOCK=64)
+    del first_grid  # the cached bound launch holds the grid's last reference
+    k[(2,)](x, x, x, 64, BLOCK=64)
+    assert [launch.grid[0] for launch in stand_in.launches()] == [1, 3, 2]

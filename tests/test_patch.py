@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import gc
 import importlib
 import importlib.util
 import logging
@@ -1119,3 +1120,37 @@ def test_a_copy_of_a_served_kernel_gets_its_own_dispatch(stand_in):
         assert_same_launch(launch, theirs)
     assert len(stand_in.launches()) == 3
     assert PATCH_ATTR not in jit_fn.__dict__ and PATCH_ATTR not in twin.__dict__
+
+
+def test_unpatch_and_patch_while_the_factory_returns_leave_a_working_dispatch(
+    stand_in, monkeypatch
+):
+    # What another thread can do once the patch factory has released its lock and before the
+    # native hook has used the dispatch it returned: unpatch (dropping the kernel's own
+    # reference to that dispatch) and patch again. The launch must still complete through it.
+    factory = patch_module._dispatch_for
+    repatches = []
+
+    def factory_then_repatch(obj):
+        result = factory(obj)
+        if not repatches:
+            repatches.append(obj)
+            fastkernel.unpatch()
+            fastkernel.patch()
+        return result
+
+    jit_fn = _fresh_add_kernel()
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(jit_fn, (4,), x, y, out, N, BLOCK=1024)
+    stand_in.reset()
+    monkeypatch.setattr(patch_module, "_dispatch_for", factory_then_repatch)
+    with fastkernel.patched():
+        jit_fn[(4,)](x, y, out, N, BLOCK=1024)
+        gc.collect()
+        jit_fn[(4,)](x, y, out, N, BLOCK=1024)  # through a new dispatch
+    assert repatches == [jit_fn]
+    launches = stand_in.launches()
+    assert len(launches) == 2
+    for launch in launches:
+        assert_same_launch(launch, theirs)

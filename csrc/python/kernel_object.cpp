@@ -248,7 +248,10 @@ PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* cons
 // Triton's per-call check (JITFunction.run) that the globals a kernel read when it was compiled
 // still hold the same values: identity first (free for unchanged globals), then equality.
 bool globals_unchanged(KernelObject* kernel) {
-  PyObject* checks = kernel->global_checks;
+  // Held for the loop: a global's __eq__ runs Python, which may register another record (whose
+  // insertion replaces the kernel's checks) or switch to a thread that does.
+  const Ref held(Py_NewRef(kernel->global_checks));
+  PyObject* checks = held.get();
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(checks); ++i) {
     PyObject* check = PyTuple_GET_ITEM(checks, i);
     PyObject* dict = PyTuple_GET_ITEM(check, 0);
@@ -792,11 +795,14 @@ PyObject* bound_call(PyObject* self, PyObject* args, PyObject* kwargs) {
 }
 
 PyObject* make_bound(KernelObject* kernel, PyObject* grid) {
+  // Referenced before allocating: an allocation can collect garbage, and finalizers run Python.
+  Py_INCREF(reinterpret_cast<PyObject*>(kernel));
   BoundLaunchObject* b = PyObject_GC_New(BoundLaunchObject, &BoundLaunchType);
   if (b == nullptr) {
+    Py_DECREF(reinterpret_cast<PyObject*>(kernel));
     return nullptr;
   }
-  b->kernel = reinterpret_cast<KernelObject*>(Py_NewRef(reinterpret_cast<PyObject*>(kernel)));
+  b->kernel = kernel;
   b->grid = Py_NewRef(grid);
   b->vectorcall = reinterpret_cast<vectorcallfunc>(launch_bound);
   PyObject_GC_Track(b);
@@ -917,12 +923,13 @@ PyObject* kernel_subscript(KernelObject* self, PyObject* grid) {
   PyObject* cached = self->cached_bound;
   if (cached != nullptr && Py_REFCNT(cached) == 1) {
     BoundLaunchObject* b = reinterpret_cast<BoundLaunchObject*>(cached);
+    Py_INCREF(cached);  // before the old grid's release, which can run Python that launches
     if (b->grid != grid) {
       PyObject* old = b->grid;
       b->grid = Py_NewRef(grid);
       Py_DECREF(old);
     }
-    return Py_NewRef(cached);
+    return cached;
   }
   PyObject* fresh = make_bound(self, grid);
   if (fresh != nullptr && cached == nullptr) {

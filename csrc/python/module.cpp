@@ -52,11 +52,15 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
     throw py::value_error("fastkernel: too many compile options");
   }
   KernelState& st = *kernel->state;
-  for (ParamSpec& p : st.params) {
+  // Records first, while the parameters they were keyed by are intact: a record's destructor
+  // can run Python, which can launch this kernel.
+  st.table.clear();
+  std::vector<ParamSpec> old_params;
+  old_params.swap(st.params);
+  for (ParamSpec& p : old_params) {
     Py_XDECREF(p.name);
     Py_XDECREF(p.default_value);
   }
-  st.params.clear();
   st.param_names.clear();
   clear_grid_meta(&st);
   clear_grid_programs(&st);  // their ARG steps index the old parameters
@@ -67,7 +71,6 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   Py_CLEAR(st.keywords.kwnames);  // its binding names the old parameters
   st.keywords.nargs = -1;
   clear_option_words(&st.keywords);  // and so do its option words
-  st.table.clear();
   for (py::handle item : params) {
     // (name, is_constexpr, specialize, align, tune flags (TuneFlag bits), has_default, default)
     py::tuple t = py::reinterpret_borrow<py::tuple>(item);

@@ -34,8 +34,10 @@ std::unordered_set<PyTypeObject*>& refused_types() {
 }
 
 // find_or_create past the one-entry cache: the map, then the factory (out of line, so the
-// cached case stays inline in patched_subscript).
-[[gnu::noinline]] PyObject* find_or_create_slow(PyObject* jit) {
+// cached case stays inline in patched_subscript). A Kernel the factory made is returned with
+// its new reference in *owned, which the caller releases after using it: once the factory has
+// returned, another thread can unpatch and drop the JITFunction's own reference.
+[[gnu::noinline]] PyObject* find_or_create_slow(PyObject* jit, PyObject** owned) {
   auto& map = dispatches();
   auto it = map.find(jit);
   if (it != map.end()) {
@@ -79,26 +81,29 @@ std::unordered_set<PyTypeObject*>& refused_types() {
     Py_DECREF(made);
     return nullptr;
   }
-  // The factory keeps the Kernel alive (in the JITFunction's __dict__); the map borrows it.
+  // The factory keeps the Kernel alive (in the JITFunction's __dict__); the map borrows it,
+  // and the Kernel's deallocation removes it (forget_patched_dispatch).
   kernel->patched_jit = jit;
   map[jit] = kernel;
   g_last_jit = jit;
   g_last_dispatch = kernel;
-  Py_DECREF(made);
-  return reinterpret_cast<PyObject*>(kernel);
+  *owned = made;
+  return made;
 }
 
-// The dispatch of `jit`, or Py_None (borrowed), or nullptr with an exception set.
-inline PyObject* find_or_create(PyObject* jit) {
+// The dispatch of `jit`, or Py_None (borrowed, or owned through *owned as above), or nullptr
+// with an exception set.
+inline PyObject* find_or_create(PyObject* jit, PyObject** owned) {
   if (jit == g_last_jit) {
     return reinterpret_cast<PyObject*>(g_last_dispatch);
   }
-  return find_or_create_slow(jit);
+  return find_or_create_slow(jit, owned);
 }
 
 // patched_subscript past the one-entry cache: the map or the factory, or Triton's __getitem__.
 [[gnu::noinline]] PyObject* patched_subscript_slow(PyObject* jit, PyObject* grid) {
-  PyObject* dispatch = find_or_create_slow(jit);
+  PyObject* owned = nullptr;
+  PyObject* dispatch = find_or_create_slow(jit, &owned);
   if (dispatch == nullptr) {
     return nullptr;
   }
@@ -109,7 +114,10 @@ inline PyObject* find_or_create(PyObject* jit) {
     }
     return PyObject_CallFunctionObjArgs(g_triton_getitem, jit, grid, nullptr);
   }
-  return kernel_subscript(reinterpret_cast<KernelObject*>(dispatch), grid);
+  // The bound launch holds its own reference to the Kernel.
+  PyObject* bound = kernel_subscript(reinterpret_cast<KernelObject*>(dispatch), grid);
+  Py_XDECREF(owned);
+  return bound;
 }
 
 }  // namespace
@@ -124,8 +132,12 @@ PyObject* patched_subscript(PyObject* jit, PyObject* grid) {
 }
 
 PyObject* patched_dispatch(PyObject* jit) {
-  PyObject* dispatch = find_or_create(jit);
-  return dispatch == nullptr ? nullptr : Py_NewRef(dispatch);
+  PyObject* owned = nullptr;
+  PyObject* dispatch = find_or_create(jit, &owned);
+  if (dispatch == nullptr || owned != nullptr) {
+    return dispatch;  // nullptr with an exception set, or the factory's new reference
+  }
+  return Py_NewRef(dispatch);
 }
 
 PyObject* new_slot_wrapper(PyObject* type, PyTypeObject* model, const char* name, void* fn) {

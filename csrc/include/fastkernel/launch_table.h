@@ -37,10 +37,10 @@ class LaunchTable {
   const LaunchRecord* insert(const SpecializationKey& key, std::unique_ptr<LaunchRecord> record);
 
   /// Drops every record that is not pinned (modules unloaded).
-  void clear() noexcept;
+  void clear();
 
   /// Sets the most records kept (0 = unbounded), evicting down to it now.
-  void set_capacity(size_t capacity) noexcept;
+  void set_capacity(size_t capacity);
 
   /// Number of registered specializations.
   size_t size() const noexcept { return count_; }
@@ -63,8 +63,14 @@ class LaunchTable {
     int size = kEmpty;
     std::unique_ptr<LaunchRecord> record;
   };
+  /// Records an operation took out of the table, destroyed once it is done with the table: a
+  /// record's destructor can run Python (LaunchRecord::release_user_data), and Python can launch
+  /// and so re-enter the table.
+  using Dropped = std::vector<std::unique_ptr<LaunchRecord>>;
   void rehash(size_t capacity);
-  bool evict_least_recently_used() noexcept;  ///< false when every record is pinned
+  /// Moves the least recently used unpinned record into `dropped`; false when every record is
+  /// pinned.
+  bool evict_least_recently_used(Dropped* dropped);
   std::vector<Slot> slots_;
   Slot* recent_;  ///< the slot of the last hit or insert; into slots_, reset when it reallocates
   size_t count_ = 0;
