@@ -1154,3 +1154,56 @@ def test_unpatch_and_patch_while_the_factory_returns_leave_a_working_dispatch(
     assert len(launches) == 2
     for launch in launches:
         assert_same_launch(launch, theirs)
+
+
+def _one_config_per_key(configs, named_args, **kwargs):
+    """An early_config_prune keeping one config per key (so Triton times nothing): the first
+    for n >= 2048, the second below."""
+    return [configs[0]] if named_args["n"] >= 2048 else [configs[1]]
+
+
+def test_a_tuned_miss_registers_the_config_it_launched_even_if_best_config_moved_meanwhile(
+    stand_in,
+):
+    # The grid of the miss for n=N calls the autotuner for n=N//4, whose run sets the shared
+    # best_config to the other config before the outer miss registers its own.
+    tuned = _autotuned([1.0, 1.0], prune_configs_by={"early_config_prune": _one_config_per_key})
+    _KEPT.append(tuned)
+    x, y, out = _tensors()
+    nested = []
+
+    def grid(meta):
+        if not nested:
+            nested.append(True)
+            tuned[(1,)](x, y, out, N // 4)
+        return (triton.cdiv(meta["n"], meta["BLOCK"]),)
+
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        tuned[grid](x, y, out, N)
+        stand_in.reset()
+        tuned[grid](x, y, out, N)
+        assert tuned.best_config is CONFIGS[0]
+        stats = _stats_of(tuned)
+    (hit,) = stand_in.launches()
+    assert (hit.block[0], hit.grid[0]) == (128, N // 1024)  # CONFIGS[0]: 4 warps, BLOCK 1024
+    assert (stats["misses"], stats["hits"]) == (2, 1)
+
+
+def test_a_hit_after_a_call_through_tritons_run_sets_best_config_again(stand_in):
+    # The second config has a pre_hook, so its key stays on Triton's Autotuner.run, which sets
+    # best_config itself; the next hit of the first key must set it back.
+    configs = [
+        CONFIGS[0],
+        triton.Config({"BLOCK": 256}, num_warps=2, pre_hook=lambda nargs: None),
+    ]
+    tuned = _autotuned(
+        [1.0, 1.0], configs=configs, prune_configs_by={"early_config_prune": _one_config_per_key}
+    )
+    _KEPT.append(tuned)
+    x, y, out = _tensors()
+    seen = []
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        for n in (N, N, N // 4, N):
+            tuned[(4,)](x, y, out, n)
+            seen.append(tuned.best_config)
+    assert seen == [configs[0], configs[0], configs[1], configs[0]]

@@ -95,6 +95,39 @@ class PatchedKernel(NativeDispatch):
         return f"PatchedKernel({self._stats_name()})"
 
 
+class _TunedLaunch:
+    """One PatchedAutotuner miss in progress on this thread: the config its ``Autotuner.run``
+    launched the kernel with, noted by :func:`_patched_run` when that run calls its kernel's
+    ``run`` (``best_config`` itself is shared: a launch from the grid, or another thread, can
+    set it again before the miss reads it)."""
+
+    __slots__ = ("autotuner", "config")
+
+    def __init__(self, autotuner: Autotuner):
+        self.autotuner = autotuner
+        self.config: Any = None
+
+
+#: Per thread, the PatchedAutotuner misses in progress, innermost last.
+_tuning = threading.local()
+
+
+def _note_tuned_launch(jit_fn: JITFunction, kwargs: dict) -> None:
+    """Called by :func:`_patched_run`: when the innermost tuned miss on this thread is running
+    ``jit_fn``, notes the config its ``Autotuner.run`` set, if this launch carries that config's
+    values (else None: it was set again in between)."""
+    pending = getattr(_tuning, "pending", None)
+    if not pending or pending[-1].autotuner.fn is not jit_fn:
+        return
+    entry = pending[-1]
+    config = getattr(entry.autotuner, "best_config", None)  # unset until a first run sets it
+    missing = object()
+    matches = config is not None and all(
+        kwargs.get(name, missing) == value for name, value in config.all_kwargs().items()
+    )
+    entry.config = config if matches else None
+
+
 class PatchedAutotuner(NativeDispatch):
     """The native dispatch of one Triton ``Autotuner`` over a ``triton.jit`` function.
 
@@ -130,6 +163,11 @@ class PatchedAutotuner(NativeDispatch):
 
     def __repr__(self) -> str:
         return f"PatchedAutotuner({self._stats_name()})"
+
+    def forget_published(self) -> None:
+        """After Triton's own ``Autotuner.run`` (which sets ``best_config`` itself): the next hit
+        sets ``best_config`` again even when its config is the one a hit set last."""
+        self._set_publish(self.autotuner, "best_config")
 
     _stats_suffix = " [triton.autotune]"
 
@@ -189,13 +227,22 @@ class PatchedAutotuner(NativeDispatch):
             named.update((k, v) for k, v in kwargs.items() if k in autotuner.arg_names)
             reason = self._not_native(named, kwargs)
         # A call without a key was counted as a fallback natively.
-        result = self._run_through_triton(
-            lambda: AUTOTUNER_RUN(autotuner, *args, grid=grid, warmup=False, **kwargs),
-            counted=key is None,
-        )
+        pending = _tuning.__dict__.setdefault("pending", [])
+        launch = _TunedLaunch(autotuner)
+        pending.append(launch)
+        try:
+            result = self._run_through_triton(
+                lambda: AUTOTUNER_RUN(autotuner, *args, grid=grid, warmup=False, **kwargs),
+                counted=key is None,
+            )
+        finally:
+            pending.pop()
+            self.forget_published()
         if key is not None and reason is None:
-            config = autotuner.best_config  # what Triton's run chose for this call
-            if config.pre_hook is not None:
+            config = launch.config  # what Triton's run launched this call with
+            if config is None:
+                reason = "the config Triton's Autotuner.run launched with could not be told"
+            elif config.pre_hook is not None:
                 reason = "the tuned config has a pre_hook, which runs in Python before every launch"
             else:
                 merged = {**kwargs, **config.all_kwargs()}
@@ -511,6 +558,7 @@ def _patched_run(self, *args, grid, warmup, **kwargs):
     """``JITFunction.run`` under the patch: a launch goes through the kernel's native dispatch;
     ``warmup=True`` (compile only) and kernels that keep Triton's path go to Triton's ``run``."""
     if not warmup:
+        _note_tuned_launch(self, kwargs)
         dispatch = _C.patched_dispatch(self)
         if dispatch is not None:
             return dispatch[grid](*args, **kwargs)
@@ -529,7 +577,12 @@ def _patched_autotuner_run(self, *args, **kwargs):
             kwargs.pop("warmup", None)
             return dispatch[grid](*args, **kwargs)
         _count_unserved(self)
-    return AUTOTUNER_RUN(self, *args, **kwargs)
+    try:
+        return AUTOTUNER_RUN(self, *args, **kwargs)
+    finally:
+        served = self.__dict__.get(PATCH_ATTR)
+        if isinstance(served, PatchedAutotuner):
+            served.forget_published()
 
 
 _patched_autotuner_run._fastkernel_patched = True  # type: ignore[attr-defined]
