@@ -5,6 +5,8 @@ them back returns to the old one), and nothing in Python runs on a hit while the
 
 from __future__ import annotations
 
+import struct
+
 import kernels
 import pytest
 import torch
@@ -110,7 +112,10 @@ def test_pre_run_hooks_added_after_the_first_call(add, stand_in):
     seen = []
     add.jit_function.add_pre_run_hook(lambda *args, **kwargs: seen.append((len(args), kwargs)))
     add[(1,)](X, X, X, 64, BLOCK=64)
-    assert seen == [(4, {"BLOCK": 64})]
+    # The call's keywords and the options JITFunction.run adds before calling the hooks.
+    (call,) = seen
+    assert call[0] == 4 and call[1]["BLOCK"] == 64 and call[1]["debug"] is False
+    assert sorted(call[1]) == sorted(["BLOCK", *abi.RUN_ADDED_OPTIONS])
 
 
 def test_debug_knob_selects_a_new_binary_and_back(add, stand_in):
@@ -471,3 +476,37 @@ def test_a_compile_or_load_hook_sees_what_is_compiled_and_loaded_while_it_is_set
     k[(1,)](X, X, X, 64, BLOCK=64)
     assert not seen and k.stats()["specializations"] == 1
     assert_same_launch(stand_in.launches()[-1], theirs)
+
+
+def test_pre_run_hooks_run_before_the_arguments_are_read_and_see_tritons_keywords(stand_in):
+    """JITFunction.run calls its pre-run hooks first, with the call's keywords plus the compile
+    options it adds (debug, and from Triton 3.6 instrumentation_mode, from 3.9
+    fpsan_homomorphic_casts), and binds the arguments after them: a hook that gives an output
+    its storage (`out.set_(...)`) is launched with that storage."""
+    from triton.runtime.jit import JITFunction
+
+    seen = {}
+
+    def hook_for(name):
+        def hook(*args, **kwargs):
+            seen[name] = sorted(kwargs)
+            args[2].set_(storage[name])
+
+        return hook
+
+    storage = {"triton": torch.randn(64), "fastkernel": torch.randn(64)}
+    theirs_fn = JITFunction(kernels.add_kernel.fn)
+    theirs_fn.add_pre_run_hook(hook_for("triton"))
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(theirs_fn, (1,), X, X, torch.empty(64), 64, BLOCK=64)
+    k = fastkernel(JITFunction(kernels.add_kernel.fn))
+    k[(1,)](X, X, X, 64, BLOCK=64)  # registered before the hook is added
+    k.jit_function.add_pre_run_hook(hook_for("fastkernel"))
+    k[(1,)](X, X, torch.empty(64), 64, BLOCK=64)
+    ours = stand_in.launches()[-1]
+    assert seen["fastkernel"] == seen["triton"]
+    assert seen["triton"] == sorted(["BLOCK", *abi.RUN_ADDED_OPTIONS])
+    pointer = struct.Struct("<Q")
+    assert pointer.unpack(theirs.params[2])[0] == storage["triton"].data_ptr()
+    assert pointer.unpack(ours.params[2])[0] == storage["fastkernel"].data_ptr()
+    assert ours.params[:2] == theirs.params[:2] and ours.params[3:] == theirs.params[3:]

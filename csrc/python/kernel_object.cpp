@@ -40,6 +40,8 @@ struct HookNames {
 PyObject* g_lazy_dict_check = nullptr;
 unsigned int g_lazy_dict_checked_tag = 0;
 bool g_lazy_dict_plain = false;
+// add_run_options(jit_function, kwargs) (set_pre_run_options), or nullptr.
+PyObject* g_add_run_options = nullptr;
 PyObject* g_empty_tuple = nullptr;
 
 // Owns one Python reference for a scope.
@@ -285,6 +287,17 @@ bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t n
   Ref pos, kw;
   if (!call_as_tuple_and_dict(args, nargs, kwnames, &pos, &kw)) {
     return false;
+  }
+  if (g_add_run_options != nullptr) {
+    // The compile options JITFunction.run adds to the keywords before its hooks see them.
+    Ref jit(kernel->jit_function != nullptr
+                ? Py_NewRef(kernel->jit_function)
+                : PyObject_GetAttr(reinterpret_cast<PyObject*>(kernel), g_hook_names.jit_function));
+    Ref added(jit ? PyObject_CallFunctionObjArgs(g_add_run_options, jit.get(), kw.get(), nullptr)
+                  : nullptr);
+    if (!added) {
+      return false;
+    }
   }
   // Iterate over a snapshot: a hook may add or remove hooks.
   Ref hooks(PySequence_Tuple(kernel->pre_run_hooks));
@@ -639,6 +652,40 @@ struct Scratch {
   return true;
 }
 
+// Runs the kernel's pre-run hooks, then binds the call again: Triton runs the hooks before it
+// binds the arguments (JITFunction.run), and a hook may change one (`out.set_(...)`, a new data
+// pointer), so the key and the packed values must be the arguments as the hooks left them.
+// False when the launch must not go on natively: *handled is then nullptr with an exception
+// set, or the result of a fallback through Triton's path (whose run calls the hooks again).
+[[gnu::noinline, gnu::cold]] bool rebind_after_pre_run_hooks(BoundLaunchObject* self,
+                                                             PyObject* const* args,
+                                                             Py_ssize_t nargs, PyObject* kwnames,
+                                                             BoundCall* call, PyObject** handled) {
+  KernelObject* kernel = self->kernel;
+  *handled = nullptr;
+  if (!run_pre_run_hooks(kernel, args, nargs, kwnames)) {
+    return false;
+  }
+  KeyStatus status;
+  try {
+    status = bind_and_build_key(kernel, args, nargs, kwnames, call);
+  } catch (...) {
+    set_python_error_from_current_exception(kernel);
+    return false;
+  }
+  if (status == KeyStatus::Error) {
+    prefer_missing_argument_error(kernel, call);
+    return false;
+  }
+  if (status == KeyStatus::Fallback) {
+    ++kernel->state->fallbacks;
+    *handled = call_miss_handler(kernel, self->grid, args, nargs, kwnames, nullptr, -1,
+                                 fallback_reason(*call).c_str());
+    return false;
+  }
+  return true;
+}
+
 PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t nargsf,
                        PyObject* kwnames) {
   KernelObject* kernel = self->kernel;
@@ -672,9 +719,11 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     return call_miss_handler(kernel, self->grid, args, nargs, kwnames, nullptr, -1,
                              fallback_reason(call).c_str());
   }
-  if (kernel->pre_run_hooks != nullptr && PyList_GET_SIZE(kernel->pre_run_hooks) > 0 &&
-      !run_pre_run_hooks(kernel, args, nargs, kwnames)) {
-    return nullptr;
+  if (kernel->pre_run_hooks != nullptr && PyList_GET_SIZE(kernel->pre_run_hooks) > 0) {
+    PyObject* handled = nullptr;
+    if (!rebind_after_pre_run_hooks(self, args, nargs, kwnames, &call, &handled)) {
+      return handled;  // an error (nullptr), or the call launched through Triton as a fallback
+    }
   }
   try {
     const LaunchContext ctx = current_launch_context();
@@ -1014,5 +1063,9 @@ PyTypeObject KernelType = [] {
   t.tp_weaklistoffset = offsetof(KernelObject, weakrefs);
   return t;
 }();
+
+void set_pre_run_options(PyObject* add_run_options) {
+  Py_XSETREF(g_add_run_options, add_run_options != Py_None ? Py_NewRef(add_run_options) : nullptr);
+}
 
 }  // namespace fastkernel

@@ -207,6 +207,10 @@ inline void finish_key(SpecializationKey* key, int device, uint64_t knob_word) {
 void set_launch_hook_support(PyObject* lazy_dict_type, PyObject* add_launch_metadata,
                              PyObject* plain_check);
 
+/// `add_run_options(jit_function, kwargs)` (or None): adds to a call's keywords (a dict) the
+/// compile options JITFunction.run adds before its pre-run hooks see them (set at import).
+void set_pre_run_options(PyObject* add_run_options);
+
 /// Sets the Python exception for the C++ exception in flight (call inside a catch block).
 void set_python_error_from_current_exception(KernelObject* kernel);
 

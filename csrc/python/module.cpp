@@ -245,6 +245,12 @@ PYBIND11_MODULE(_C, m) {
       "may call (by identity): Triton's cdiv and next_power_of_2, builtins max and min.");
   m.attr("GRID_PROGRAM_STEPS") = py::reinterpret_steal<py::object>(grid_program_step_names());
   m.def(
+      "set_pre_run_options",
+      [](py::object add_run_options) { set_pre_run_options(add_run_options.ptr()); },
+      py::arg("add_run_options"),
+      "`add_run_options(jit_function, kwargs)` adds to the keywords a kernel's pre-run hooks\n"
+      "receive the compile options Triton's JITFunction.run adds first (None: none).");
+  m.def(
       "set_launch_hook_support",
       [](py::object lazy_dict_type, py::object add_launch_metadata, py::object plain_check) {
         set_launch_hook_support(lazy_dict_type.ptr(), add_launch_metadata.ptr(), plain_check.ptr());

@@ -156,6 +156,7 @@ def set_grid_program_support(
     max: Callable[..., Any],
     min: Callable[..., Any],
 ) -> None: ...
+def set_pre_run_options(add_run_options: Callable[[Any, dict[str, Any]], Any] | None) -> None: ...
 def set_launch_hook_support(
     lazy_dict_type: type,
     add_launch_metadata: Callable[..., Any],

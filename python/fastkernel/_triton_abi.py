@@ -441,6 +441,28 @@ def compile_hook_set() -> str | None:
     return None
 
 
+#: The compile options JITFunction.run adds to a call's keywords before its pre-run hooks see
+#: them: ``debug`` in every supported Triton, ``instrumentation_mode`` from 3.6,
+#: ``fpsan_homomorphic_casts`` from 3.9. Read from the keys run's code stores (its constants).
+RUN_ADDED_OPTIONS = tuple(
+    name
+    for name in ("debug", "instrumentation_mode", "fpsan_homomorphic_casts")
+    if name in triton_jit.JITFunction.run.__code__.co_consts
+)
+
+
+def add_run_options(jit_fn, kwargs: dict) -> None:
+    """Adds to ``kwargs`` the options of :data:`RUN_ADDED_OPTIONS`, valued as JITFunction.run
+    values them (``debug``: the call's, else the kernel's, or ``knobs.runtime.debug``)."""
+    from triton import knobs
+
+    for name in RUN_ADDED_OPTIONS:
+        if name == "debug":
+            kwargs[name] = kwargs.get(name, getattr(jit_fn, "debug", None)) or knobs.runtime.debug
+        else:
+            kwargs[name] = getattr(knobs.compilation, name)
+
+
 def binary_knobs() -> tuple[bool, str, bool]:
     """The knob values that change the compiled binary: (debug, instrumentation mode,
     fpsan homomorphic casts), as JITFunction.run reads them into the compile options."""

@@ -115,6 +115,7 @@ def uninstall_triton_watch() -> None:
 
 
 _C.set_launch_hook_support(abi.HOOK_METADATA_TYPE, abi.add_launch_metadata, abi.plain_lazy_dict)
+_C.set_pre_run_options(abi.add_run_options)
 _C.set_grid_program_support(
     _grid_program.compile_grid, triton.cdiv, triton.next_power_of_2, builtins.max, builtins.min
 )
