@@ -263,3 +263,14 @@ def optional_add_kernel(x_ptr, y_ptr, out_ptr, n, HAS_Y: tl.constexpr, BLOCK: tl
     if HAS_Y:
         x = x + tl.load(y_ptr + offs, mask=mask)
     tl.store(out_ptr + offs, x, mask=mask)
+
+
+@triton.jit
+def flag_add_kernel(x_ptr, out_ptr, n, flag, BLOCK: tl.constexpr):
+    # A runtime bool (a u1 parameter, not specialized): its value is not in Triton's binary key.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    if flag:
+        x = x + 1.0
+    tl.store(out_ptr + offs, x, mask=mask)

@@ -308,7 +308,7 @@ def test_a_call_triton_keys_otherwise_stays_on_triton_autotune(stand_in, caplog)
         stats = tuned.__dict__[PATCH_ATTR].stats()
     assert len(tuned.cache) == 2  # x and its clone: two keys, as Triton keys them
     assert (stats["hits"], stats["fallbacks"]) == (0, 3)
-    reason = "autotune key 'x_ptr' is a tensor, which Triton keys by identity"
+    reason = "autotune key 'x_ptr' holds a tensor, which Triton keys by identity"
     assert stats["fallback_reasons"] == {reason: 3}
     assert reason in caplog.text and "add_kernel" in caplog.text
 
@@ -1207,3 +1207,29 @@ def test_a_hit_after_a_call_through_tritons_run_sets_best_config_again(stand_in)
             tuned[(4,)](x, y, out, n)
             seen.append(tuned.best_config)
     assert seen == [configs[0], configs[0], configs[1], configs[0]]
+
+
+def test_a_heuristic_reading_a_runtime_bool_follows_its_value(stand_in):
+    # A runtime bool's key word holds its kind only (Triton does not specialize its value); read
+    # by a heuristic, its value joins the key.
+    heuristic = triton.heuristics({"BLOCK": lambda args: 1024 if args["flag"] else 256})(
+        JITFunction(kernels.flag_add_kernel.fn)
+    )
+    _KEPT.append(heuristic)
+    x, _, out = _tensors()
+    calls = (True, False, True, False)
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = {
+            flag: reference.launch(heuristic, _grid_by_block, x, out, N, flag)
+            for flag in (True, False)
+        }
+    stand_in.reset()
+    with fastkernel.patched():
+        for flag in calls:
+            heuristic[_grid_by_block](x, out, N, flag)
+        stats = _stats_of(heuristic)
+    ours = stand_in.launches()
+    assert [launch.grid[0] for launch in ours] == [4, 16, 4, 16]
+    for flag, launch in zip(calls, ours):
+        assert_same_launch(launch, theirs[flag])
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 2, 0)

@@ -396,6 +396,12 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
       key->push(uint64_t(size));
     }
   }
+  if (param.tune & kTuneStrides) {
+    key->push(uint64_t(ArgKind::TuneStrides) | (dim << 8));
+    for (const int64_t stride : strides) {
+      key->push(uint64_t(stride));
+    }
+  }
 }
 
 // The common case inline: only the stride pattern, of a tensor of at most 24 dims.
@@ -470,13 +476,24 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   return KeyStatus::Ok;
 }
 
-// The exact value of a scalar the autotune key names (ints by value, floats by bits; bools and
-// None are already keyed by value).
-[[gnu::noinline]] void push_tuned_value(const ArgValue& value, SpecializationKey* key) {
-  if (value.kind == ArgKind::Int || value.kind == ArgKind::Float) {
+// The exact value of a scalar the autotune key (or a heuristic) names: ints by value, floats by
+// bits, bools by value (a runtime bool's own key word holds only its kind); None is keyed by
+// its kind already.
+void push_tuned_scalar(const ArgValue& value, SpecializationKey* key) {
+  if (value.kind == ArgKind::Int || value.kind == ArgKind::Float || value.kind == ArgKind::Bool) {
     const uint64_t width = value.kind == ArgKind::Int ? uint64_t(value.width) : 0;
     key->push(uint64_t(ArgKind::TuneValue) | (uint64_t(value.kind) << 8) | (width << 16));
     key->push(value.u);
+  }
+}
+
+// The exact values of a parameter the autotune key names: its own scalar value, or for a tuple
+// every scalar leaf it filled (call->values from slot num_params + first_leaf on).
+[[gnu::noinline]] void push_tuned_value(const BoundCall& call, const ArgValue& value,
+                                        int num_params, int first_leaf, SpecializationKey* key) {
+  push_tuned_scalar(value, key);
+  for (int leaf = first_leaf; leaf >= 0 && leaf < call.num_leaves; ++leaf) {
+    push_tuned_scalar(call.values[num_params + leaf], key);
   }
 }
 
@@ -809,17 +826,19 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
   // The common kinds inline (the hot path); constexpr objects, tuples and the fallback out
   // of line.
   KeyStatus status;
+  int first_leaf = -1;  // the first leaf slot this argument fills (a tuple's elements)
   if (THPVariable_CheckExact(v)) {
     status = push_tensor(kernel, param, v, value, &key);
   } else if (PyLong_CheckExact(v)) {
     status = push_int(kernel, param, v, value, &key);
   } else {
     call->current_param = i;  // the owner of any leaves (tuple elements, descriptor fields)
+    first_leaf = call->num_leaves;
     status = push_runtime_arg(kernel, param, v, value, call, 0);
   }
   if (status == KeyStatus::Ok && C10_UNLIKELY(param.tune & kTuneValue) &&
       value->kind != ArgKind::Tensor) {
-    push_tuned_value(*value, &key);
+    push_tuned_value(*call, *value, int(st.params.size()), first_leaf, &key);
   }
   return status;
 }

@@ -25,6 +25,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -33,7 +34,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction
 
-from . import _C, _env
+from . import _C, _env, _heuristic_code
 from . import _triton_abi as abi
 from . import cache as _cache
 from .cache import files as _cache_files
@@ -52,6 +53,7 @@ TUNE_CONFIG_PROVIDED: int = _C.TUNE_FLAGS["config_provided"]
 TUNE_VALUE: int = _C.TUNE_FLAGS["value"]
 TUNE_LAYOUT: int = _C.TUNE_FLAGS["layout"]
 TUNE_SIZES: int = _C.TUNE_FLAGS["sizes"]
+TUNE_STRIDES: int = _C.TUNE_FLAGS["strides"]
 
 #: Bumped when the tuning record's layout or key document changes.
 TUNING_FORMAT_VERSION = 1
@@ -284,7 +286,11 @@ class Autotuned(NativeDispatch, Autotuner):
                     "runs Python per call",
                 )
                 self._miss_fallbacks += 1
-                result = self.fn[grid](*args, **merged)
+                # A heuristics below computes its own values from these (it refuses them given).
+                launch_kwargs = (
+                    merged if self._heuristics is None else {**kwargs, **config.all_kwargs()}
+                )
+                result = self.fn[grid](*args, **launch_kwargs)
                 return result if result is not None else True
         if key is None:
             return self._fallback(grid, args, merged, reason or "unsupported call")
@@ -585,9 +591,17 @@ class _KeyedArgs(dict):
     """The arguments a keyed heuristic may read: reading any other raises, so a value never
     depends on something the native key does not hold."""
 
-    def __init__(self, visible: dict[str, Any], kernel: str, value: str, key: Sequence[str]):
+    def __init__(
+        self,
+        visible: dict[str, Any],
+        kernel: str,
+        value: str,
+        key: Sequence[str],
+        params: Sequence[str] = (),
+    ):
         super().__init__(visible)
         self._where = (kernel, value, list(key))
+        self._params = frozenset(params)
 
     def __missing__(self, name):
         kernel, value, key = self._where
@@ -598,6 +612,24 @@ class _KeyedArgs(dict):
 
     def get(self, name, default=None):
         return self[name]
+
+    def __contains__(self, name):
+        # Triton's mapping holds every argument the call passed; this one only the key's, so
+        # `name in args` can be answered only for those.
+        if super().__contains__(name):
+            return True
+        if name in self._params:
+            self[name]  # a parameter outside the key: raises KeyError naming it
+        return False  # not a parameter: what the call passed is all here (keyed compile options)
+
+    def _whole(self, *args, **kwargs):
+        kernel, value, key = self._where
+        raise KeyError(
+            f"{kernel}: the heuristic for {value!r} reads its arguments as a whole, which "
+            f"its key {key} does not hold; read them by name"
+        )
+
+    __iter__ = keys = values = items = __len__ = _whole
 
 
 class Heuristics(NativeDispatch, TritonHeuristics):
@@ -628,15 +660,31 @@ class Heuristics(NativeDispatch, TritonHeuristics):
                 )
             if name in key:
                 raise ValueError(f"fastkernel.heuristics: {name!r} is both computed and in the key")
+        for name, fn in values.items():
+            # A value is computed once per key: a function that can read anything else (a
+            # global, a closure variable, a helper) would leave it stale.
+            if isinstance(fn, types.FunctionType):
+                outside = _heuristic_code.analyze(fn).outside
+            else:
+                outside = f"is a {type(fn).__name__}, whose code cannot be read"
+            if outside is not None:
+                raise TypeError(
+                    f"fastkernel.heuristics: the heuristic for {name!r} {outside}; with a key "
+                    f"each value is computed once per key, so it may read only the key's "
+                    f"arguments (and min, max, math, triton.cdiv, triton.next_power_of_2). "
+                    f"Without a key the functions run on every call"
+                )
         TritonHeuristics.__init__(self, kernel, arg_names, dict(values))
         self.__name__ = jit_fn.__name__
         self.keys = list(key)
         self._constexprs = [
             p.name for p in jit_fn.params if p.is_constexpr and p.name not in values
         ]
+        # A keyed tensor is keyed by its sizes and exact strides (and, as every tensor, its
+        # dtype, device and 16-byte alignment): what a heuristic can read from its layout.
         tune = {
             p.name: (TUNE_CONFIG_PROVIDED if p.name in values else 0)
-            | (TUNE_VALUE | TUNE_SIZES if p.name in self.keys else 0)
+            | (TUNE_VALUE | TUNE_SIZES | TUNE_STRIDES if p.name in self.keys else 0)
             for p in jit_fn.params
         }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
@@ -666,7 +714,7 @@ class Heuristics(NativeDispatch, TritonHeuristics):
             {k: v for k, v in named.items() if k not in self.arg_names}
         )  # config options
         for name, fn in self.values.items():
-            visible[name] = fn(_KeyedArgs(visible, self.__name__, name, self.keys))
+            visible[name] = fn(_KeyedArgs(visible, self.__name__, name, self.keys, self.arg_names))
         return {name: visible[name] for name in self.values}
 
     def _on_miss(
@@ -693,10 +741,12 @@ def heuristics(values: dict[str, Callable], key: Sequence[str] | None = None):
         to values (and, under an autotuner, the tuned config's values; later functions also see
         earlier results).
     key : list of str, optional
-        The arguments the functions read. Given, each value is computed once per key (ints and
-        floats by value, tensors by sizes, dtype and alignment) and compiled into the launch
-        record: a call is one native hit. A function reading an argument outside the key (or
-        a non-constexpr one) raises KeyError naming it. Without a key this is
+        The arguments the functions read. Given, each value is computed once per key (ints,
+        floats and bools by value, tuples by their elements, tensors by sizes, exact strides,
+        dtype and alignment) and compiled into the launch record: a call is one native hit. A
+        function reading an argument outside the key raises KeyError naming it; one whose code
+        can read anything but its arguments (``fastkernel._heuristic_code``) is refused with
+        TypeError here. Without a key this is
         ``triton.heuristics``: the functions run in Python on every call and the launch is
         native.
 
@@ -704,7 +754,8 @@ def heuristics(values: dict[str, Callable], key: Sequence[str] | None = None):
     ------
     TypeError, ValueError
         At decoration: a computed name that is not a tl.constexpr parameter, a key name that is
-        not an argument. At a call: passing a computed parameter.
+        not an argument, with a key a function that can read outside its arguments. At a
+        call: passing a computed parameter.
     """
 
     def decorator(kernel):

@@ -100,6 +100,14 @@ class HeuristicReads:
     outside: str | None
 
 
+def _constant(value: Any) -> bool:
+    """Whether ``value`` is an immutable constant: None, a bool, int, float or str, or a tuple
+    of them."""
+    if value is None or type(value) in (bool, int, float, str):
+        return True
+    return type(value) is tuple and all(_constant(item) for item in value)
+
+
 def _pure_callable(obj: Any) -> bool:
     """Whether calling ``obj`` computes from its arguments alone (see ``_PURE_CALLABLES``)."""
     if isinstance(obj, types.BuiltinFunctionType) and getattr(obj, "__module__", None) == "math":
@@ -162,15 +170,30 @@ def _names_in_code(code: types.CodeType) -> set[str]:
 def analyze(fn: types.FunctionType) -> HeuristicReads:
     """What heuristic function ``fn`` can read (:class:`HeuristicReads`), from its code.
 
-    A free variable (a closure) is an outside read: the enclosing scope can rebind it. So is
-    every global or built-in other than the pure callables of ``_PURE_CALLABLES`` and the
-    functions of :mod:`math`, reached directly or through module attributes (``triton.cdiv``).
+    A free variable (a closure) is an outside read: the enclosing scope can rebind it. So is a
+    parameter after the first whose default is not an immutable constant, and every global or
+    built-in other than the pure callables of ``_PURE_CALLABLES`` and the functions of
+    :mod:`math`, reached directly or through module attributes (``triton.cdiv``).
     """
     outer = fn.__code__
     free = set(outer.co_freevars)
     outside: str | None = None
     if free:
         outside = f"reads closure variable {sorted(free)[0]!r}"
+    # Triton calls a heuristic with one argument: the others take their defaults, objects that
+    # can be changed (or rebound through __defaults__) unless they are immutable constants.
+    defaults = dict(fn.__kwdefaults__ or {})
+    positional = outer.co_varnames[: outer.co_argcount]
+    defaults.update(
+        zip(positional[len(positional) - len(fn.__defaults__ or ()) :], fn.__defaults__ or ())
+    )
+    for name, value in defaults.items():
+        if (
+            outside is None
+            and name != (positional[0] if positional else None)
+            and not _constant(value)
+        ):
+            outside = f"reads its default argument {name!r}"
     identity_uses: set[str] = set()
     other_uses: set[str] = set()
     pending = [outer]

@@ -95,6 +95,15 @@ class PatchedKernel(NativeDispatch):
         return f"PatchedKernel({self._stats_name()})"
 
 
+def _leaves(value: Any) -> Iterator[Any]:
+    """``value``, or the elements of a tuple, depth first (Triton flattens tuple arguments)."""
+    if isinstance(value, tuple):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
 class _TunedLaunch:
     """One PatchedAutotuner miss in progress on this thread: the config its ``Autotuner.run``
     launched the kernel with, noted by :func:`_patched_run` when that run calls its kernel's
@@ -205,11 +214,11 @@ class PatchedAutotuner(NativeDispatch):
         if given:
             return f"argument {given[0]!r} is set by the autotuner's configs"
         for name in autotuner.keys:
-            value = named.get(name)
-            if isinstance(value, torch.Tensor):
-                return f"autotune key {name!r} is a tensor, which Triton keys by identity"
-            if isinstance(value, float) and value != value:
-                return f"autotune key {name!r} is NaN, which never equals Triton's cached key"
+            for value in _leaves(named.get(name)):
+                if isinstance(value, torch.Tensor):
+                    return f"autotune key {name!r} holds a tensor, which Triton keys by identity"
+                if isinstance(value, float) and value != value:
+                    return f"autotune key {name!r} holds NaN, which never equals Triton's key"
         for name, value in named.items():
             if hasattr(value, "dtype") and not isinstance(value, torch.Tensor):
                 return (

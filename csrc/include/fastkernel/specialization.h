@@ -53,6 +53,8 @@ enum class ArgKind : uint8_t {
   TuneDefaulted = 25,   ///< a kTuneValue parameter the call left out (its default is keyed after
                         ///< this word): Triton's autotune key and heuristics see only the
                         ///< arguments passed, so a default passed explicitly is another key
+  TuneStrides = 26,     ///< a tensor's exact strides: bits 8..15 its dim, one word per stride
+                        ///< follows
 };
 
 /// Tuning flags of a parameter (ParamSpec::tune), set for kernels under fastkernel.autotune.
@@ -62,6 +64,7 @@ enum TuneFlag : uint8_t {
                             ///< whether the call passed it
   kTuneLayout = 4,          ///< a tensor's stride pattern is keyed (every tensor of a tuned kernel)
   kTuneSizes = 8,           ///< named in the autotune key: a tensor's sizes are keyed
+  kTuneStrides = 16,        ///< a tensor's exact strides are keyed (a keyed heuristic's tensor)
 };
 
 /// The autotune class of a stride: 0, 1 or anything else (fastkernel.autotune's key).
