@@ -654,3 +654,30 @@ def test_a_config_pre_hook_over_keyed_heuristics_runs_and_launches(stand_in):
     # Two benchmark launches, then the tuned config (2 warps, BLOCK 64) twice, hook each time.
     assert [(l.block[0], l.grid[0]) for l in stand_in.launches()][2:] == [(64, 16), (64, 16)]
     assert hooks[-2:] == [2, 2]
+
+
+def test_a_tuning_record_holds_a_choice_among_the_configs_this_call_prunes_to(stand_in):
+    # The record is found through the configs the call's pruning leaves, as Triton prunes
+    # before it looks at its cache: pruning that now drops the recorded winner tunes again
+    # among what it leaves, and a key pruned to one config needs (and writes) no record.
+    x = torch.randn(1000)
+    tuned_add(FakeTimer([3.0, 1.0, 2.0]))[grid_1d](x, x, x, 1000)  # CONFIGS[1] wins
+    assert len(list(fastkernel._autotune.tuning_dir().glob("*/*.json"))) == 1
+
+    def drop_the_winner(configs, named_args, **kwargs):
+        return [c for c in configs if c is not CONFIGS[1]]
+
+    timer = FakeTimer([2.0, 1.0])
+    k = tuned_add(timer, prune_configs_by={"early_config_prune": drop_the_winner})
+    k[grid_1d](x, x, x, 1000)
+    assert timer.calls == 2 and k.best_config is CONFIGS[2]
+    assert stand_in.launches()[-1].block[0] == 32 * 8
+
+    def keep_one(configs, named_args, **kwargs):
+        return [CONFIGS[0]]
+
+    timer = FakeTimer([1.0])
+    k = tuned_add(timer, prune_configs_by={"early_config_prune": keep_one})
+    k[grid_1d](x, x, x, 1000)
+    assert timer.calls == 0 and k.best_config is CONFIGS[0]
+    assert len(list(fastkernel._autotune.tuning_dir().glob("*/*.json"))) == 2

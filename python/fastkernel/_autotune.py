@@ -306,20 +306,23 @@ class Autotuned(NativeDispatch, Autotuner):
             config = self.cache.get(tuning_key)
             if config is not None:
                 return config
+            # Pruned first, as Triton prunes: a record holds a choice among the configs this
+            # call's pruning leaves (its document lists them), and one left needs no record.
+            configs = self.prune(named, kwargs)
             target = self._target(device)
-            path = self._record_path(tuning_key, target)
+            path = self._record_path(tuning_key, target, configs) if len(configs) > 1 else None
             if path is None:
-                config = self._tune(named, grid, args, kwargs, device)
+                config = self._tune(configs, named, grid, args, kwargs, device)
             else:
                 from filelock import FileLock
 
                 # One process benchmarks a key at a time (timings taken side by side on one GPU
                 # would disturb each other); the others wait and read its record.
                 with FileLock(str(path) + ".lock"):
-                    config = self._read_record(path)
+                    config = self._read_record(path, configs)
                     if config is None:
-                        config = self._tune(named, grid, args, kwargs, device)
-                        self._write_record(path, tuning_key, config)
+                        config = self._tune(configs, named, grid, args, kwargs, device)
+                        self._write_record(path, tuning_key, configs, config)
             self.cache[tuning_key] = config
             self.best_config = config
             return config
@@ -350,10 +353,10 @@ class Autotuned(NativeDispatch, Autotuner):
                 configs = sorted(configs, key=lambda c: estimates[c])[:top_k]
         return configs
 
-    def _tune(self, named, grid, args, kwargs, device: int) -> Config:
+    def _tune(self, configs: list[Config], named, grid, args, kwargs, device: int) -> Config:
+        """The fastest of ``configs`` (this call's pruned configs) for this call."""
         import time
 
-        configs = self.prune(named, kwargs)
         if len(configs) == 1:
             return configs[0]
         start = time.perf_counter()
@@ -501,11 +504,14 @@ class Autotuned(NativeDispatch, Autotuner):
 
     # -- the tuning record on disk ------------------------------------------------------------
 
-    def record_document(self, tuning_key: tuple[Any, ...], target) -> dict[str, Any]:
+    def record_document(
+        self, tuning_key: tuple[Any, ...], target, configs: Sequence[Config] | None = None
+    ) -> dict[str, Any]:
         """What decides a tuning result, as JSON data: the kernel (Triton's ``cache_key``: its
-        source, the jit functions it calls and the constexpr globals it reads), the configs, the
-        key names and the key, the target, the toolchain fingerprint (fastkernel/cache/key.py) and
-        Triton's cache-invalidating environment variables. Raises ``cache.Uncacheable``."""
+        source, the jit functions it calls and the constexpr globals it reads), the configs
+        benchmarked (``configs``, the call's pruned ones; default all), the key names and the
+        key, the target, the toolchain fingerprint (fastkernel/cache/key.py) and Triton's
+        cache-invalidating environment variables. Raises ``cache.Uncacheable``."""
         from triton._C.libtriton import get_cache_invalidating_env_vars
 
         try:
@@ -517,7 +523,7 @@ class Autotuned(NativeDispatch, Autotuner):
         return {
             "format": TUNING_FORMAT_VERSION,
             "kernel": kernel_key,
-            "configs": [_config_doc(c) for c in self.configs],
+            "configs": [_config_doc(c) for c in (self.configs if configs is None else configs)],
             "key_names": list(self.keys),
             "key": render(tuning_key),
             "target": target_dict(target),
@@ -525,7 +531,9 @@ class Autotuned(NativeDispatch, Autotuner):
             "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
         }
 
-    def _record_path(self, tuning_key, target) -> pathlib.Path | None:
+    def _record_path(
+        self, tuning_key, target, configs: Sequence[Config] | None = None
+    ) -> pathlib.Path | None:
         """Where the tuning record of ``tuning_key`` lives, its directory created private to
         the user; None when results are not kept (``cache_results=False``, the cache off or not
         trusted, or the kernel uncacheable)."""
@@ -535,7 +543,7 @@ class Autotuned(NativeDispatch, Autotuner):
         if root is None:
             return None
         try:
-            doc = self.record_document(tuning_key, target)
+            doc = self.record_document(tuning_key, target, configs)
         except _cache.Uncacheable as exc:
             log_once(
                 logging.WARNING,
@@ -553,13 +561,17 @@ class Autotuned(NativeDispatch, Autotuner):
             return None
         return directory / f"{digest}.json"
 
-    def _read_record(self, path: pathlib.Path) -> Config | None:
+    def _read_record(self, path: pathlib.Path, configs: Sequence[Config]) -> Config | None:
+        """The config a tuning record chose among ``configs`` (its index there), checked against
+        the config it describes; None when there is none or it does not fit (logged)."""
         if _cache.always_compile():
             return None
         try:
             record = json.loads(_cache_files.read_file(path, 1 << 20)[0])
             index = record["config_index"]
-            config = self.configs[index]
+            if type(index) is not int or not 0 <= index < len(configs):
+                raise IndexError(f"config_index {index!r} outside the {len(configs)} configs")
+            config = configs[index]
             if record["config"] != _config_doc(config):
                 raise ValueError("the config at its index differs")
         except FileNotFoundError:
@@ -572,12 +584,14 @@ class Autotuned(NativeDispatch, Autotuner):
         )
         return config
 
-    def _write_record(self, path: pathlib.Path, tuning_key, config: Config) -> None:
+    def _write_record(
+        self, path: pathlib.Path, tuning_key, configs: Sequence[Config], config: Config
+    ) -> None:
         timings = self.configs_timings or {}
         record = {
             "kernel": f"{self.jit_function.fn.__module__}.{self.jit_function.fn.__qualname__}",
             "key": repr(tuning_key),
-            "config_index": self.configs.index(config),
+            "config_index": list(configs).index(config),
             "config": _config_doc(config),
             "timings_ms": [[_describe(c), _median(t)] for c, t in timings.items()],
         }
