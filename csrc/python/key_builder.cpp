@@ -479,21 +479,11 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
 // The exact value of a scalar the autotune key (or a heuristic) names: ints by value, floats by
 // bits, bools by value (a runtime bool's own key word holds only its kind); None is keyed by
 // its kind already.
-void push_tuned_scalar(const ArgValue& value, SpecializationKey* key) {
+[[gnu::noinline]] void push_tuned_value(const ArgValue& value, SpecializationKey* key) {
   if (value.kind == ArgKind::Int || value.kind == ArgKind::Float || value.kind == ArgKind::Bool) {
     const uint64_t width = value.kind == ArgKind::Int ? uint64_t(value.width) : 0;
     key->push(uint64_t(ArgKind::TuneValue) | (uint64_t(value.kind) << 8) | (width << 16));
     key->push(value.u);
-  }
-}
-
-// The exact values of a parameter the autotune key names: its own scalar value, or for a tuple
-// every scalar leaf it filled (call->values from slot num_params + first_leaf on).
-[[gnu::noinline]] void push_tuned_value(const BoundCall& call, const ArgValue& value,
-                                        int num_params, int first_leaf, SpecializationKey* key) {
-  push_tuned_scalar(value, key);
-  for (int leaf = first_leaf; leaf >= 0 && leaf < call.num_leaves; ++leaf) {
-    push_tuned_scalar(call.values[num_params + leaf], key);
   }
 }
 
@@ -669,6 +659,7 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
     element.specialize = true;
     element.align = true;
     element.tune = 0;
+    const int first_slot = num_params + call->num_leaves;
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* item = PyTuple_GET_ITEM(v, i);
       ArgValue* leaf = value;  // a nested tuple or a descriptor takes no slot of its own
@@ -684,6 +675,13 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
       const KeyStatus status = push_runtime_arg(kernel, element, item, leaf, call, depth + 1);
       if (status != KeyStatus::Ok) {
         return status;
+      }
+    }
+    if (param.tune & kTuneValue) {
+      // Named in the autotune key: the values of its scalar elements, which its own words
+      // hold only by class (as Triton specializes them).
+      for (int slot = first_slot; slot < num_params + call->num_leaves; ++slot) {
+        push_tuned_value(call->values[slot], &key);
       }
     }
     return KeyStatus::Ok;
@@ -826,19 +824,17 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
   // The common kinds inline (the hot path); constexpr objects, tuples and the fallback out
   // of line.
   KeyStatus status;
-  int first_leaf = -1;  // the first leaf slot this argument fills (a tuple's elements)
   if (THPVariable_CheckExact(v)) {
     status = push_tensor(kernel, param, v, value, &key);
   } else if (PyLong_CheckExact(v)) {
     status = push_int(kernel, param, v, value, &key);
   } else {
     call->current_param = i;  // the owner of any leaves (tuple elements, descriptor fields)
-    first_leaf = call->num_leaves;
     status = push_runtime_arg(kernel, param, v, value, call, 0);
   }
   if (status == KeyStatus::Ok && C10_UNLIKELY(param.tune & kTuneValue) &&
       value->kind != ArgKind::Tensor) {
-    push_tuned_value(*call, *value, int(st.params.size()), first_leaf, &key);
+    push_tuned_value(*value, &key);
   }
   return status;
 }
