@@ -1233,3 +1233,115 @@ def test_a_heuristic_reading_a_runtime_bool_follows_its_value(stand_in):
     for flag, launch in zip(calls, ours):
         assert_same_launch(launch, theirs[flag])
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 2, 0)
+
+
+_PROGRAMS = {
+    # Classes of __main__ pickle from an exit handler; the interpreter has removed __file__.
+    "main.py": (
+        "import atexit, pickle, sys\n"
+        "class C:\n"
+        "    pass\n"
+        "def at_exit():\n"
+        "    import __main__\n"
+        "    print(len(pickle.dumps(C())) > 0, hasattr(__main__, '__file__'))\n"
+        "atexit.register(at_exit)\n"
+        "print(__name__, __file__, __package__, __spec__, type(__loader__).__name__)\n"
+        "print(sys.argv, sys.path[0])\n"
+    ),
+    # __file__ and the traceback's file names are absolute, the traceback starts at the script.
+    "chdir.py": "import os\nos.chdir('/')\nprint(__file__)\nraise ValueError('boom')\n",
+    "syntax.py": "def f(:\n",
+    "real/linked.py": "import sibling\nprint(sibling.NAME)\n",
+    "real/sibling.py": "NAME = 'found beside the real file'\n",
+    "appdir/__main__.py": "import sys\nprint(sys.argv, sys.path[0], __name__, __package__)\n",
+    "pkg/__init__.py": "",
+    "pkg/__main__.py": "import sys\nfrom . import part\nprint(sys.argv, __name__, __package__, part.X)\n",
+    "pkg/part.py": "X = 3\n",
+    "nomain/__init__.py": "",
+}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["main.py", "a", "-b"],
+        ["chdir.py"],
+        ["syntax.py"],
+        ["links/linked.py"],
+        ["appdir", "x"],
+        ["app.zip", "y"],
+        ["-m", "pkg", "z"],
+        ["-c", "import sys; print(sys.argv, sys.path[0], __name__)", "-v"],
+        ["-m", "no_such_module"],
+        ["-m", "nomain"],
+        ["emptydir"],
+        ["no_such_file.py"],
+    ],
+    ids=lambda args: " ".join(args)[:24],
+)
+def test_run_runs_a_target_as_the_interpreter_does(tmp_path, args):
+    """`python -m fastkernel run ARGS` and `python ARGS` print the same, on both streams, and
+    exit alike: __main__ kept for exit handlers, absolute __file__, a symbolic link's real
+    directory first on sys.path, directory and zip targets, -m packages, -c, the interpreter's
+    messages for what it cannot run, tracebacks from the target's own frame."""
+    import zipfile
+
+    for name, source in _PROGRAMS.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "linked.py").symlink_to(tmp_path / "real" / "linked.py")
+    (tmp_path / "emptydir").mkdir()
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
+        archive.writestr("__main__.py", _PROGRAMS["appdir/__main__.py"])
+    theirs = _run_python(*args, cwd=tmp_path)
+    ours = _run_python("-m", "fastkernel", "run", *args, cwd=tmp_path)
+    assert (ours.returncode, ours.stdout, ours.stderr) == (
+        theirs.returncode,
+        theirs.stdout,
+        theirs.stderr,
+    )
+
+
+def test_run_reads_a_program_from_standard_input(tmp_path):
+    program = "import sys\nprint(sys.argv, repr(sys.path[0]), __name__)\n"
+    theirs = subprocess.run(
+        [sys.executable, "-", "a"], input=program, capture_output=True, text=True, cwd=tmp_path
+    )
+    ours = subprocess.run(
+        [sys.executable, "-m", "fastkernel", "run", "-", "a"],
+        input=program,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert (
+        (ours.returncode, ours.stdout)
+        == (theirs.returncode, theirs.stdout)
+        == (
+            0,
+            "['-', 'a'] '' __main__\n",
+        )
+    )
+
+
+def test_run_stats_come_last_on_the_interpreters_stderr(tmp_path):
+    # After the program's non-daemon threads and exit handlers, and even when the program
+    # closed its standard output and replaced its stderr.
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import atexit, io, sys, threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread', file=sys.__stderr__)))"
+        ".start()\n"
+        "atexit.register(lambda: print('exit handler', file=sys.__stderr__))\n"
+        "sys.stdout.close()\n"
+        "sys.stderr = io.StringIO()\n"
+    )
+    result = _run_python("-m", "fastkernel", "run", "--stats", str(script))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "thread",
+        "exit handler",
+        "fastkernel: no Triton kernel launched",
+    ]

@@ -1,5 +1,5 @@
 """``python -m fastkernel demo|cache|run``: the demo (examples checked against torch), the on-disk
-kernel cache (``cache info|list|clear|export|import``), and ``run [--stats] [-m] target
+kernel cache (``cache info|list|clear|export|import``), and ``run [--stats] [-m|-c] target
 [args...]``, a program run with every Triton launch native. The dispatch benchmark is the
 repository's ``benchmarks/dispatch.py``."""
 

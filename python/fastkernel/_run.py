@@ -1,15 +1,26 @@
-"""``python -m fastkernel run [--stats] [-m] target [args...]``: run a program with every Triton
-kernel launch served natively (:func:`fastkernel.patch`), the way ``coverage run`` runs one
-under measurement. The target sees the ``sys.argv`` and ``__main__`` it would see when run as
-``python target args...`` (or ``python -m target args...``); its exit status is passed through.
+"""``python -m fastkernel run [--stats] [-m module | -c command | script | -] [args...]``: run a
+program with every Triton kernel launch served natively (:func:`fastkernel.patch`), the way
+``coverage run`` runs one under measurement. The target runs as the interpreter runs it
+(``python script``, ``python -m module``, ``python -c command``, a directory or zip archive with a
+``__main__.py``, ``-`` for standard input): in a new ``__main__`` module that stays in
+``sys.modules`` after it returns (for ``atexit`` handlers, threads and pickling), with the
+``sys.argv``, ``sys.path[0]``, ``__file__``, ``__spec__``, ``__loader__`` and ``__package__``
+the interpreter gives it (CPython's documented command-line behaviour and ``runpy`` module),
+tracebacks that start at the target, and its exit status passed through.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import builtins
+import importlib.machinery
+import importlib.util
+import io
 import os
-import runpy
 import sys
+import types
+import zipfile
 
 
 def stats_table(stats: dict[str, dict]) -> str:
@@ -28,10 +39,148 @@ def stats_table(stats: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+class _CannotRun(Exception):
+    """The target cannot be found or loaded: the interpreter's message and exit status."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
+def _new_main(**attributes) -> types.ModuleType:
+    """A fresh ``__main__`` module, installed in ``sys.modules`` for good."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, **attributes)
+    sys.modules["__main__"] = main
+    return main
+
+
+def _module_spec(name: str) -> importlib.machinery.ModuleSpec:
+    """The spec ``python -m name`` runs (a package's ``__main__`` submodule), or _CannotRun with
+    the interpreter's message."""
+    if name.startswith("."):
+        raise _CannotRun("Relative module names not supported")
+    parent = name.rpartition(".")[0]
+    try:
+        if parent:
+            __import__(parent)
+        spec = importlib.util.find_spec(name)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise _CannotRun(
+            f"Error while finding module specification for {name!r} ({type(exc).__name__}: {exc})"
+        ) from None
+    if spec is None:
+        raise _CannotRun(f"No module named {name}")
+    if spec.submodule_search_locations is not None:
+        if name == "__main__" or name.endswith(".__main__"):
+            raise _CannotRun("Cannot use package as __main__ module")
+        try:
+            return _module_spec(name + ".__main__")
+        except _CannotRun as exc:
+            raise _CannotRun(
+                f"{exc}; {name!r} is a package and cannot be directly executed"
+            ) from None
+    if spec.loader is None:
+        raise _CannotRun(f"{name!r} is a namespace package and cannot be executed")
+    return spec
+
+
+def _prepare(ns: argparse.Namespace) -> tuple[types.CodeType, types.ModuleType]:
+    """Sets ``sys.argv`` and ``sys.path[0]`` as the interpreter would for the target, installs
+    its ``__main__`` module and compiles its code (a SyntaxError propagates)."""
+    if ns.module:
+        spec = _module_spec(ns.target)
+        code = spec.loader.get_code(spec.name)  # type: ignore[union-attr]
+        if code is None:
+            raise _CannotRun(f"No code object available for {ns.target}")
+        sys.argv = [spec.origin or ns.target, *ns.args]
+        sys.path[0] = os.getcwd()
+        main = _new_main(
+            __file__=spec.origin,
+            __cached__=spec.cached,
+            __loader__=spec.loader,
+            __package__=spec.parent,
+            __spec__=spec,
+        )
+        return code, main
+    if ns.command is not None:
+        sys.argv = ["-c", *ns.args]
+        sys.path[0] = ""
+        main = _new_main(
+            __loader__=importlib.machinery.BuiltinImporter, __package__=None, __spec__=None
+        )
+        return compile(ns.command, "<string>", "exec", dont_inherit=True), main
+    target = ns.target
+    sys.argv = [target, *ns.args]
+    if target == "-":
+        sys.path[0] = ""
+        main = _new_main(
+            __loader__=importlib.machinery.BuiltinImporter, __package__=None, __spec__=None
+        )
+        return compile(sys.stdin.buffer.read(), "<stdin>", "exec", dont_inherit=True), main
+    path = os.path.abspath(target)
+    if os.path.isdir(path) or (os.path.isfile(path) and zipfile.is_zipfile(path)):
+        # A directory or zip archive goes first on sys.path and its __main__ module runs.
+        sys.path[0] = path
+        found = importlib.machinery.PathFinder.find_spec("__main__", [path])
+        if found is None or found.loader is None:
+            raise _CannotRun(f"can't find '__main__' module in {path!r}")
+        code = found.loader.get_code("__main__")  # type: ignore[attr-defined]
+        main = _new_main(
+            __file__=found.origin,
+            __cached__=None,
+            __loader__=found.loader,
+            __package__="",
+            __spec__=found,
+        )
+        return code, main
+    try:
+        with io.open_code(path) as f:
+            source = f.read()
+    except OSError as exc:
+        message = f"can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}"
+        raise _CannotRun(message, 2) from None
+    # The script's own directory, symbolic links resolved, as the interpreter puts it first.
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    main = _new_main(
+        __file__=path,
+        __cached__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __package__=None,
+        __spec__=None,
+    )
+    return compile(source, path, "exec", dont_inherit=True), main
+
+
+def _from_target(tb: types.TracebackType | None, code: types.CodeType | None):
+    """The traceback from the target's own frame on; None when the error came before the
+    target ran (a SyntaxError compiling it, reported without frames as the interpreter does)."""
+    frame = tb
+    while frame is not None and frame.tb_frame.f_code is not code:
+        frame = frame.tb_next
+    return frame
+
+
+def _print_stats() -> None:
+    """The --stats table, on the interpreter's own stderr (the program may have replaced or
+    closed its streams), once the program, its threads and its exit handlers are done."""
+    import fastkernel
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # replaced by None, or closed
+            pass
+    out = sys.__stderr__
+    if out is None or out.closed:
+        return
+    print(stats_table(fastkernel.stats()), file=out, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fastkernel run",
-        description="Run a Python program or module with fastkernel.patch() on.",
+        description="Run a Python program with fastkernel.patch() on, as the interpreter runs it.",
     )
     parser.add_argument(
         "--stats",
@@ -39,44 +188,77 @@ def main(argv: list[str] | None = None) -> int:
         help="print at exit, on stderr, every kernel that launched: native hits, "
         "misses (compiles or cache loads), fallbacks and their reasons",
     )
-    parser.add_argument(
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument(
         "-m",
         dest="module",
         action="store_true",
         help="target is a module name, run as `python -m target`",
     )
-    parser.add_argument("target", help="the script (or, with -m, the module) to run")
+    how.add_argument(
+        "-c", dest="command", metavar="COMMAND", help="run COMMAND, as `python -c COMMAND`"
+    )
+    parser.add_argument(
+        "target",
+        nargs="?",
+        help="the script, directory or zip archive (- for standard input), or with -m the module",
+    )
     parser.add_argument("args", nargs="*", help="its arguments (every word after the target)")
     argv = list(sys.argv[1:] if argv is None else argv)
     # fastkernel's options come before the target; every word after it is the target's own,
     # options included (argparse alone would read a target's `-h` as its own).
-    split = next((i for i, word in enumerate(argv) if not word.startswith("-")), len(argv))
-    ns = parser.parse_args(argv[: split + 1])
-    ns.args = argv[split + 1 :]
+    split = 0
+    command = False
+    while split < len(argv) and argv[split].startswith("-") and argv[split] != "-":
+        command = argv[split] == "-c"
+        split += 2 if command else 1
+        if command:  # every word after `-c COMMAND` is the command's
+            break
+    if command:
+        ns = parser.parse_args(argv[:split])
+        ns.args = argv[split:]
+    else:
+        ns = parser.parse_args(argv[: split + 1])
+        ns.args = argv[split + 1 :]
+        if ns.target is None:
+            parser.error(
+                "a target is required: a script, a directory or zip archive, -, "
+                "-m module or -c command"
+            )
 
     import fastkernel
 
     fastkernel.patch()
-    status: object = 0
+    if ns.stats:
+        # Registered before the program runs, so it runs after the program's own exit handlers
+        # (atexit calls them last in, first out) and after its non-daemon threads have ended.
+        atexit.register(_print_stats)
+    code = main_module = None
     try:
-        if ns.module:
-            sys.argv = [ns.target, *ns.args]  # run_module puts the module's path in argv[0]
-            runpy.run_module(ns.target, run_name="__main__", alter_sys=True)
-        else:
-            if not os.path.exists(ns.target):
-                parser.error(f"no such file: {ns.target}")
-            sys.argv = [ns.target, *ns.args]
-            sys.path[0] = os.path.dirname(os.path.abspath(ns.target))  # as `python script.py`
-            runpy.run_path(ns.target, run_name="__main__")
+        code, main_module = _prepare(ns)
+        try:
+            exec(code, main_module.__dict__)
+        finally:
+            if main_module.__spec__ is None and "__file__" in main_module.__dict__:
+                # The interpreter removes a script's __file__ (and __cached__) once it has run.
+                del main_module.__file__
+                main_module.__dict__.pop("__cached__", None)
+    except _CannotRun as exc:
+        print(f"{sys.executable}: {exc}", file=sys.stderr)
+        return exc.status
     except SystemExit as exc:
         status = exc.code
-    finally:
-        if ns.stats:
-            sys.stdout.flush()
-            print(stats_table(fastkernel.stats()), file=sys.stderr)
-    if status is None:
-        return 0
-    if isinstance(status, int):
-        return status
-    print(status, file=sys.stderr)  # sys.exit("message"), as the interpreter reports it
-    return 1
+        if status is None:
+            return 0
+        if isinstance(status, int):
+            return status
+        print(status, file=sys.stderr)  # sys.exit("message"), as the interpreter reports it
+        return 1
+    except KeyboardInterrupt:
+        raise  # the interpreter reports it and exits as interrupted
+    except BaseException as exc:
+        # Reported as the interpreter reports an uncaught exception, from the target's frame.
+        trimmed = _from_target(exc.__traceback__, code)
+        sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
+        return 1
+    return 0
