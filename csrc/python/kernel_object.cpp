@@ -652,6 +652,37 @@ struct Scratch {
   return true;
 }
 
+// Binds and keys a call (bind_and_build_key) with nothing thrown into CPython. Error comes with
+// the exception set; for a value error, the TypeError of a required argument the call left out
+// instead, since Python binds every argument before it checks a value.
+[[gnu::always_inline]] inline KeyStatus bind_call(KernelObject* kernel, PyObject* const* args,
+                                                  Py_ssize_t nargs, PyObject* kwnames,
+                                                  BoundCall* call) {
+  KeyStatus status;
+  try {
+    // torch can throw (c10::Error) from a tensor accessor; nothing may escape into CPython.
+    status = bind_and_build_key(kernel, args, nargs, kwnames, call);
+  } catch (...) {
+    set_python_error_from_current_exception(kernel);
+    return KeyStatus::Error;
+  }
+  if (status == KeyStatus::Error) {
+    prefer_missing_argument_error(kernel, call);
+  }
+  return status;
+}
+
+// A call the native path does not take: counted as a fallback and launched through Triton's
+// own path, whose run calls the pre-run and launch hooks itself.
+[[gnu::noinline, gnu::cold]] PyObject* launch_through_triton(BoundLaunchObject* self,
+                                                             PyObject* const* args,
+                                                             Py_ssize_t nargs, PyObject* kwnames,
+                                                             const BoundCall& call) {
+  ++self->kernel->state->fallbacks;
+  return call_miss_handler(self->kernel, self->grid, args, nargs, kwnames, nullptr, -1,
+                           fallback_reason(call).c_str());
+}
+
 // Runs the kernel's pre-run hooks, then binds the call again: Triton runs the hooks before it
 // binds the arguments (JITFunction.run), and a hook may change one (`out.set_(...)`, a new data
 // pointer), so the key and the packed values must be the arguments as the hooks left them.
@@ -661,29 +692,15 @@ struct Scratch {
                                                              PyObject* const* args,
                                                              Py_ssize_t nargs, PyObject* kwnames,
                                                              BoundCall* call, PyObject** handled) {
-  KernelObject* kernel = self->kernel;
   *handled = nullptr;
-  if (!run_pre_run_hooks(kernel, args, nargs, kwnames)) {
+  if (!run_pre_run_hooks(self->kernel, args, nargs, kwnames)) {
     return false;
   }
-  KeyStatus status;
-  try {
-    status = bind_and_build_key(kernel, args, nargs, kwnames, call);
-  } catch (...) {
-    set_python_error_from_current_exception(kernel);
-    return false;
-  }
-  if (status == KeyStatus::Error) {
-    prefer_missing_argument_error(kernel, call);
-    return false;
-  }
+  const KeyStatus status = bind_call(self->kernel, args, nargs, kwnames, call);
   if (status == KeyStatus::Fallback) {
-    ++kernel->state->fallbacks;
-    *handled = call_miss_handler(kernel, self->grid, args, nargs, kwnames, nullptr, -1,
-                                 fallback_reason(*call).c_str());
-    return false;
+    *handled = launch_through_triton(self, args, nargs, kwnames, *call);
   }
-  return true;
+  return status == KeyStatus::Ok;
 }
 
 PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t nargsf,
@@ -692,16 +709,8 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
   KernelState& st = *kernel->state;
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   BoundCall call;
-  KeyStatus status;
-  try {
-    // torch can throw (c10::Error) from a tensor accessor; nothing may escape into CPython.
-    status = bind_and_build_key(kernel, args, nargs, kwnames, &call);
-  } catch (...) {
-    set_python_error_from_current_exception(kernel);
-    return nullptr;
-  }
+  KeyStatus status = bind_call(kernel, args, nargs, kwnames, &call);
   if (status == KeyStatus::Error) {
-    prefer_missing_argument_error(kernel, &call);
     return nullptr;
   }
   const KnobState* knobs = current_knobs();
@@ -715,9 +724,7 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
         "stages-inspection hook)";
   }
   if (status == KeyStatus::Fallback) {
-    ++st.fallbacks;  // Triton's own launch runs the pre-run and launch hooks itself
-    return call_miss_handler(kernel, self->grid, args, nargs, kwnames, nullptr, -1,
-                             fallback_reason(call).c_str());
+    return launch_through_triton(self, args, nargs, kwnames, call);
   }
   if (kernel->pre_run_hooks != nullptr && PyList_GET_SIZE(kernel->pre_run_hooks) > 0) {
     PyObject* handled = nullptr;
