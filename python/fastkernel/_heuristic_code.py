@@ -61,11 +61,6 @@ _OUTSIDE_EFFECTS = frozenset(
 #: Loads of a name from the function's globals or the built-ins.
 _GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
 
-#: Loads and stores of closure cells (free variables when the name is one of the function's).
-_CELL_OPS = frozenset(
-    {"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF", "STORE_DEREF", "DELETE_DEREF"}
-)
-
 #: Attribute loads (a method load on 3.10 and 3.11 is its own instruction).
 _ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 
@@ -155,18 +150,6 @@ def _identity_tested(instructions: list[dis.Instruction], i: int) -> bool:
     )
 
 
-def _names_in_code(code: types.CodeType) -> set[str]:
-    """Every string constant of a code object and the code objects nested in it (inside
-    tuple and frozenset constants too)."""
-    names: set[str] = set()
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_in_code(const)
-        else:
-            names.update(_strings_in(const))
-    return names
-
-
 def analyze(fn: types.FunctionType) -> HeuristicReads:
     """What heuristic function ``fn`` can read (:class:`HeuristicReads`), from its code.
 
@@ -176,10 +159,9 @@ def analyze(fn: types.FunctionType) -> HeuristicReads:
     :mod:`math`, reached directly or through module attributes (``triton.cdiv``).
     """
     outer = fn.__code__
-    free = set(outer.co_freevars)
     outside: str | None = None
-    if free:
-        outside = f"reads closure variable {sorted(free)[0]!r}"
+    if outer.co_freevars:
+        outside = f"reads closure variable {sorted(outer.co_freevars)[0]!r}"
     # Triton calls a heuristic with one argument: the others take their defaults, objects that
     # can be changed (or rebound through __defaults__) unless they are immutable constants.
     defaults = dict(fn.__kwdefaults__ or {})
@@ -187,19 +169,21 @@ def analyze(fn: types.FunctionType) -> HeuristicReads:
     defaults.update(
         zip(positional[len(positional) - len(fn.__defaults__ or ()) :], fn.__defaults__ or ())
     )
+    first = positional[0] if positional else None
     for name, value in defaults.items():
-        if (
-            outside is None
-            and name != (positional[0] if positional else None)
-            and not _constant(value)
-        ):
+        if outside is None and name != first and not _constant(value):
             outside = f"reads its default argument {name!r}"
+    spelled: set[str] = set()  # every string constant, nested code and tuple constants included
     identity_uses: set[str] = set()
     other_uses: set[str] = set()
     pending = [outer]
     while pending:
         code = pending.pop()
-        pending.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                pending.append(const)
+            else:
+                spelled.update(_strings_in(const))
         args_name = code.co_varnames[0] if code is outer and code.co_argcount else None
         instructions = list(dis.get_instructions(code))
         for i, ins in enumerate(instructions):
@@ -209,8 +193,6 @@ def analyze(fn: types.FunctionType) -> HeuristicReads:
                     outside = f"imports or writes a global ({op})"
                 elif op in _GLOBAL_LOADS:
                     outside = _global_problem(fn.__globals__, instructions, i)
-                elif op in _CELL_OPS and ins.argval in free:
-                    outside = f"reads closure variable {ins.argval!r}"
             names = _strings_in(ins.argval) if op not in _GLOBAL_LOADS else []
             if (
                 names
@@ -225,7 +207,6 @@ def analyze(fn: types.FunctionType) -> HeuristicReads:
                 identity_uses.update(names)
             else:
                 other_uses.update(names)
-    spelled = _names_in_code(outer)
     return HeuristicReads(
         spelled=frozenset(spelled),
         identity_only=frozenset(identity_uses - other_uses),
