@@ -611,7 +611,7 @@ class _KeyedArgs(dict):
         kernel: str,
         value: str,
         key: Sequence[str],
-        params: Sequence[str] = (),
+        params: Sequence[str],
     ):
         super().__init__(visible)
         self._where = (kernel, value, list(key))
