@@ -79,6 +79,23 @@ def test_a_plain_callable_assigned_as_hook(add, stand_in):
     assert len(calls) == 1 and calls[0].get()["name"] == "add_kernel"
 
 
+def test_a_hook_assigned_by_the_grid_function_runs_for_that_launch(add, stand_in):
+    # Triton calls the grid function first and reads both hook knobs after it
+    # (triton/runtime/jit.py JITFunction.run): a hook the grid assigns runs for the same launch.
+    calls = []
+
+    def grid(meta):
+        knobs.runtime.launch_enter_hook = calls.append
+        return tuple([1])  # a call fastkernel's grid programs do not translate: run in Python
+
+    try:
+        add[grid](X, X, X, 64, BLOCK=64)
+    finally:
+        del knobs.runtime.launch_enter_hook
+    assert len(calls) == 1 and calls[0].get()["name"] == "add_kernel"
+    assert add._grid_counts() == (0, 1)
+
+
 def test_a_failing_enter_hook_raises_and_launches_nothing(add, stand_in):
     def enter(metadata):
         raise RuntimeError("profiler says no")

@@ -610,6 +610,11 @@ inline bool resolve_grid(KernelObject* kernel, PyObject* grid_arg, const BoundCa
       if (!result || !parse_grid(kernel, result.get(), grid)) {
         return false;
       }
+      // Triton reads the launch hook knobs after the grid function returns: one it assigned
+      // runs for this launch. The knob state is one object, refreshed in place.
+      if (current_knobs() == nullptr) {
+        return false;
+      }
     }
   } else if (!parse_grid(kernel, grid_arg, grid)) {
     return false;
