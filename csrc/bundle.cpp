@@ -211,14 +211,18 @@ bool parse_type(const std::string& type, ParamType* out) { return parse_param_ty
 // The runtime value a pattern check needs: kind, width and class of one argument.
 bool arg_matches(const ArgPattern& p, const ArgValue& v) {
   if (p.kind != v.kind) {
-    return false;
+    // A parameter annotated with a float type takes an int or a bool too: the launch converts
+    // it, as Triton's launcher does (the annotation fixes the type; floats are never keyed).
+    return p.kind == ArgKind::Float && p.any_width &&
+           (v.kind == ArgKind::Int || v.kind == ArgKind::Bool);
   }
   switch (v.kind) {
     case ArgKind::Tensor:
       return pointer_class(v.u, p.specialize, p.align) == p.value_class;
     case ArgKind::Int: {
       const uint64_t bits = v.u;
-      const bool is_one = v.width != IntWidth::U64 && v.i == 1;
+      // Triton never makes an annotated int equal to 1 a constant (its type is the annotation's).
+      const bool is_one = !p.any_width && v.width != IntWidth::U64 && v.i == 1;
       if (!p.any_width && v.width != p.width &&
           int_class(bits, is_one, p.specialize, p.align) != ValueClass::EqualsOne) {
         return false;
@@ -319,6 +323,9 @@ std::string BundleEntry::describe() const {
 }
 
 Bundle Bundle::load(const std::string& directory) {
+  if (directory.empty()) {
+    throw BundleError("fastkernel: Bundle::load: the bundle directory is empty");
+  }
   const std::string manifest_path = directory + "/manifest.txt";
   return parse(read_regular_file(manifest_path, kMaxManifestBytes), manifest_path,
                [&directory](const std::string& file_name) {
@@ -594,28 +601,40 @@ void Bundle::launch(const std::string& kernel, const LaunchGrid& grid, CUstream 
 void Bundle::launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream stream,
                           const ArgValue* args, size_t num_args, int device,
                           CUdeviceptr global_scratch, CUdeviceptr profile_scratch) {
+  if (!load_mutex_) {
+    throw BundleError("fastkernel: launch_entry on a moved-from Bundle");
+  }
   // The plan reads args[i] for i < patterns.size() (checked at load): the call must hold them.
-  // (Kinds need no check here: packing refuses a value of the wrong kind.)
   if (num_args != entry.patterns.size()) {
     throw BundleError("fastkernel: " + entry.describe() + " takes " +
                       std::to_string(entry.patterns.size()) + " arguments, got " +
                       std::to_string(num_args));
   }
+  // The binary assumes its specialization (pointer alignment, ints divisible by 16 or equal
+  // to 1): arguments without it would run it on values it was not compiled for.
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!arg_matches(entry.patterns[i], args[i])) {
+      throw BundleError("fastkernel: argument " + std::to_string(i) + " (a " +
+                        kind_name(args[i].kind) + ") does not have the specialization of " +
+                        entry.describe());
+    }
+  }
   const LaunchRecord& p = entry.prototype;
   if (p.needs_scratch() && grid.x != 0 && grid.y != 0 && grid.z != 0) {
-    const auto missing = [&](const char* which, uint64_t size, uint64_t align) {
-      throw BundleError("fastkernel: " + entry.describe() + " needs a " + which +
-                        " scratch buffer of " + std::to_string(size) +
-                        " bytes per CTA (aligned to " + std::to_string(align) +
-                        "): pass one, or launch through "
-                        "fastkernel/torch.h, which allocates it");
+    const auto check = [&](const char* which, CUdeviceptr buffer, uint64_t size, uint64_t align) {
+      if (size == 0) {
+        return;
+      }
+      if (buffer == 0 || buffer % align != 0) {
+        throw BundleError("fastkernel: " + entry.describe() + " needs a " + which +
+                          " scratch buffer of " + std::to_string(size) +
+                          " bytes per CTA (aligned to " + std::to_string(align) + "), got " +
+                          (buffer == 0 ? std::string("none") : "a misaligned one") +
+                          ": pass one, or launch through fastkernel/torch.h, which allocates it");
+      }
     };
-    if (p.global_scratch_size > 0 && global_scratch == 0) {
-      missing("global", p.global_scratch_size, p.global_scratch_align);
-    }
-    if (p.profile_scratch_size > 0 && profile_scratch == 0) {
-      missing("profile", p.profile_scratch_size, p.profile_scratch_align);
-    }
+    check("global", global_scratch, p.global_scratch_size, p.global_scratch_align);
+    check("profile", profile_scratch, p.profile_scratch_size, p.profile_scratch_align);
   }
   const LaunchRecord* record = nullptr;
   if (device >= 0 && size_t(device) < entry.ready.size()) {
@@ -624,7 +643,24 @@ void Bundle::launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream s
   if (record == nullptr) {
     record = load_entry(entry, device, *load_mutex_);
   }
-  fastkernel::launch(*record, grid, stream, args, global_scratch, profile_scratch);
+  // The record's module lives in `device`'s primary context: launch there, whatever context
+  // the calling thread has current (restored after).
+  const DeviceContextScope scope(device);
+  try {
+    fastkernel::launch(*record, grid, stream, args, global_scratch, profile_scratch);
+  } catch (const ParamError& e) {
+    throw ParamError(e.arg_index, e.overflow,
+                     "fastkernel: " + entry.describe() + ", argument " +
+                         std::to_string(e.arg_index) + ": " + e.what());
+  }
+}
+
+BundleEntry::~BundleEntry() {
+  for (auto& [device, record] : loaded) {
+    if (record) {
+      unload_launch_record(*record);
+    }
+  }
 }
 
 }  // namespace fastkernel

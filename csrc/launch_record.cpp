@@ -33,22 +33,46 @@ PrimaryContextScope::~PrimaryContextScope() {
   driver().cuCtxPopCurrent(&popped);
 }
 
-void make_primary_context_current(int device) {
-  const DriverApi& api = driver();
-  CUcontext ctx = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_primary_mutex);
-    auto it = g_primary_contexts.find(device);
-    if (it == g_primary_contexts.end()) {
-      CUdevice dev = 0;
-      check_cuda(api.cuDeviceGet(&dev, device), "cuDeviceGet");
-      check_cuda(api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-      g_primary_contexts.emplace(device, ctx);
-    } else {
-      ctx = it->second;
-    }
+CUcontext primary_context(int device) {
+  std::lock_guard<std::mutex> lock(g_primary_mutex);
+  auto it = g_primary_contexts.find(device);
+  if (it != g_primary_contexts.end()) {
+    return it->second;
   }
-  check_cuda(api.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  const DriverApi& api = driver();
+  CUdevice dev = 0;
+  check_cuda(api.cuDeviceGet(&dev, device), "cuDeviceGet");
+  CUcontext ctx = nullptr;
+  check_cuda(api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  g_primary_contexts.emplace(device, ctx);
+  return ctx;
+}
+
+DeviceContextScope::DeviceContextScope(int device) {
+  const DriverApi& api = driver();
+  CUcontext current = nullptr;
+  check_cuda(api.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+  const CUcontext wanted = primary_context(device);
+  if (current == wanted) {
+    return;
+  }
+  if (current == nullptr) {
+    check_cuda(api.cuCtxSetCurrent(wanted), "cuCtxSetCurrent");
+    return;
+  }
+  check_cuda(api.cuCtxPushCurrent(wanted), "cuCtxPushCurrent");
+  pushed_ = true;
+}
+
+DeviceContextScope::~DeviceContextScope() {
+  if (pushed_) {
+    CUcontext popped = nullptr;
+    driver().cuCtxPopCurrent(&popped);
+  }
+}
+
+void make_primary_context_current(int device) {
+  check_cuda(driver().cuCtxSetCurrent(primary_context(device)), "cuCtxSetCurrent");
 }
 
 bool parse_param_type(const std::string& t, ParamType* out) {

@@ -14,6 +14,8 @@ import sys
 import kernels
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fastkernel
 from fastkernel import fastkernel as fk
@@ -111,6 +113,82 @@ def test_cpp_program_launches_an_exported_bundle_like_python(stand_in, cpp_progr
     entries = [i for i, line in enumerate(manifest) if line.startswith("entry ")]
     out_patterns = [manifest[i + 4] for i in entries]  # entry, constexprs, x, y, out
     assert out_patterns == ["arg 1 0 1 1 1 0 *fp32", "arg 1 0 2 1 1 0 *fp32"]  # %16, then not
+
+
+@triton.jit
+def scaled_kernel(out_ptr, n: tl.int32, scale: tl.float16, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, (n * scale).to(tl.float32) + tl.zeros([BLOCK], tl.float32))
+
+
+@pytest.fixture(scope="module")
+def contract_program(cpp_program):
+    return cpp_program.parent / "bundle_contract"
+
+
+def _contract(program, *args) -> list[str]:
+    result = subprocess.run(
+        [str(program), *(str(a) for a in args)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.splitlines()
+
+
+def test_annotated_parameters_export_one_entry_cpp_calls_with_python_values(
+    stand_in, contract_program, tmp_path
+):
+    # Triton types an annotated parameter by its annotation: an int32 parameter passed 1 is not
+    # made a constant, and an fp16 parameter takes an int (converted). Python keys the int and
+    # the float apart, yet both are one specialization with one binary: exported once, and C++
+    # passing the same values launches the same bytes.
+    k = fk(scaled_kernel)
+    out = torch.empty(128)
+    k[(1,)](out, 1, 2.5, BLOCK=128)
+    k[(1,)](out, 1, 2, BLOCK=128)
+    as_float, as_int = stand_in.launches()
+    bundle = tmp_path / "bundle"
+    assert len(fastkernel.export(k, bundle)) == 1
+    p = f"p:{out.data_ptr():#x}"
+    for python, scale in ((as_float, "f:2.5"), (as_int, "i:2")):
+        lines = _contract(contract_program, "call", bundle, "scaled_kernel", 0, p, "i:1", scale)
+        assert lines == [f"grid 1 1 1 block 128 stream {0x5EED5} params {python.raw.hex()}"]
+    (overflow,) = _contract(contract_program, "call", bundle, "scaled_kernel", 0, p, "i:1", "f:1e6")
+    assert overflow.startswith("ParamError 2: fastkernel: scaled_kernel[*fp32 %16, i32, fp16]")
+    assert overflow.endswith("argument 2: value 1000000 is out of range for fp16")
+
+
+def test_a_bundle_launches_in_the_primary_context_of_the_device_it_is_given(
+    stand_in, contract_program, tmp_path
+):
+    k = fk(kernels.add_kernel)
+    x = torch.randn(4096)
+    k[(4,)](x, x, x, 4096, BLOCK=1024)
+    bundle = tmp_path / "bundle"
+    fastkernel.export(k, bundle)
+    p = hex(x.data_ptr())
+    assert _contract(contract_program, "devices", bundle, p, p, p) == [
+        "device 1 launched on 1",
+        "device 0 launched on 0",
+        "device 1 launched on 1",
+        "from device 1's context: launched on 0, context kept 1",
+    ]
+
+
+def test_a_bundle_unloads_its_modules_and_launch_entry_refuses_what_its_entry_cannot_run(
+    stand_in, contract_program, tmp_path
+):
+    k = fk(kernels.add_kernel)
+    x = torch.randn(4096)
+    k[(4,)](x, x, x, 4096, BLOCK=1024)
+    bundle = tmp_path / "bundle"
+    fastkernel.export(k, bundle)
+    p = hex(x.data_ptr())
+    lines = _contract(contract_program, "lifetime", bundle, p, p, p)
+    assert lines[0] == "loaded 2 unloaded 2"  # one module per device, unloaded with the bundle
+    assert lines[1] == "moved-from: fastkernel: launch_entry on a moved-from Bundle"
+    assert lines[2].startswith("misaligned: fastkernel: argument 2 (a pointer) does not have")
+    assert lines[3] == "launches after the refusals 0"
+    assert lines[4] == "empty directory: fastkernel: Bundle::load: the bundle directory is empty"
 
 
 def test_export_needs_a_launched_kernel(tmp_path):

@@ -63,7 +63,7 @@ def _pattern(
     if ty in ("u1", "i1"):
         return (_KIND["bool"], 0, _NOT_SPECIALIZED, 0, 0, 0, ty)
     if ty in ("fp16", "bf16", "fp32", "fp64"):
-        return (_KIND["float"], 0, _NOT_SPECIALIZED, 0, 0, 0, ty)
+        return (_KIND["float"], 0, _NOT_SPECIALIZED, 0, 0, int(annotated), ty)
     raise ValueError(
         f"parameter '{param.name}' has launch type {ty!r}, which C++ bundles do not support yet"
     )
@@ -94,7 +94,8 @@ def export(kernel, path) -> list[pathlib.Path]:
     Returns
     -------
     list of pathlib.Path
-        The cubin files written.
+        The cubin files written, one per entry (registrations that are one entry for C++,
+        with the same argument patterns, launch facts and cubin, are written once).
 
     Raises
     ------
@@ -117,36 +118,23 @@ def export(kernel, path) -> list[pathlib.Path]:
     runtime = [(i, p) for i, p in enumerate(kernel.params) if not p.is_constexpr]
     runtime_index = {i: r for r, (i, _) in enumerate(runtime)}
     lines = [f"fastkernel-bundle {BUNDLE_VERSION}"]
-    written = []
-    for number, (target, spec, meta) in enumerate(registrations):
-        cubin = root / f"{meta.name}-{number}.cubin"
-        atomic_write(cubin, meta.cubin)
-        written.append(cubin)
-        first = len(lines)
+    written: list[pathlib.Path] = []
+    # Two registrations can be one entry for C++ (Triton keys an annotated parameter by its
+    # annotation, fastkernel's Python key by the value's kind): written once, or every call
+    # matching them would be refused as ambiguous.
+    seen = set()
+    for target, spec, meta in registrations:
         facts = abi.launch_facts(
             meta, device=0, plan=[], num_scratch_params=abi.num_scratch_params()
-        )
-        lines.append(
-            " ".join(
-                str(x)
-                for x in (
-                    "entry",
-                    kernel.__name__,
-                    cubin.name,
-                    meta.name,
-                    target.arch,
-                    *(int(getattr(facts, name)) for name in _C.BUNDLE_ENTRY_FACTS),
-                )
-            )
         )
         constexprs = {
             kernel.params[k[0]].name: v
             for k, v in spec.constexprs.items()
             if kernel.params[k[0]].is_constexpr
         }
-        lines.append("constexprs " + " ".join(f"{k}={v!r}" for k, v in constexprs.items()))
+        body = ["constexprs " + " ".join(f"{k}={v!r}" for k, v in constexprs.items())]
         for index, param in runtime:
-            lines.append(
+            body.append(
                 "arg " + " ".join(str(x) for x in _pattern(param, index, spec, flags[index]))
             )
         for index, ty in spec.plan:
@@ -160,8 +148,22 @@ def export(kernel, path) -> list[pathlib.Path]:
                     f"{kernel.__name__}: a specialization takes tuple arguments, "
                     f"which C++ bundles do not support"
                 )
-            lines.append(f"plan {runtime_index[index]} {ty}")
-        lines.append(f"digest {entry_digest(lines[first:], meta.cubin)}")
+            body.append(f"plan {runtime_index[index]} {ty}")
+        launch = (
+            meta.name,
+            target.arch,
+            *(int(getattr(facts, name)) for name in _C.BUNDLE_ENTRY_FACTS),
+        )
+        identity = (launch, tuple(body), hashlib.sha256(meta.cubin).digest())
+        if identity in seen:
+            continue
+        seen.add(identity)
+        cubin = root / f"{meta.name}-{len(written)}.cubin"
+        atomic_write(cubin, meta.cubin)
+        written.append(cubin)
+        entry = [" ".join(str(x) for x in ("entry", kernel.__name__, cubin.name, *launch)), *body]
+        lines += entry
+        lines.append(f"digest {entry_digest(entry, meta.cubin)}")
         lines.append("end")
     atomic_write(root / "manifest.txt", ("\n".join(lines) + "\n").encode())
     return written

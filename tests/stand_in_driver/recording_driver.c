@@ -185,6 +185,7 @@ static struct fk_launch g_launches[FK_MAX_LAUNCHES];
 static int g_num_recorded;
 static int g_num_launches;
 static int g_num_module_loads;
+static int g_num_module_unloads;
 
 /* -1: no override, consult FKSTUB_LAUNCH_RESULT; otherwise the result code. */
 static int g_launch_result_override = -1;
@@ -563,6 +564,7 @@ FK_EXPORT CUresult cuModuleUnload(CUmodule mod) {
     return CUDA_ERROR_INVALID_HANDLE;
   }
   mod->unloaded = 1;
+  g_num_module_unloads++;
   free(mod->image);
   mod->image = NULL;
   g_retained_bytes += sizeof *mod;
@@ -1078,7 +1080,7 @@ static void free_launches_locked(void) {
   g_num_recorded = 0;
 }
 
-/* Clears recorded launches, the launch and module-load counters and any
+/* Clears recorded launches, the launch and module-load and -unload counters and any
  * injected launch result.  Loaded modules, functions, their attributes and
  * the per-name attribute log stay: they are driver state, not recordings. */
 FK_EXPORT void fkstub_reset(void) {
@@ -1086,6 +1088,7 @@ FK_EXPORT void fkstub_reset(void) {
   free_launches_locked();
   g_num_launches = 0;
   g_num_module_loads = 0;
+  g_num_module_unloads = 0;
   g_num_tensor_map_encodes = 0;
   g_launch_result_override = -1;
   pthread_mutex_unlock(&g_lock);
@@ -1128,6 +1131,14 @@ FK_EXPORT unsigned long long fkstub_retained_bytes(void) {
 FK_EXPORT int fkstub_module_load_count(void) {
   pthread_mutex_lock(&g_lock);
   int n = g_num_module_loads;
+  pthread_mutex_unlock(&g_lock);
+  return n;
+}
+
+/* Successful cuModuleUnload calls since the last reset. */
+FK_EXPORT int fkstub_module_unload_count(void) {
+  pthread_mutex_lock(&g_lock);
+  int n = g_num_module_unloads;
   pthread_mutex_unlock(&g_lock);
   return n;
 }

@@ -71,9 +71,11 @@ struct ArgPattern {
   IntWidth width = IntWidth::I32;                       ///< for Int (unless any_width)
   ValueClass value_class = ValueClass::NotSpecialized;  ///< for Tensor and Int
   bool specialize = true;                               ///< false under do_not_specialize
-  bool align = true;       ///< false under do_not_specialize_on_alignment
-  bool any_width = false;  ///< the parameter's type is annotated: any int fits
-  std::string type;        ///< Triton's type ("*fp32", "i32", "constexpr"), for messages
+  bool align = true;  ///< false under do_not_specialize_on_alignment
+  /// The parameter's type is annotated: any int fits an int type (and is never "== 1"); an
+  /// int or a bool fits a float type, converted as it is packed.
+  bool any_width = false;
+  std::string type;  ///< Triton's type ("*fp32", "i32", "constexpr"), for messages
 };
 
 /// The c10::ScalarType code (its enum value) of the elements a Triton pointer type points to
@@ -94,6 +96,12 @@ struct BundleEntry {
   /// loaded[device].get() for devices below 16, published once loaded: a launch reads it
   /// without taking the lock.
   std::array<std::atomic<const LaunchRecord*>, 16> ready{};
+
+  BundleEntry() = default;
+  BundleEntry(const BundleEntry&) = delete;
+  BundleEntry& operator=(const BundleEntry&) = delete;
+  /// Unloads its loaded modules (best effort, as a dropped launch record's).
+  ~BundleEntry();
 
   /// "kernel[arg patterns] {constexprs}" for messages.
   std::string describe() const;
@@ -133,8 +141,11 @@ class Bundle {
               CUdeviceptr profile_scratch = 0);
 
   /// Launches an entry chosen by select() with the same `num_args` arguments (as launch()
-  /// does after choosing it). Throws BundleError for another count of arguments than the
-  /// entry's, ParamError (from packing) for a value of the wrong kind.
+  /// does after choosing it), in `device`'s primary context (made current for the launch when
+  /// the thread has another; DeviceContextScope). Throws BundleError for another count of
+  /// arguments than the entry's, an argument without the entry's specialization (`matches`),
+  /// a missing or misaligned scratch buffer, or a moved-from bundle; ParamError (its message
+  /// naming the entry and the argument's index) for a value its parameter type cannot hold.
   void launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream stream,
                     const ArgValue* args, size_t num_args, int device = 0,
                     CUdeviceptr global_scratch = 0, CUdeviceptr profile_scratch = 0);

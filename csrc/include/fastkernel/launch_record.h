@@ -189,6 +189,25 @@ class PrimaryContextScope {
   PrimaryContextScope& operator=(const PrimaryContextScope&) = delete;
 };
 
+/// `device`'s primary context (the one torch uses), retained once per process.
+/// Throws CudaError or DriverUnavailable.
+CUcontext primary_context(int device);
+
+/// Launches on `device` from a thread that may have another context current: for its scope,
+/// makes `device`'s primary context current when another is (restored after), or for good when
+/// none is (as the launch path does for a thread that never used the CUDA runtime); nothing
+/// when it already is. Throws CudaError or DriverUnavailable.
+class DeviceContextScope {
+ public:
+  explicit DeviceContextScope(int device);
+  ~DeviceContextScope();
+  DeviceContextScope(const DeviceContextScope&) = delete;
+  DeviceContextScope& operator=(const DeviceContextScope&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+
 /// Makes `device`'s primary context current on this thread (retained once per device). The
 /// launch path calls it only after the driver reports no current context, so a thread that
 /// never touched the CUDA runtime still launches, at no cost to the common case.
