@@ -314,6 +314,24 @@ def test_tuning_results_persist_on_disk_and_are_reused(stand_in):
     assert timer4.calls == 3
 
 
+def test_a_tuning_lock_that_cannot_be_taken_is_logged_not_raised(stand_in, monkeypatch, caplog):
+    # A read-only or full cache: the lock file cannot be created. Tuning goes on (as compiling
+    # does when an entry's lock cannot be taken), and the launch happens.
+    import filelock
+
+    class Unwritable(filelock.FileLock):
+        def acquire(self, *args, **kwargs):
+            raise PermissionError(13, "Permission denied", self.lock_file)
+
+    monkeypatch.setattr(filelock, "FileLock", Unwritable)
+    x = torch.randn(1000)
+    timer = FakeTimer([3.0, 1.0, 2.0])
+    with caplog.at_level(logging.WARNING, logger="fastkernel"):
+        tuned_add(timer)[grid_1d](x, x, x, 1000)
+    assert timer.calls == 3 and stand_in.launches()[-1].block[0] == 128
+    assert "cannot take a lock under" in caplog.text and "tuning add_kernel" in caplog.text
+
+
 def test_a_damaged_tuning_record_is_ignored_and_rewritten(stand_in, caplog):
     x = torch.randn(100)
     tuned_add(FakeTimer([3.0, 1.0, 2.0]))[grid_1d](x, x, x, 100)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import unittest.mock
 
 import kernels
 import pytest
@@ -693,6 +694,77 @@ def test_cli_info_list_clear(stand_in, cache_root, capsys):
     assert entry_files(cache_root) == []
     assert cli.main(["cache", "info"]) == 0
     assert "entries    0 (0 B)" in capsys.readouterr().out
+
+
+def test_clear_removes_only_what_fastkernel_wrote(stand_in, cache_root, capsys):
+    x = torch.randn(64)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    # Files of the user's own under the cache's directories (a cache directory pointed at a
+    # directory that already held them): clear must not take them.
+    (cache_root / "index" / "notes.md").write_text("mine")
+    (cache_root / "toolchain" / "build.sh").write_text("mine")
+    shard = next((cache_root / "entries").iterdir())
+    (shard / "README").write_text("mine")
+    assert cli.main(["cache", "clear"]) == 0
+    assert "removed 1 entry" in capsys.readouterr().out
+    assert entry_files(cache_root) == []
+    left = sorted(str(p.relative_to(cache_root)) for p in cache_root.rglob("*") if p.is_file())
+    assert left == [f"entries/{shard.name}/README", "index/notes.md", "toolchain/build.sh"]
+
+
+def test_cli_errors_are_messages_and_a_failing_exit(stand_in, cache_root, tmp_path, capsys):
+    x = torch.randn(64)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (["cache", "export", str(a_file)], "a-file"),
+        (["cache", "import", str(tmp_path / "missing")], "No such file or directory"),
+        (["cache", "import", str(a_file)], "Not a directory"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and "Traceback" not in err
+    # A clear that cannot remove an entry says so.
+    real_unlink = pathlib.Path.unlink
+
+    def refusing(self, *args, **kwargs):
+        if self.suffix == cache.ENTRY_SUFFIX:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, *args, **kwargs)
+
+    with unittest.mock.patch.object(pathlib.Path, "unlink", refusing):
+        assert cli.main(["cache", "clear"]) == 1
+    assert "could not remove 1 file (0 entries removed)" in capsys.readouterr().err
+    assert len(entry_files(cache_root)) == 1
+
+
+def test_no_home_directory_leaves_the_cache_off_and_kernels_running(
+    stand_in, monkeypatch, tmp_path, caplog
+):
+    # Containers run under a user id with no password entry and no HOME: pathlib cannot find a
+    # home directory. The launch still runs; XDG_CACHE_HOME (absolute) still locates the cache.
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(pathlib.Path, "home", staticmethod(no_home))
+    monkeypatch.delenv("FASTKERNEL_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("FASTKERNEL_CACHE", raising=False)
+    x = torch.randn(64)
+    with caplog.at_level(logging.WARNING, logger="fastkernel"):
+        fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert "cannot locate the kernel cache: Could not determine home directory" in caplog.text
+    assert len(stand_in.launches()) == 1
+    assert cli.main(["cache", "info"]) == 1  # a message, not a traceback
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", "~no-such-user-fk/cache")
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert len(stand_in.launches()) == 2
+    monkeypatch.delenv("FASTKERNEL_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert len(entry_files(tmp_path / "xdg" / "fastkernel")) == 1
 
 
 def test_cli_runs_as_a_module(cache_root):

@@ -41,6 +41,7 @@ from .cache import files as _cache_files
 from .cache.entry import canonical
 from .cache.key import render, target_dict
 from .cache.settings import log_once, usable_root, warn_untrusted
+from .cache.store import cross_process_lock
 from .kernel import FastKernel, NativeDispatch, _params_spec
 
 if TYPE_CHECKING:
@@ -314,11 +315,11 @@ class Autotuned(NativeDispatch, Autotuner):
             if path is None:
                 config = self._tune(configs, named, grid, args, kwargs, device)
             else:
-                from filelock import FileLock
-
                 # One process benchmarks a key at a time (timings taken side by side on one GPU
-                # would disturb each other); the others wait and read its record.
-                with FileLock(str(path) + ".lock"):
+                # would disturb each other); the others wait and read its record. A lock that
+                # cannot be taken (a read-only cache) is logged, not raised.
+                lock_path = path.with_name(path.name + ".lock")
+                with cross_process_lock(lambda: lock_path, f"tuning {self.__name__}"):
                     config = self._read_record(path, configs)
                     if config is None:
                         config = self._tune(configs, named, grid, args, kwargs, device)

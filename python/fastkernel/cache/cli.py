@@ -44,10 +44,14 @@ def _state() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m fastkernel cache info|list|clear|export DIR|import DIR``."""
+    try:
+        default = str(default_cache_dir())
+    except RuntimeError as exc:
+        default = f"unknown: {exc}"
     parser = argparse.ArgumentParser(
         prog="python -m fastkernel cache",
         description="Inspect, clear, export and import fastkernel's on-disk kernel cache "
-        "(FASTKERNEL_CACHE_DIR, default " + str(default_cache_dir()) + ").",
+        f"(FASTKERNEL_CACHE_DIR, default {default}).",
     )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("info", help="where the cache is, its state, entries and size")
@@ -60,8 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    root = cache_dir()
+    try:
+        return _run(args, cache_dir())
+    except (RuntimeError, OSError) as exc:  # no home directory, unreadable or unwritable paths
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
+
+def _run(args: argparse.Namespace, root: pathlib.Path) -> int:
     if args.action == "info":
         entries, bad = scan(root)
         size = sum(e.path.stat().st_size for e in entries)
@@ -117,11 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         count = export_entries(args.dir, root)
         print(f"exported {_entries(count)} to {args.dir}")
         return 0
-    try:
-        imported, skipped = import_entries(args.dir, root)
-    except (RuntimeError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    imported, skipped = import_entries(args.dir, root)
     skipped_text = f", skipped {skipped}" if skipped else ""
     print(f"imported {_entries(imported)} into {root}{skipped_text}")
     return 0

@@ -200,16 +200,23 @@ def write_file(path: pathlib.Path, data: bytes, mode: int = 0o600) -> None:
     _fsync_dir(path.parent)
 
 
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
 def walk_files(
-    top: pathlib.Path, suffix: str, max_depth: int, max_files: int
+    top: pathlib.Path, suffix: str, max_depth: int, max_files: int, strict: bool = False
 ) -> Iterator[pathlib.Path]:
     """Regular files named ``*suffix`` under ``top`` (itself included at depth 0), sorted per
     directory, without following symbolic links (to files or directories) and without
     descending more than ``max_depth`` levels. Raises UntrustedPath once more than ``max_files``
-    would be returned."""
+    would be returned; with ``strict``, the OSError of a directory it cannot read (else such a
+    directory is passed over, as ``os.walk`` does)."""
     top = pathlib.Path(top)
     found = 0
-    for directory, dirs, files in os.walk(top, followlinks=False):
+    for directory, dirs, files in os.walk(
+        top, onerror=_raise if strict else None, followlinks=False
+    ):
         depth = len(pathlib.Path(directory).relative_to(top).parts)
         if depth >= max_depth:
             dirs[:] = []

@@ -32,21 +32,27 @@ def default_cache_dir() -> pathlib.Path:
     -------
     pathlib.Path
         The directory (not created here).
+
+    Raises
+    ------
+    RuntimeError
+        The home directory is needed and cannot be determined (no ``HOME`` and no password
+        entry for the user, as in containers run under an arbitrary user id).
     """
-    home = pathlib.Path.home()
     if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        base = os.environ.get("LOCALAPPDATA") or str(pathlib.Path.home() / "AppData" / "Local")
         return pathlib.Path(base) / "fastkernel" / "Cache"
     if sys.platform == "darwin":
-        return home / "Library" / "Caches" / "fastkernel"
+        return pathlib.Path.home() / "Library" / "Caches" / "fastkernel"
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = pathlib.Path(xdg) if xdg and os.path.isabs(xdg) else home / ".cache"
+    base = pathlib.Path(xdg) if xdg and os.path.isabs(xdg) else pathlib.Path.home() / ".cache"
     return base / "fastkernel"
 
 
 def cache_dir() -> pathlib.Path:
-    """The cache directory in effect now: ``FASTKERNEL_CACHE_DIR`` if set, else
-    :func:`default_cache_dir`. Read from the environment at each call."""
+    """The cache directory in effect now: ``FASTKERNEL_CACHE_DIR`` if set (``~`` and ``~user``
+    expanded), else :func:`default_cache_dir`. Read from the environment at each call. Raises
+    RuntimeError when a home directory it needs cannot be determined."""
     configured = os.environ.get("FASTKERNEL_CACHE_DIR", "")
     return pathlib.Path(configured).expanduser() if configured else default_cache_dir()
 
@@ -77,7 +83,17 @@ def usable_root() -> pathlib.Path | None:
     whoever can write it could make this process launch their code), then warned once."""
     if not enabled():
         return None
-    root = cache_dir()
+    try:
+        root = cache_dir()
+    except RuntimeError as exc:  # pathlib's "Could not determine home directory", and ~user
+        log_once(
+            logging.WARNING,
+            ("no-root", str(exc)),
+            "fastkernel: cannot locate the kernel cache: %s; kernels still run, compiled in "
+            "each process (set FASTKERNEL_CACHE_DIR or XDG_CACHE_HOME to an absolute path)",
+            exc,
+        )
+        return None
     problem = _fs.usable_root(root)
     if problem is not None:
         hint = (

@@ -7,16 +7,17 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
 import logging
 import os
 import pathlib
-import shutil
+import stat
 import time
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .. import _env
@@ -329,38 +330,42 @@ _LOCK_TIMEOUT = 600.0
 
 
 @contextlib.contextmanager
-def _entry_lock(root: pathlib.Path, key: str, jit_fn) -> Iterator[None]:
-    """Hold the cross-process lock of entry ``key`` (a ``filelock`` lock file beside it) for the
-    block; a no-op when ``FASTKERNEL_CACHE_LOCK=0`` (file systems without working locks) or when
-    the lock cannot be taken (then logged once), so that a launch never fails for it."""
+def cross_process_lock(make_path: Callable[[], pathlib.Path], purpose: str) -> Iterator[None]:
+    """Hold a ``filelock`` lock file for the block, so that one process at a time does what
+    ``purpose`` names (``"compiling add_kernel"``); ``make_path()`` gives the lock file's path
+    (and may create its directory). A no-op when ``FASTKERNEL_CACHE_LOCK=0`` (file systems
+    without working locks), when the lock cannot be created (a read-only or full cache, logged
+    once), or after waiting ``_LOCK_TIMEOUT`` seconds (logged once): a launch never fails for
+    it. A holder that dies releases its lock at once."""
     if not _env.flag("FASTKERNEL_CACHE_LOCK", True):
         yield
         return
     from filelock import FileLock, Timeout
 
+    path = None
     try:
-        lock = FileLock(
-            str(_fs.ensure_dir(root, "entries", key[:2]) / f".{key}.lock"), timeout=_LOCK_TIMEOUT
-        )
+        path = make_path()
+        lock = FileLock(str(path), timeout=_LOCK_TIMEOUT)
         lock.acquire()
     except Timeout:
         log_once(
             logging.WARNING,
-            ("lock-timeout", key),
-            "fastkernel: waited %.0f s for another process compiling %s; compiling here",
+            ("lock-timeout", str(path)),
+            "fastkernel: waited %.0f s for another process %s; going on here",
             _LOCK_TIMEOUT,
-            kernel_name(jit_fn),
+            purpose,
         )
         yield
         return
     except OSError as exc:
+        where = path.parent if path is not None else "the cache"
         log_once(
             logging.WARNING,
-            ("lock", str(root)),
-            "fastkernel: cannot lock entries under "
-            "%s (%s); processes may compile the same kernel at once",
-            root,
+            ("lock", str(where)),
+            "fastkernel: cannot take a lock under %s (%s); processes may be %s at once",
+            where,
             exc,
+            purpose,
         )
         yield
         return
@@ -368,6 +373,14 @@ def _entry_lock(root: pathlib.Path, key: str, jit_fn) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def _entry_lock(root: pathlib.Path, key: str, jit_fn) -> contextlib.AbstractContextManager[None]:
+    """The cross-process lock of entry ``key``: a lock file beside it."""
+    return cross_process_lock(
+        lambda: _fs.ensure_dir(root, "entries", key[:2]) / f".{key}.lock",
+        f"compiling {kernel_name(jit_fn)}",
+    )
 
 
 def entry_artifact(entry: Entry, jit_fn, spec: abi.Specialization):
@@ -439,10 +452,10 @@ def is_cached(jit_fn, target, spec: abi.Specialization) -> bool:
     :func:`load_or_compile` verifies it). False when the cache is off or the kernel uncacheable."""
     if not enabled():
         return False
-    root = cache_dir()
     try:
+        root = cache_dir()
         key = entry_key(jit_fn, target, spec, root / "toolchain")
-    except Uncacheable:
+    except (Uncacheable, RuntimeError):  # RuntimeError: no home directory to find the cache in
         return False
     return entry_path(root, key).is_file()
 
@@ -484,29 +497,72 @@ def scan(root: pathlib.Path | None = None) -> tuple[list[Entry], list[tuple[path
     return good, bad
 
 
+#: The files fastkernel writes under each directory of a cache, by name ending: entries and
+#: their per-entry locks, warm-index records, tuning records and their locks, toolchain memos,
+#: and the temporary files of writes in progress (``.<name>.<pid>.<hex>.tmp``).
+_CACHE_FILES = {
+    "entries": (ENTRY_SUFFIX, ".lock", ".tmp"),
+    "index": (".json", ".tmp"),
+    "autotune": (".json", ".json.lock", ".tmp"),
+    "toolchain": (".txt", ".tmp"),
+}
+
+
 def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
-    """Remove every entry, temporary file, toolchain memo and tuning record (``autotune/``)
-    under cache directory ``root`` (default :func:`cache_dir`). Other files there are left
-    alone.
+    """Remove every entry, temporary file, lock file, warm-index record, toolchain memo and
+    tuning record (``autotune/``) under cache directory ``root`` (default :func:`cache_dir`),
+    and the directories they leave empty. Other files there are left alone, and symbolic links
+    are not followed.
 
     Returns
     -------
     (int, int)
         Entry files removed, and their total size in bytes.
+
+    Raises
+    ------
+    OSError
+        A file could not be removed (after every other one was); the error names it and how
+        many failed.
     """
     root = cache_dir() if root is None else pathlib.Path(root)
     count = size = 0
-    for path in iter_entry_files(entries_dir(root)):
-        try:
-            st = path.stat()
-            path.unlink()
-        except OSError:
+    failed: list[OSError] = []
+    for sub, endings in _CACHE_FILES.items():
+        top = root / sub
+        if not top.is_dir() or top.is_symlink():
             continue
-        count += 1
-        size += st.st_size
-    for sub in ("entries", "toolchain", "autotune", "index"):
-        shutil.rmtree(root / sub, ignore_errors=True)
+        for directory, _, names in os.walk(top, topdown=False, followlinks=False):
+            for name in names:
+                if not name.endswith(endings):
+                    continue
+                path = pathlib.Path(directory) / name
+                try:
+                    st = os.lstat(path)
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    failed.append(exc)
+                    continue
+                if sub == "entries" and name.endswith(ENTRY_SUFFIX):
+                    count += 1
+                    size += st.st_size
+            try:
+                os.rmdir(directory)  # only when empty: what is not fastkernel's stays
+            except OSError:
+                pass
     memos_written.clear()
+    if failed:
+        first = failed[0]
+        raise OSError(
+            first.errno,
+            f"could not remove {len(failed)} file{'s' if len(failed) > 1 else ''} "
+            f"({count} entries removed); the first: {first.strerror}",
+            first.filename,
+        )
     return count, size
 
 
@@ -554,6 +610,8 @@ def import_entries(src: pathlib.Path, root: pathlib.Path | None = None) -> tuple
         ``root`` cannot be used (not creatable, or not private to this user).
     fastkernel.cache.files.UntrustedPath
         ``src`` holds more than ``_IMPORT_MAX_FILES`` entry files.
+    OSError
+        ``src`` is not a directory, or a directory under it cannot be read.
     """
     root = cache_dir() if root is None else pathlib.Path(root)
     imported = skipped = 0
@@ -561,7 +619,13 @@ def import_entries(src: pathlib.Path, root: pathlib.Path | None = None) -> tuple
     problem = _fs.usable_root(root)
     if problem is not None:
         raise RuntimeError(f"the kernel cache {root} cannot be used: {problem}")
-    for path in iter_entry_files(src):
+    src = pathlib.Path(src)
+    if not src.is_dir():
+        code = errno.ENOTDIR if src.exists() else errno.ENOENT
+        raise OSError(code, os.strerror(code), str(src))
+    for path in _fs.walk_files(
+        src, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES, strict=True
+    ):
         try:
             entry = read_entry(path, trusted=False)
         except (OSError, CorruptEntry) as exc:
