@@ -347,6 +347,58 @@ def test_a_kernel_the_native_path_cannot_take_keeps_tritons_path_and_says_why(
     assert "fk_wide_kernel.wide_kernel" not in fastkernel.stats()  # unpatched: record dropped
 
 
+@triton.jit
+def varargs_kernel(out_ptr, *vals, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in tl.static_range(len(vals)):
+        acc += vals[i]
+    tl.store(out_ptr + tl.arange(0, BLOCK), acc)
+
+
+@triton.jit
+def keyword_only_kernel(out_ptr, a, *, b, BLOCK: tl.constexpr):
+    tl.store(out_ptr + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.float32) + a - b)
+
+
+def _outcomes(stand_in, calls) -> list:
+    """Each call's launch bytes, or the type of what it raised."""
+    seen = []
+    for call in calls:
+        try:
+            call()
+            seen.append(bytes(stand_in.launches()[-1].raw))
+        except Exception as exc:  # noqa: BLE001 - the type is the outcome compared
+            seen.append(type(exc))
+    return seen
+
+
+def test_kernels_with_varargs_or_keyword_only_parameters_keep_tritons_path(stand_in):
+    """The native binder binds parameters by position or by name; a ``*args`` or keyword-only
+    parameter binds otherwise. Such a kernel launches through Triton under the patch (the same
+    launches and the same errors as unpatched) and is refused by ``@fastkernel``."""
+    out = torch.empty(16)
+    calls = [
+        lambda: varargs_kernel[(1,)](out, 5, BLOCK=16),
+        lambda: varargs_kernel[(1,)](out, 1, 2, 3, BLOCK=16),
+        lambda: varargs_kernel[(1,)](out, BLOCK=16),
+        lambda: keyword_only_kernel[(1,)](out, 3, b=5, BLOCK=16),
+        lambda: keyword_only_kernel[(1,)](out, 3, 5, 16),  # b by position: Triton's TypeError
+        lambda: keyword_only_kernel[(1,)](out, 3, b=5, BLOCK=16),
+    ]
+    with TritonReference(stand_in, TEST_STREAM):
+        unpatched = _outcomes(stand_in, calls)
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        patched = _outcomes(stand_in, calls)
+    assert patched == unpatched
+    assert unpatched[4] is TypeError and isinstance(unpatched[3], bytes)
+    for kernel, what in (
+        (varargs_kernel, "*args parameter 'vals'"),
+        (keyword_only_kernel, "keyword-only parameter 'b'"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(what)):
+            fastkernel.fastkernel(kernel)
+
+
 def test_a_config_pre_hook_runs_on_every_call(stand_in):
     seen = []
     configs = [

@@ -146,12 +146,29 @@ def _kind_of(value: Any) -> str:
     return _KIND_NAMES.get(type(value), type(value).__name__)
 
 
+#: Parameter kinds the native binder does not bind, as named in its error.
+_UNBOUND_KINDS = {
+    inspect.Parameter.VAR_POSITIONAL: "*args",
+    inspect.Parameter.KEYWORD_ONLY: "keyword-only",
+    inspect.Parameter.VAR_KEYWORD: "**kwargs",
+}
+
+
 def _params_spec(
     jit_fn: JITFunction, tune_flags: dict[str, int] | None = None
 ) -> list[tuple[str, bool, bool, bool, int, bool, Any]]:
     """The native key builder's view of each declared parameter (see csrc/python/kernel_object.h):
     (name, is_constexpr, specialize, align, tune flags, has_default, default). ``tune_flags``
-    maps parameter names to TuneFlag bits (fastkernel.autotune; csrc specialization.h)."""
+    maps parameter names to TuneFlag bits (fastkernel.autotune; csrc specialization.h).
+
+    Raises TypeError for a kernel with a ``*args``, keyword-only or ``**kwargs`` parameter: the
+    native binder binds every parameter by position or by name, as those kinds do not."""
+    for param in inspect.signature(jit_fn.fn).parameters.values():
+        if param.kind in _UNBOUND_KINDS:
+            raise TypeError(
+                f"{jit_fn.__name__}: its {_UNBOUND_KINDS[param.kind]} parameter '{param.name}' "
+                "is not bound by the native launch; launch it through Triton"
+            )
     spec = []
     for p in jit_fn.params:
         ann = p.annotation_type
