@@ -11,6 +11,8 @@ import warnings
 import kernels
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import TEST_STREAM
 from triton_reference import TritonReference
 
@@ -95,6 +97,27 @@ def test_int_where_a_tensor_was_passed_before(stand_in):
     k[(1,)](X, X, X, 64, BLOCK=64)
     with pytest.raises(TypeError, match="argument 'x_ptr' is int but earlier calls passed tensor"):
         k[(1,)](12345, X, X, 64, BLOCK=64)
+    assert len(stand_in.launches()) == 1
+
+
+@triton.jit
+def bias_kernel(out_ptr, b_ptr, BLOCK: tl.constexpr):
+    tl.static_assert(BLOCK <= 64, "BLOCK too large")
+    offs = tl.arange(0, BLOCK)
+    v = tl.zeros([BLOCK], tl.float32)
+    if b_ptr is not None:
+        v += tl.load(b_ptr + offs)
+    tl.store(out_ptr + offs, v)
+
+
+def test_none_for_an_optional_pointer_leaves_the_compile_error_as_triton_raises_it(stand_in):
+    # None where earlier calls passed a tensor is Triton's optional pointer, not a kind error:
+    # the error of a compile failing for another reason (here a static_assert) is Triton's own.
+    k = fastkernel(bias_kernel)
+    out = torch.empty(128)
+    k[(1,)](out, out, BLOCK=16)
+    with pytest.raises(triton.CompilationError, match="BLOCK too large"):
+        k[(1,)](out, None, BLOCK=128)
     assert len(stand_in.launches()) == 1
 
 

@@ -676,10 +676,17 @@ class NativeDispatch(_C.Kernel):
             self._arg_kinds.setdefault(i, set()).add(kind)
 
     def _raise_kind_mismatch(self, args, kwargs, exc: Exception) -> None:
-        """After a failed compile, name a parameter whose kind differs from earlier calls."""
+        """After a failed compile, name a parameter that was a tensor in earlier calls and is
+        now a value of another kind, or the reverse. None is left out: an optional pointer
+        passed None is Triton's usage, and the compile error itself is then the one to see."""
         for i, kind in self._bound_kinds(args, kwargs).items():
             seen = self._arg_kinds.get(i)
-            if seen and kind not in seen and ("tensor" in seen) != (kind == "tensor"):
+            if (
+                seen
+                and kind not in seen
+                and kind != _KIND_NAMES[type(None)]
+                and ("tensor" in seen) != (kind == "tensor")
+            ):
                 name = self.jit_function.params[i].name
                 raise TypeError(
                     f"{self.jit_function.__name__}: argument '{name}' is {kind!s} but earlier "
