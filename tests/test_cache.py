@@ -767,6 +767,18 @@ def test_no_home_directory_leaves_the_cache_off_and_kernels_running(
     assert len(entry_files(tmp_path / "xdg" / "fastkernel")) == 1
 
 
+def test_the_warm_index_keeps_a_kernels_debug_option_apart(stand_in, cache_root):
+    # Another process (here a new kernel object of the same source) whose kernel is
+    # triton.jit(debug=True): the warm index record of the non-debug binary is not its own.
+    x = torch.randn(64)
+    plain = fk(triton.jit(kernels.add_kernel.fn))[(1,)](x, x, x, 64, BLOCK=64)
+    assert plain.metadata.debug is False
+    debug = fk(triton.jit(kernels.add_kernel.fn, debug=True))[(1,)](x, x, x, 64, BLOCK=64)
+    assert debug.metadata.debug is True
+    again = fk(triton.jit(kernels.add_kernel.fn, debug=True))[(1,)](x, x, x, 64, BLOCK=64)
+    assert isinstance(again, cache.CachedKernel) and again.metadata.debug is True
+
+
 def test_cli_runs_as_a_module(cache_root):
     result = subprocess.run(
         [sys.executable, "-m", "fastkernel", "cache", "info"],

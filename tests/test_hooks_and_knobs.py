@@ -16,6 +16,7 @@ from triton import knobs
 from triton_reference import TritonReference, assert_same_launch
 
 from fastkernel import _C, fastkernel
+from fastkernel import patched as fastkernel_patched
 from fastkernel import _triton_abi as abi
 
 X = torch.randn(64)
@@ -147,6 +148,26 @@ def test_debug_knob_selects_a_new_binary_and_back(add, stand_in):
     add[(1,)](X, X, X, 64, BLOCK=64)
     stats = add.stats()
     assert stats["specializations"] == 2 and stats["misses"] == 2 and stats["hits"] == 1
+
+
+def test_a_kernels_own_debug_set_after_launches_selects_its_binary(stand_in):
+    # Triton reads the kernel's debug attribute into every call's compile options
+    # (JITFunction.run: kwargs.get("debug", self.debug)): set on the @fastkernel kernel, on the
+    # function it wraps, or on a patched kernel, the next launch is of the matching binary.
+    jit_fn = triton.jit(kernels.add_kernel.fn)
+    add = fastkernel(jit_fn)
+    for set_on in (add, jit_fn):
+        assert add[(1,)](X, X, X, 64, BLOCK=64).metadata.debug is False
+        set_on.debug = True
+        assert add.debug is True and jit_fn.debug is True
+        assert add[(1,)](X, X, X, 64, BLOCK=64).metadata.debug is True
+        assert add[(1,)](X, X, X, 64, BLOCK=64).metadata.debug is True  # now a hit
+        set_on.debug = False
+    patched = triton.jit(kernels.add_kernel.fn)
+    with fastkernel_patched():
+        assert patched[(1,)](X, X, X, 64, BLOCK=64).metadata.debug is False
+        patched.debug = True
+        assert patched[(1,)](X, X, X, 64, BLOCK=64).metadata.debug is True
 
 
 def test_knob_scope_restores_the_key(add):

@@ -884,14 +884,19 @@ def test_importing_fastkernel_leaves_triton_as_it_was_and_unpatch_restores_it():
     # In a fresh process: the knob classes' methods change only at patch() or the first kernel,
     # and unpatch() gives back the same objects when no kernel outside the patch needs them.
     code = _KNOB_METHODS + (
-        "before = knob_methods()\n"
+        "from triton.runtime.jit import JITFunction\n"
+        "before, jit_before = knob_methods(), dict(JITFunction.__dict__)\n"
         "import fastkernel\n"
         "assert knob_methods() == before, 'import changed them'\n"
         "fastkernel.patch()\n"
         "assert knob_methods() != before, 'patch() did not install the notifications'\n"
+        "assert 'debug' in JITFunction.__dict__, 'patch() did not install the debug watch'\n"
         "fastkernel.unpatch()\n"
         "after = knob_methods()\n"
         "assert all(a[0] is b[0] and a[1] is b[1] for a, b in zip(after, before)), after\n"
+        "jit_after = dict(JITFunction.__dict__)\n"
+        "assert jit_after.keys() == jit_before.keys(), jit_after.keys() ^ jit_before.keys()\n"
+        "assert all(jit_after[k] is jit_before[k] for k in jit_after)\n"
         "print('ok')\n"
     )
     result = _run_python("-c", code)

@@ -52,6 +52,44 @@ _triton_watch_lock = threading.Lock()
 _saved_knob_methods: dict[type, tuple[Any, Any]] | None = None
 _knob_dicts_watched = False
 _watch_kept = False
+_MISSING = object()
+_saved_debug_attr: Any = _MISSING  # JITFunction's own class attribute `debug` (normally none)
+
+
+def _forget_specializations_of(jit_fn: JITFunction) -> None:
+    """Drop the launch records of every native dispatch of ``jit_fn``: its ``debug`` changed,
+    which Triton reads into the compile options of each call (``JITFunction.run``:
+    ``kwargs.get("debug", self.debug)``) and the native key does not hold, so the next call
+    of each specialization compiles (or loads) the binary of the new value."""
+    for kernel in list(_KERNELS):
+        if getattr(kernel, "jit_function", None) is jit_fn:
+            kernel._clear_records()
+
+
+def _get_debug(self):
+    try:
+        return self.__dict__["debug"]
+    except KeyError:
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute 'debug'") from None
+
+
+def _set_debug(self, value) -> None:
+    self.__dict__["debug"] = value
+    _forget_specializations_of(self)
+
+
+def _del_debug(self) -> None:
+    try:
+        del self.__dict__["debug"]
+    except KeyError:
+        raise AttributeError("debug") from None
+    _forget_specializations_of(self)
+
+
+#: Installed as ``JITFunction.debug`` while the Triton watch is: the instance attribute Triton
+#: sets in ``JITFunction.__init__``, kept in the instance dict as before, whose changes also
+#: drop the native records compiled under the old value.
+_DEBUG_ATTR = property(_get_debug, _set_debug, _del_debug, "Triton's per-kernel debug option.")
 
 
 def install_triton_watch(keep: bool) -> None:
@@ -70,11 +108,13 @@ def install_triton_watch(keep: bool) -> None:
         True for a kernel that outlives the patch (``@fastkernel``, ``fastkernel.autotune``):
         :func:`uninstall_triton_watch` then leaves the knob classes as they are.
     """
-    global _saved_knob_methods, _knob_dicts_watched, _watch_kept
+    global _saved_knob_methods, _knob_dicts_watched, _watch_kept, _saved_debug_attr
     with _triton_watch_lock:
         _watch_kept = _watch_kept or keep
         if _saved_knob_methods is not None:
             return
+        _saved_debug_attr = JITFunction.__dict__.get("debug", _MISSING)
+        type.__setattr__(JITFunction, "debug", _DEBUG_ATTR)
         saved: dict[type, tuple[Any, Any]] = {}
         for cls in abi.knob_classes():
             saved[cls] = (cls.__dict__.get("__setattr__"), cls.__dict__.get("__delattr__"))
@@ -101,10 +141,15 @@ def uninstall_triton_watch() -> None:
     """Give the knob classes back their own ``__setattr__`` / ``__delattr__`` (the same
     objects), unless a kernel created outside the patch needs them; called by
     :func:`fastkernel.unpatch`. The dict watchers stay: they only mark the state stale."""
-    global _saved_knob_methods
+    global _saved_knob_methods, _saved_debug_attr
     with _triton_watch_lock:
         if _saved_knob_methods is None or _watch_kept:
             return
+        if _saved_debug_attr is _MISSING:
+            type.__delattr__(JITFunction, "debug")
+        else:
+            type.__setattr__(JITFunction, "debug", _saved_debug_attr)
+        _saved_debug_attr = _MISSING
         for cls, methods in _saved_knob_methods.items():
             for name, method in zip(("__setattr__", "__delattr__"), methods):
                 if method is None:
@@ -744,6 +789,17 @@ class FastKernel(NativeDispatch, JITFunction):
             compiled = TRITON_RUN(self.jit_function, *args, grid=grid, warmup=True, **kwargs)
             return None if compiled is None else WarmupHandle(compiled, self)
         return self[grid](*args, **kwargs)
+
+    @property
+    def debug(self):
+        """The wrapped ``triton.jit`` function's ``debug`` (one kernel, one option): setting it
+        here sets it there, and the next call compiles (or loads) the binary of the new value,
+        as with Triton."""
+        return self.jit_function.debug
+
+    @debug.setter
+    def debug(self, value) -> None:
+        self.jit_function.debug = value
 
     def __repr__(self) -> str:
         return f"FastKernel({self.module}:{self.fn.__qualname__})"

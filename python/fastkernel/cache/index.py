@@ -173,6 +173,9 @@ def _index_path(
         # The device and knob-state words (the last two) are per process; the knob values are not.
         "native_key": native_key[:-16].hex(),
         "knobs": list(abi.binary_knobs()),
+        # The kernel's own debug option (triton.jit(debug=...), or set later), which Triton
+        # reads into every call's compile options and the native key does not hold.
+        "debug": bool(getattr(jit_fn, "debug", None)),
         "target": target_dict(target),
         "toolchain": toolchain_fingerprint(target, root / "toolchain"),
         "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
