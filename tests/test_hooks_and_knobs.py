@@ -16,8 +16,8 @@ from triton import knobs
 from triton_reference import TritonReference, assert_same_launch
 
 from fastkernel import _C, fastkernel
-from fastkernel import patched as fastkernel_patched
 from fastkernel import _triton_abi as abi
+from fastkernel import patched as fastkernel_patched
 
 X = torch.randn(64)
 
