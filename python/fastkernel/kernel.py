@@ -62,7 +62,7 @@ def _forget_specializations_of(jit_fn: JITFunction) -> None:
     ``kwargs.get("debug", self.debug)``) and the native key does not hold, so the next call
     of each specialization compiles (or loads) the binary of the new value."""
     for kernel in list(_KERNELS):
-        if getattr(kernel, "jit_function", None) is jit_fn:
+        if isinstance(kernel, NativeDispatch) and kernel.jit_function is jit_fn:
             kernel._clear_records()
 
 
