@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from conftest import TEST_STREAM
-from triton_reference import TritonReference
+from triton_reference import TritonReference, assert_same_launch
 
 from fastkernel import CudaError, fastkernel
 
@@ -90,6 +90,29 @@ def test_tensor_where_an_int_is_declared(stand_in):
     with pytest.raises(TypeError, match="argument 'n': expected i32, got a tensor"):
         k[(1,)](out, out, 2, 3, BLOCK=16)
     assert stand_in.launches() == []
+
+
+@triton.jit
+def scale_kernel(out_ptr, s: tl.float32, n: tl.int32, BLOCK: tl.constexpr):
+    tl.store(out_ptr + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.float32) + s * n)
+
+
+def test_one_element_tensors_for_annotated_scalars_launch_as_triton_packs_them(stand_in):
+    # Triton's launcher reads the value of a one-element tensor given for a scalar parameter
+    # (float() / int() of it); the native packer has only its address, so such a call goes
+    # through Triton, counted as a fallback, launching what Triton launches.
+    out = torch.empty(16)
+    calls = [(torch.tensor(2.5), 3), (2.5, torch.tensor(3))]
+    k = fastkernel(scale_kernel)
+    for s, n in calls:
+        with TritonReference(stand_in, TEST_STREAM) as reference:
+            theirs = reference.launch(scale_kernel, (1,), out, s, n, BLOCK=16)
+            k[(1,)](out, s, n, BLOCK=16)
+        assert_same_launch(stand_in.launches()[-1], theirs)
+    reasons = k.stats()["fallback_reasons"]
+    assert any("argument 's' is a one-element tensor for a fp32 parameter" in r for r in reasons)
+    with pytest.raises(TypeError, match="argument 's': expected fp32, got a tensor"):
+        k[(1,)](out, torch.ones(2), 3, BLOCK=16)  # a value Triton cannot read either
 
 
 def test_int_where_a_tensor_was_passed_before(stand_in):

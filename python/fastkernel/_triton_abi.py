@@ -117,7 +117,28 @@ def specialize(
     options, signature, constexprs, attrs = jit_fn._pack_args(
         backend, kwargs, bound_args, specialization, options
     )
+    for name, ty in signature.items():
+        value = bound_args.get(name)
+        if (
+            isinstance(ty, str)
+            and ty[:1] != "*"
+            and ty != "constexpr"
+            and _is_one_element_tensor(value)
+        ):
+            # An annotated scalar given a one-element tensor: Triton's launcher packs the
+            # tensor's value (PyFloat_AsDouble / PyLong_AsLong call __float__ / __index__,
+            # which read the device memory); the native packer holds only its address.
+            raise UnsupportedByNativePath(
+                f"argument '{name}' is a one-element tensor for a {ty} parameter, whose value "
+                "Triton's launcher reads"
+            )
     return Specialization(signature, constexprs, attrs, options, launch_plan(signature))
+
+
+def _is_one_element_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.numel() == 1
 
 
 def descriptor_rank(ty: str) -> int | None:
