@@ -382,7 +382,7 @@ def test_kernels_with_varargs_or_keyword_only_parameters_keep_tritons_path(stand
         lambda: varargs_kernel[(1,)](out, 1, 2, 3, BLOCK=16),
         lambda: varargs_kernel[(1,)](out, BLOCK=16),
         lambda: keyword_only_kernel[(1,)](out, 3, b=5, BLOCK=16),
-        lambda: keyword_only_kernel[(1,)](out, 3, 5, 16),  # b by position: Triton's TypeError
+        lambda: keyword_only_kernel[(1,)](out, 3, 5, 16),
         lambda: keyword_only_kernel[(1,)](out, 3, b=5, BLOCK=16),
     ]
     with TritonReference(stand_in, TEST_STREAM):
@@ -390,7 +390,11 @@ def test_kernels_with_varargs_or_keyword_only_parameters_keep_tritons_path(stand
     with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
         patched = _outcomes(stand_in, calls)
     assert patched == unpatched
-    assert unpatched[4] is TypeError and isinstance(unpatched[3], bytes)
+    # Triton 3.9 launches both kernels and refuses b by position; up to 3.8 it compiles
+    # neither (CompilationError), and the patch then raises the same.
+    if tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 9):
+        kinds = [o if isinstance(o, type) else bytes for o in unpatched]
+        assert kinds == [bytes, bytes, bytes, bytes, TypeError, bytes]
     for kernel, what in (
         (varargs_kernel, "*args parameter 'vals'"),
         (keyword_only_kernel, "keyword-only parameter 'b'"),
