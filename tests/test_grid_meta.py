@@ -6,6 +6,7 @@ grid function that keeps the mapping must never see a later call's arguments."""
 from __future__ import annotations
 
 import collections.abc
+import copy
 import operator
 
 import kernels
@@ -78,6 +79,65 @@ def test_the_grid_sees_every_parameter_as_tritons_dict(stand_in):
     assert seen[-1] == expected
     assert k.stats()["hits"] == 1
     assert [l.grid for l in stand_in.launches()] == [(4, 1, 1), (4, 1, 1)]
+
+
+def test_the_mapping_answers_the_rest_of_dicts_reads_as_the_dict_does(stand_in):
+    x, y, out = _args()
+    k = fastkernel(kernels.add_kernel)
+    seen = []
+
+    def grid(meta):
+        d = dict(meta)
+        outcomes = []
+        for read in (
+            lambda m: m | {"extra": 1},
+            lambda m: {"extra": 1} | m,
+            lambda m: list(reversed(m)),
+            lambda m: copy.copy(m),
+            lambda m: m.get([1], 2),  # an unhashable key: TypeError, as from a dict
+            lambda m: [1] in m,
+            lambda m: m[[1]],
+        ):
+            try:
+                outcomes.append(read(meta) == read(d))
+            except TypeError as exc:
+                try:
+                    read(d)
+                    outcomes.append(f"only the mapping raised {exc}")
+                except TypeError:
+                    outcomes.append("TypeError")
+        seen.append(outcomes)
+        return (tuple([1]),)[0]  # called in Python: outside the grid programs' forms
+
+    for _ in range(2):
+        k[grid](x, y, out, N, BLOCK=64)
+    assert seen[-1] == [True, True, True, True, "TypeError", "TypeError", "TypeError"]
+    assert k._grid_counts() == (0, 2)
+
+
+@pytest.mark.parametrize(
+    "grid,expected",
+    [
+        ({0: 5}, (5, 1, 1)),  # Triton reads len(grid), grid[0], ...: a dict by its keys 0..2
+        ({0: 3, 1: 2}, (3, 2, 1)),
+        ([4, 2], (4, 2, 1)),
+        ({4}, TypeError),  # no grid[0]
+        (frozenset({4}), TypeError),
+        ((i for i in (2, 3)), TypeError),  # no len()
+    ],
+)
+def test_a_grid_other_than_a_tuple_is_read_as_triton_reads_it(stand_in, grid, expected):
+    x, y, out = _args()
+    k = fastkernel(kernels.add_kernel)
+    for given in (grid, lambda meta, g=grid: g):
+        if isinstance(expected, tuple):
+            k[given](x, y, out, N, BLOCK=64)
+            assert stand_in.launches()[-1].grid == expected
+        else:
+            before = len(stand_in.launches())
+            with pytest.raises(expected):
+                k[given](x, y, out, N, BLOCK=64)
+            assert len(stand_in.launches()) == before
 
 
 def test_a_missing_key_raises_keyerror_and_the_mapping_is_read_only(stand_in):

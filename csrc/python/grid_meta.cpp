@@ -13,8 +13,9 @@ struct GridMetaObject {
   PyObject* snapshot;  ///< a dict of them once the mapping outlived its call, else nullptr
 };
 
-// The index of `key` among the names, or -1. Interned names usually match by identity (a
-// string literal in the grid function is interned too); otherwise by value.
+// The index of `key` among the names, -1 when absent, or -2 with TypeError set for an
+// unhashable key (as a dict raises). Interned names usually match by identity (a string literal
+// in the grid function is interned too); otherwise by value.
 Py_ssize_t find(GridMetaObject* self, PyObject* key) {
   const Py_ssize_t n = PyTuple_GET_SIZE(self->names);
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -23,7 +24,7 @@ Py_ssize_t find(GridMetaObject* self, PyObject* key) {
     }
   }
   if (!PyUnicode_Check(key)) {
-    return -1;
+    return PyObject_Hash(key) == -1 ? -2 : -1;
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
     const int eq = PyUnicode_Compare(PyTuple_GET_ITEM(self->names, i), key);
@@ -61,8 +62,8 @@ PyObject* lookup(GridMetaObject* self, PyObject* key) {  // borrowed, nullptr if
   if (self->snapshot != nullptr) {
     return PyDict_GetItemWithError(self->snapshot, key);
   }
-  const Py_ssize_t i = self->values != nullptr ? find(self, key) : -1;
-  return i >= 0 ? self->values[i] : nullptr;
+  const Py_ssize_t i = find(self, key);
+  return i >= 0 && self->values != nullptr ? self->values[i] : nullptr;
 }
 
 PyObject* meta_subscript(GridMetaObject* self, PyObject* key) {
@@ -123,6 +124,22 @@ PyObject* meta_items(GridMetaObject* self, PyObject*) { return dict_method(self,
 
 PyObject* meta_copy(GridMetaObject* self, PyObject*) { return as_dict(self); }
 
+PyObject* meta_reversed(GridMetaObject* self, PyObject*) {
+  return dict_method(self, "__reversed__");
+}
+
+// meta | other and other | meta: a new dict, as with the dict Triton passes.
+PyObject* meta_or(PyObject* a, PyObject* b) {
+  const bool left = Py_TYPE(a) == &GridMetaType;
+  PyObject* d = as_dict(reinterpret_cast<GridMetaObject*>(left ? a : b));
+  if (d == nullptr) {
+    return nullptr;
+  }
+  PyObject* r = left ? PyNumber_Or(d, b) : PyNumber_Or(a, d);
+  Py_DECREF(d);
+  return r;
+}
+
 PyObject* meta_repr(GridMetaObject* self) {
   PyObject* d = as_dict(self);
   if (d == nullptr) {
@@ -178,6 +195,12 @@ PyMappingMethods meta_mapping = {
     nullptr,
 };
 
+PyNumberMethods meta_number = [] {
+  PyNumberMethods n{};
+  n.nb_or = meta_or;
+  return n;
+}();
+
 PySequenceMethods meta_sequence = [] {
   PySequenceMethods s{};
   s.sq_contains = reinterpret_cast<objobjproc>(meta_contains);
@@ -191,6 +214,9 @@ PyMethodDef meta_methods[] = {
     {"values", reinterpret_cast<PyCFunction>(meta_values), METH_NOARGS, "The arguments."},
     {"items", reinterpret_cast<PyCFunction>(meta_items), METH_NOARGS, "(name, argument) pairs."},
     {"copy", reinterpret_cast<PyCFunction>(meta_copy), METH_NOARGS, "A dict of the mapping."},
+    {"__copy__", reinterpret_cast<PyCFunction>(meta_copy), METH_NOARGS, "A dict of the mapping."},
+    {"__reversed__", reinterpret_cast<PyCFunction>(meta_reversed), METH_NOARGS,
+     "The names, last first."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -283,8 +309,9 @@ PyTypeObject GridMetaType = [] {
   t.tp_doc =
       "What a callable grid receives: every declared parameter of the kernel by name, mapped to\n"
       "its argument in the call (Triton passes a dict of the same contents). Read-only: \n"
-      "meta[name], meta.get(name, default), len, iteration, `in`, keys/values/items, **meta and\n"
-      "copy() (a dict) behave as on that dict.";
+      "meta[name], meta.get(name, default), len, iteration, reversed, `in`, keys/values/items,\n"
+      "**meta, `meta | other`, copy() and copy.copy (a dict) behave as on that dict. A\n"
+      "collections.abc.Mapping, not a dict.";
   t.tp_basicsize = sizeof(GridMetaObject);
   t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_MAPPING;
   t.tp_dealloc = reinterpret_cast<destructor>(meta_dealloc);
@@ -292,6 +319,7 @@ PyTypeObject GridMetaType = [] {
   t.tp_clear = reinterpret_cast<inquiry>(meta_clear);
   t.tp_as_mapping = &meta_mapping;
   t.tp_as_sequence = &meta_sequence;
+  t.tp_as_number = &meta_number;
   t.tp_iter = reinterpret_cast<getiterfunc>(meta_iter);
   t.tp_methods = meta_methods;
   t.tp_repr = reinterpret_cast<reprfunc>(meta_repr);

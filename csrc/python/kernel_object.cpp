@@ -137,6 +137,35 @@ inline bool grid_dims_in_range(const long long* dims, int n, LaunchGrid* out) {
   return true;
 }
 
+// A grid other than a tuple, read as Triton reads one (triton/runtime/jit.py JITFunction.run):
+// len(grid), then grid[0], grid[1], grid[2] by subscript (a dict {0: n} is a 1-D grid; a set or
+// a generator is no grid). Out of line (not marked cold: callgrind counted one more instruction
+// per tuple-grid hit with the mark), so the tuple path stays as the compiler lays it out alone.
+[[gnu::noinline]] bool parse_other_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
+  const Py_ssize_t n = PyObject_Size(grid);
+  if (n < 0) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError,
+                 "%U: grid must be a tuple of 1 to 3 ints or a callable returning one, got %s",
+                 kernel->name, Py_TYPE(grid)->tp_name);
+    return false;
+  }
+  if (n < 1 || n > 3) {
+    return read_grid_dims(kernel, nullptr, n, out);
+  }
+  Ref items[3];
+  PyObject* borrowed[3] = {nullptr, nullptr, nullptr};
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    Ref index(PyLong_FromSsize_t(i));
+    items[i].reset(index ? PyObject_GetItem(grid, index.get()) : nullptr);
+    if (!items[i]) {
+      return false;  // what grid[i] raised
+    }
+    borrowed[i] = items[i].get();
+  }
+  return read_grid_dims(kernel, borrowed, n, out);
+}
+
 // A grid: a tuple (the common case, read in place) or any other sequence of 1-3 ints. A tuple
 // of small exact ints within CUDA's limits is read inline; anything else (other int kinds, the
 // errors) by read_grid_dims.
@@ -159,16 +188,7 @@ inline bool parse_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
     *out = {dims[0], dims[1], dims[2]};
     return true;
   }
-  Ref seq(PySequence_Fast(grid, ""));
-  if (!seq) {
-    PyErr_Clear();
-    PyErr_Format(PyExc_TypeError,
-                 "%U: grid must be a tuple of 1 to 3 ints or a callable returning one, got %s",
-                 kernel->name, Py_TYPE(grid)->tp_name);
-    return false;
-  }
-  return read_grid_dims(kernel, PySequence_Fast_ITEMS(seq.get()),
-                        PySequence_Fast_GET_SIZE(seq.get()), out);
+  return parse_other_grid(kernel, grid, out);
 }
 
 // The call's positional arguments as a tuple and keywords as a dict (new references), for the
