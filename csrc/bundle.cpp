@@ -518,23 +518,32 @@ int pointee_scalar_type(const std::string& triton_type) {
   return -1;
 }
 
-bool Bundle::matches(const BundleEntry& entry, const ArgValue* args, size_t num_args,
-                     const int* scalar_types) {
-  if (entry.patterns.size() != num_args) {
-    return false;
-  }
+namespace {
+
+// The index of the first of `num_args` arguments (as many as the entry's patterns) that the
+// entry's patterns (and `scalar_types`, when given) do not accept, or num_args when all fit.
+size_t first_mismatch(const BundleEntry& entry, const ArgValue* args, size_t num_args,
+                      const int* scalar_types) {
   for (size_t i = 0; i < num_args; ++i) {
     if (!arg_matches(entry.patterns[i], args[i])) {
-      return false;
+      return i;
     }
     if (scalar_types != nullptr && scalar_types[i] >= 0 && args[i].kind == ArgKind::Tensor) {
       const int expected = pointee_scalar_type(entry.patterns[i].type);
       if (expected >= 0 && expected != scalar_types[i]) {
-        return false;
+        return i;
       }
     }
   }
-  return true;
+  return num_args;
+}
+
+}  // namespace
+
+bool Bundle::matches(const BundleEntry& entry, const ArgValue* args, size_t num_args,
+                     const int* scalar_types) {
+  return entry.patterns.size() == num_args &&
+         first_mismatch(entry, args, num_args, scalar_types) == num_args;
 }
 
 BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, size_t num_args,
@@ -612,12 +621,10 @@ void Bundle::launch_entry(BundleEntry& entry, const LaunchGrid& grid, CUstream s
   }
   // The binary assumes its specialization (pointer alignment, ints divisible by 16 or equal
   // to 1): arguments without it would run it on values it was not compiled for.
-  for (size_t i = 0; i < num_args; ++i) {
-    if (!arg_matches(entry.patterns[i], args[i])) {
-      throw BundleError("fastkernel: argument " + std::to_string(i) + " (a " +
-                        kind_name(args[i].kind) + ") does not have the specialization of " +
-                        entry.describe());
-    }
+  if (const size_t i = first_mismatch(entry, args, num_args, nullptr); i < num_args) {
+    throw BundleError("fastkernel: argument " + std::to_string(i) + " (a " +
+                      kind_name(args[i].kind) + ") does not have the specialization of " +
+                      entry.describe());
   }
   const LaunchRecord& p = entry.prototype;
   if (p.needs_scratch() && grid.x != 0 && grid.y != 0 && grid.z != 0) {

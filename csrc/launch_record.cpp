@@ -20,12 +20,7 @@ std::unordered_map<int, CUcontext> g_primary_contexts;
 }  // namespace
 
 PrimaryContextScope::PrimaryContextScope(int device) {
-  const DriverApi& api = driver();
-  CUdevice dev = 0;
-  check_cuda(api.cuDeviceGet(&dev, device), "cuDeviceGet");
-  CUcontext ctx = nullptr;
-  check_cuda(api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  check_cuda(api.cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
+  check_cuda(driver().cuCtxPushCurrent(primary_context(device)), "cuCtxPushCurrent");
 }
 
 PrimaryContextScope::~PrimaryContextScope() {

@@ -157,15 +157,21 @@ def test_annotated_parameters_export_one_entry_cpp_calls_with_python_values(
     assert overflow.endswith("argument 2: value 1000000 is out of range for fp16")
 
 
-def test_a_bundle_launches_in_the_primary_context_of_the_device_it_is_given(
-    stand_in, contract_program, tmp_path
-):
+def _exported_add(tmp_path) -> tuple[pathlib.Path, str]:
+    """A bundle of add_kernel's aligned specialization, and an aligned pointer (hex) to call it
+    with."""
     k = fk(kernels.add_kernel)
     x = torch.randn(4096)
     k[(4,)](x, x, x, 4096, BLOCK=1024)
     bundle = tmp_path / "bundle"
     fastkernel.export(k, bundle)
-    p = hex(x.data_ptr())
+    return bundle, hex(x.data_ptr())
+
+
+def test_a_bundle_launches_in_the_primary_context_of_the_device_it_is_given(
+    stand_in, contract_program, tmp_path
+):
+    bundle, p = _exported_add(tmp_path)
     assert _contract(contract_program, "devices", bundle, p, p, p) == [
         "device 1 launched on 1",
         "device 0 launched on 0",
@@ -177,12 +183,7 @@ def test_a_bundle_launches_in_the_primary_context_of_the_device_it_is_given(
 def test_a_bundle_unloads_its_modules_and_launch_entry_refuses_what_its_entry_cannot_run(
     stand_in, contract_program, tmp_path
 ):
-    k = fk(kernels.add_kernel)
-    x = torch.randn(4096)
-    k[(4,)](x, x, x, 4096, BLOCK=1024)
-    bundle = tmp_path / "bundle"
-    fastkernel.export(k, bundle)
-    p = hex(x.data_ptr())
+    bundle, p = _exported_add(tmp_path)
     lines = _contract(contract_program, "lifetime", bundle, p, p, p)
     assert lines[0] == "loaded 2 unloaded 2"  # one module per device, unloaded with the bundle
     assert lines[1] == "moved-from: fastkernel: launch_entry on a moved-from Bundle"

@@ -463,14 +463,19 @@ def is_cached(jit_fn, target, spec: abi.Specialization) -> bool:
 # -- managing a cache directory -------------------------------------------------------------
 
 
-def iter_entry_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
+def iter_entry_files(root: pathlib.Path, strict: bool = False) -> Iterator[pathlib.Path]:
     """Every regular ``*.fkc`` file under ``root`` (a cache directory or an export), at most
     ``_IMPORT_MAX_DEPTH`` directories down, never through a symbolic link, in sorted order.
-    Raises ``files.UntrustedPath`` past ``_IMPORT_MAX_FILES`` files."""
+    Raises ``files.UntrustedPath`` past ``_IMPORT_MAX_FILES`` files. A ``root`` that is not a
+    directory has none; with ``strict`` it raises OSError instead, as does a directory under it
+    that cannot be read."""
     root = pathlib.Path(root)
     if not root.is_dir():
+        if strict:
+            code = errno.ENOTDIR if root.exists() else errno.ENOENT
+            raise OSError(code, os.strerror(code), str(root))
         return iter(())
-    return _fs.walk_files(root, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES)
+    return _fs.walk_files(root, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES, strict)
 
 
 def temp_files(root: pathlib.Path) -> list[pathlib.Path]:
@@ -619,13 +624,7 @@ def import_entries(src: pathlib.Path, root: pathlib.Path | None = None) -> tuple
     problem = _fs.usable_root(root)
     if problem is not None:
         raise RuntimeError(f"the kernel cache {root} cannot be used: {problem}")
-    src = pathlib.Path(src)
-    if not src.is_dir():
-        code = errno.ENOTDIR if src.exists() else errno.ENOENT
-        raise OSError(code, os.strerror(code), str(src))
-    for path in _fs.walk_files(
-        src, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES, strict=True
-    ):
+    for path in iter_entry_files(src, strict=True):
         try:
             entry = read_entry(path, trusted=False)
         except (OSError, CorruptEntry) as exc:
