@@ -249,6 +249,18 @@ bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
   return push_object_constexpr(v, key, depth);
 }
 
+// A constexpr parameter's value: the common one, a block size (an int of at most 30 bits),
+// without push_constexpr's general dispatch; the same words.
+[[gnu::noinline]] bool push_constexpr_param(PyObject* v, SpecializationKey* key) {
+  long long value;
+  if (PyLong_CheckExact(v) && compact_int(v, &value)) {
+    key->push(uint64_t(ArgKind::ConstexprInt));
+    key->push(uint64_t(value));
+    return true;
+  }
+  return push_constexpr(v, key);
+}
+
 // A number of a type other than int, float and bool: an int or float subclass (IntEnum
 // members, numpy.float64) or a numpy integer or floating scalar. Triton keys a constexpr by its
 // repr (the type shows in it) and compiles the object itself, so the key holds the type's
@@ -813,7 +825,7 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
   call->args[i] = v;
   if (param.is_constexpr) {
     value->kind = ArgKind::None;
-    if (!push_constexpr(v, &key)) {
+    if (!push_constexpr_param(v, &key)) {
       call->fallback_reason = "a constexpr value of a kind the native key does not cover";
       call->fallback_name = param.name;
       call->fallback_value = v;
