@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import threading
+import weakref
 
 import corpus
 import kernels
@@ -1408,3 +1409,23 @@ def test_run_stats_come_last_on_the_interpreters_stderr(tmp_path):
         "exit handler",
         "fastkernel: no Triton kernel launched",
     ]
+
+
+def test_a_patched_kernel_dropped_after_launching_is_collected_with_its_module(stand_in):
+    """Under the patch a JITFunction holds its native dispatch, whose launch record holds the
+    compiled kernel, whose source holds the JITFunction: the collector must see that cycle, or
+    every kernel a program builds and drops would stay alive with its module loaded."""
+    x = torch.randn(64)
+    registry = getattr(triton.runtime.jit, "_triton_jit_function_registry", {})
+    refs = []
+    with fastkernel.patched():
+        for _ in range(3):
+            jit_fn = JITFunction(kernels.add_kernel.fn)
+            jit_fn[(1,)](x, x, x, 64, BLOCK=64)
+            refs.append(weakref.ref(jit_fn))
+            for name in [name for name, fn in registry.items() if fn is jit_fn]:
+                del registry[name]  # Triton (>= 3.6) keeps the newest kernel of each name
+            del jit_fn
+        gc.collect()
+        assert [ref() for ref in refs] == [None, None, None]
+        assert stand_in.module_loads() == 3 and stand_in.module_unloads() == 3

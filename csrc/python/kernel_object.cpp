@@ -924,6 +924,10 @@ int kernel_traverse(KernelObject* self, visitproc visit, void* arg) {
     for (ParamSpec& p : self->state->params) {
       Py_VISIT(p.default_value);
     }
+    // What a launch returns (a compiled kernel, whose source function can be the very
+    // JITFunction that holds this kernel under the patch), tuned arguments, published configs.
+    return self->state->table.visit_records(
+        [&](const LaunchRecord& rec) { return visit_record_references(rec, visit, arg); });
   }
   return 0;
 }
@@ -942,6 +946,7 @@ int kernel_clear(KernelObject* self) {
     for (ParamSpec& p : self->state->params) {
       Py_CLEAR(p.default_value);
     }
+    self->state->table.clear();  // its records' references (kernel_traverse); modules unloaded
   }
   return 0;
 }

@@ -90,6 +90,22 @@ struct LoadedRecord {
   }
 };
 
+}  // namespace
+
+void release_python_reference(void* object) { Py_DECREF(static_cast<PyObject*>(object)); }
+
+int visit_record_references(const LaunchRecord& rec, visitproc visit, void* arg) {
+  if (rec.release_user_data != release_python_reference) {
+    return 0;  // a record this module did not make holds no Python references
+  }
+  for (void* p : {rec.user_data, rec.tuned_args, rec.published}) {
+    Py_VISIT(static_cast<PyObject*>(p));
+  }
+  return 0;
+}
+
+namespace {
+
 std::unique_ptr<LoadedRecord> load_record(const LaunchFacts& facts, const py::bytes& cubin,
                                           py::handle compiled, py::handle tuned_args,
                                           py::handle published, py::handle global_checks) {
@@ -116,7 +132,7 @@ std::unique_ptr<LoadedRecord> load_record(const LaunchFacts& facts, const py::by
   LaunchRecord& rec = *loaded->record;
   // The record owns a reference to what a launch returns; dropped with the record (eviction,
   // clear, kernel deallocation, or the load below failing), always under the GIL.
-  rec.release_user_data = [](void* p) { Py_DECREF(static_cast<PyObject*>(p)); };
+  rec.release_user_data = release_python_reference;
   rec.user_data = compiled.inc_ref().ptr();
   if (!tuned_args.is_none()) {
     rec.tuned_args = tuned_args.inc_ref().ptr();

@@ -145,6 +145,7 @@ class RecordingDriver:
             "fkstub_launch_count": (c_int, []),
             "fkstub_recorded_count": (c_int, []),
             "fkstub_module_load_count": (c_int, []),
+            "fkstub_module_unload_count": (c_int, []),
             "fkstub_retained_bytes": (ctypes.c_ulonglong, []),
             "fkstub_set_launch_result": (None, [c_int]),
             "fkstub_func_attribute": (c_int, [c_char_p, c_int]),
@@ -181,6 +182,10 @@ class RecordingDriver:
     def module_loads(self) -> int:
         """Successful cuModuleLoadData calls since the last reset."""
         return self.lib.fkstub_module_load_count()
+
+    def module_unloads(self) -> int:
+        """Successful cuModuleUnload calls since the last reset."""
+        return self.lib.fkstub_module_unload_count()
 
     def retained_bytes(self) -> int:
         """Bytes the stand-in keeps for unloaded modules (never freed, by design)."""

@@ -42,6 +42,21 @@ class LaunchTable {
   /// Sets the most records kept (0 = unbounded), evicting down to it now.
   void set_capacity(size_t capacity);
 
+  /// Calls `visit(record)` for each registered record, stopping at the first nonzero result,
+  /// which it returns (0 when every call returned 0). `visit` must not change the table. The
+  /// Python layer's garbage-collector traversal reads the records' references through it.
+  template <class Visit>
+  int visit_records(Visit&& visit) const {
+    for (const Slot& slot : slots_) {
+      if (slot.size >= 0) {
+        if (const int result = visit(*slot.record)) {
+          return result;
+        }
+      }
+    }
+    return 0;
+  }
+
   /// Number of registered specializations.
   size_t size() const noexcept { return count_; }
 
