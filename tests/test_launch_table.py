@@ -301,3 +301,30 @@ def test_a_grid_whose_release_launches_the_kernel_does_not_change_the_callers_gr
     del first_grid  # the cached bound launch holds the grid's last reference
     k[(2,)](x, x, x, 64, BLOCK=64)
     assert [launch.grid[0] for launch in stand_in.launches()] == [1, 3, 2]
+
+
+def test_identity_keyed_constexprs_are_kept_only_while_a_record_can_hold_them(
+    stand_in, monkeypatch
+):
+    """A dtype object is keyed by identity, so its kernel keeps it alive while a registered key
+    may hold its address; with a new object per call and a small table, the kept set stays
+    bounded and the objects no record holds are freed."""
+    import triton.language as tl
+
+    monkeypatch.setenv("FASTKERNEL_MAX_SPECIALIZATIONS", "2")
+    k = fastkernel(kernels.cast_kernel)
+    x, out = torch.randn(64), torch.empty(64)
+    dtypes = []
+    for _ in range(40):
+        dtype = tl.dtype("fp32")  # equal to tl.float32, a new object each time
+        dtypes.append(weakref.ref(dtype))
+        k[(1,)](out, x, 64, dtype, kernels.times_two, BLOCK=64)
+        del dtype
+    gc.collect()
+    stats = k.stats()
+    assert stats["misses"] == 40 and stats["specializations"] <= 2
+    alive = sum(ref() is not None for ref in dtypes)
+    assert 1 <= alive <= 8  # at most 4 per specialization the table holds
+    assert dtypes[-1]() is not None  # the newest key's object is held
+    k[(1,)](out, x, 64, dtypes[-1](), kernels.times_two, BLOCK=64)
+    assert k.stats()["hits"] == 1

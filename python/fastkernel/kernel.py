@@ -33,9 +33,12 @@ from .cache.settings import log_once
 log = logging.getLogger("fastkernel")
 
 # Immutable objects Triton takes as constexprs, keyed natively by identity. Every one seen at a
-# registration is kept alive by its kernel (FastKernel._keepalive), so no address in a
+# registration is kept alive by its kernel (FastKernel._keep_identity_keyed), so no address in a
 # registered key can be reused by another object.
 _IDENTITY_TYPES = abi.IDENTITY_CONSTEXPR_TYPES
+# How many such objects a kernel keeps per specialization its table can hold before it drops
+# its records to release them (FastKernel._keep_identity_keyed).
+_KEEPALIVE_PER_SPECIALIZATION = 4
 _C.set_constexpr_types(triton.language.constexpr, _IDENTITY_TYPES)
 try:  # host tensor descriptors (Triton >= 3.5 has them; without, they take Triton's path)
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
@@ -560,8 +563,8 @@ class NativeDispatch(_C.Kernel):
             self._registrations[key] = (target, spec, meta)
             while capacity_exceeded(self._registrations, self._capacity):
                 self._registrations.popitem(last=False)
-            for value in address_keyed:
-                self._keepalive[id(value)] = value
+            if address_keyed:
+                self._keep_identity_keyed(address_keyed)
             self._remember_kinds(args, kwargs)
             log.debug(
                 "fastkernel: registered %s on device %d (%d parameters)",
@@ -570,6 +573,24 @@ class NativeDispatch(_C.Kernel):
                 len(spec.plan),
             )
             return record
+
+    def _keep_identity_keyed(self, values: list[Any]) -> None:
+        """Keeps alive the identity-keyed constexpr objects (``_IDENTITY_TYPES``) of a key about
+        to be registered, so that no other object can take an address a registered key holds.
+
+        The native table evicts on its own, so which kept object a remaining key still holds is
+        not known here. The set is bounded instead: once it would pass
+        ``_KEEPALIVE_PER_SPECIALIZATION`` objects per specialization the table holds, every
+        record is dropped, and with them (when no launch has one in flight) the kept objects;
+        the specializations still in use register again at their next call."""
+        if self._capacity and len(self._keepalive) + len(values) > (
+            _KEEPALIVE_PER_SPECIALIZATION * self._capacity
+        ):
+            self._clear_records()
+            if self._counters()["specializations"] == 0:
+                self._keepalive.clear()
+        for value in values:
+            self._keepalive[id(value)] = value
 
     def _load_record(
         self,
