@@ -424,6 +424,29 @@ def test_a_bad_program_from_the_translator_is_never_run(stand_in, monkeypatch):
     assert len(calls) == len(bad_programs) + 1
 
 
+def test_a_refused_program_keeps_no_reference_to_its_names(stand_in):
+    """A program whose attribute step has nothing to read is refused before any name in it is
+    kept: refusing it again and again holds nothing."""
+    name = "".join(["fk_probe_", "attribute"])  # a str of this test's own, its references counted
+
+    def translator(code, names):
+        return (("ATTR", name), ("CONST", 1), ("RETURN", 1))
+
+    k = fastkernel(kernels.add_kernel)
+    grids = [eval(f"lambda meta: ({i} + 1,)") for i in range(12)]  # more than the program slots
+    _C.set_grid_program_support(translator, triton.cdiv, triton.next_power_of_2, max, min)
+    try:
+        before = sys.getrefcount(name)
+        for grid in grids * 3:  # each call translates its grid's code anew
+            _launch(k, grid)
+        assert sys.getrefcount(name) == before
+    finally:
+        _C.set_grid_program_support(
+            _grid_program.compile_grid, triton.cdiv, triton.next_power_of_2, max, min
+        )
+    assert stand_in.last_launch().grid == (12, 1, 1)  # called in Python: the program was refused
+
+
 # ---- the translator, on every supported CPython's bytecode ------------------------------------
 
 

@@ -154,9 +154,7 @@ bool convert(PyObject* result, std::vector<GridStep>* out) {
       if (!PyUnicode_CheckExact(operand)) {
         return false;
       }
-      Py_INCREF(operand);
-      PyUnicode_InternInPlace(&operand);
-      step.name = operand;
+      step.name = operand;  // borrowed until the step is checked and kept, below
     } else {
       if (!PyLong_CheckExact(operand)) {
         return false;
@@ -219,6 +217,10 @@ bool convert(PyObject* result, std::vector<GridStep>* out) {
         }
         --depth;
         break;
+    }
+    if (step.name != nullptr) {  // owned (interned) by the steps from here on
+      Py_INCREF(step.name);
+      PyUnicode_InternInPlace(&step.name);
     }
     out->push_back(step);
     if (depth > kMaxDepth) {
