@@ -274,3 +274,11 @@ def flag_add_kernel(x_ptr, out_ptr, n, flag, BLOCK: tl.constexpr):
     if flag:
         x = x + 1.0
     tl.store(out_ptr + offs, x, mask=mask)
+
+
+@triton.jit
+def grouped_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr = 128, GROUP: tl.constexpr = 1):
+    # Two constexprs with defaults: what an autotuner's pruned configs or a heuristic may set.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * GROUP, mask=mask)

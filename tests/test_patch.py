@@ -1429,3 +1429,156 @@ def test_a_patched_kernel_dropped_after_launching_is_collected_with_its_module(s
         gc.collect()
         assert [ref() for ref in refs] == [None, None, None]
         assert stand_in.module_loads() == 3 and stand_in.module_unloads() == 3
+
+
+def _grouped_autotuned(
+    prune, configs=(triton.Config({}, num_warps=4), triton.Config({}, num_warps=2))
+):
+    jit_fn = JITFunction(kernels.grouped_kernel.fn)
+    _KEPT.append(jit_fn)
+    return triton.autotune(
+        configs=list(configs),
+        key=["n"],
+        do_bench=_timer([1.0, 2.0]),
+        prune_configs_by={"early_config_prune": prune},
+    )(jit_fn)
+
+
+def _launch_twice_each_way(stand_in, make, call):
+    """Patched, then unpatched Triton (a fresh autotuner each way): the launches each made for
+    two calls of ``call`` (tuning launches included), and what each call's grid read."""
+    results = []
+    for patched in (True, False):
+        tuned, seen = make(), []
+        stand_in.reset()
+        with (
+            fastkernel.patched() if patched else contextlib.nullcontext(),
+            TritonReference(stand_in, TEST_STREAM),
+        ):
+            call(tuned, seen)
+            call(tuned, seen)
+        results.append((stand_in.launches(), seen))
+    return results
+
+
+def test_a_pruned_config_setting_what_no_declared_config_sets_is_launched_as_triton_does(stand_in):
+    """Pruned configs may set a parameter the declared configs leave alone: one with a default
+    (GROUP), which the native record cannot carry (the call goes through Triton's run), or a
+    required one (BLOCK), which the call leaves out; every launch is Triton's."""
+    x, out = torch.randn(N), torch.empty(N)
+
+    def prune(configs, nargs, **_):
+        return [triton.Config({"BLOCK": 256, "GROUP": 4}, num_warps=c.num_warps) for c in configs]
+
+    def call(tuned, seen):
+        def grid(meta):
+            seen.append((meta["BLOCK"], meta["GROUP"]))
+            return (triton.cdiv(meta["n"], meta["BLOCK"]) * meta["GROUP"],)
+
+        tuned[grid](x, out, N)
+
+    ours, theirs = _launch_twice_each_way(stand_in, lambda: _grouped_autotuned(prune), call)
+    assert ours[1] == theirs[1] == [(256, 4)] * 4  # the two benchmarked configs, two calls
+    assert len(ours[0]) == len(theirs[0]) == 4  # two configs benchmarked, two calls
+    for mine, triton_launch in zip(ours[0], theirs[0]):
+        assert_same_launch(mine, triton_launch)
+    assert ours[0][-1].grid == (N // 256 * 4, 1, 1)
+
+    y = torch.randn(N)
+
+    def prune_block_only(configs, nargs, **_):
+        return [triton.Config({"BLOCK": 512}, num_warps=c.num_warps) for c in configs]
+
+    def call_add(tuned, seen):
+        def grid(meta):
+            seen.append(meta["BLOCK"])
+            return (triton.cdiv(meta["n"], meta["BLOCK"]),)
+
+        tuned[grid](x, y, out, N)
+
+    def make_add():
+        configs = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=2)]
+        return triton.autotune(
+            configs=configs,
+            key=["n"],
+            do_bench=_timer([1.0, 2.0]),
+            prune_configs_by={"early_config_prune": prune_block_only},
+        )(_fresh_add_kernel())
+
+    ours, theirs = _launch_twice_each_way(stand_in, make_add, call_add)
+    assert ours[1] == theirs[1] == [512] * 4
+    assert [launch.grid for launch in ours[0]] == [launch.grid for launch in theirs[0]]
+    for mine, triton_launch in zip(ours[0], theirs[0]):
+        assert_same_launch(mine, triton_launch)
+
+
+def test_best_config_set_by_user_code_is_set_again_by_the_next_hit(stand_in):
+    tuned = _autotuned([3.0, 1.0])
+    x, y, out = _tensors()
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        tuned[(4,)](x, y, out, N)
+        tuned[(4,)](x, y, out, N)
+        assert tuned.best_config is CONFIGS[1]
+        tuned.best_config = None
+        seen = []
+        tuned[lambda meta: seen.append(tuned.best_config) or (4,)](x, y, out, N)
+        assert seen == [CONFIGS[1]] and tuned.best_config is CONFIGS[1]
+        del tuned.best_config
+        tuned[(4,)](x, y, out, N)
+        assert tuned.best_config is CONFIGS[1]
+        assert _stats_of(tuned)["hits"] == 3
+
+
+def test_a_run_assigned_on_the_instance_is_what_a_launch_calls(stand_in):
+    """``kernel[grid]`` is Triton's ``self.run(...)``: a ``run`` set on the instance (a tracing
+    wrapper) is called, on an autotuner and on a plain kernel."""
+    x, y, out = _tensors()
+    for kernel in (_autotuned([1.0, 2.0]), _fresh_add_kernel()):
+        inner, calls = kernel.run, []
+
+        def traced(*args, inner=inner, calls=calls, **kwargs):
+            calls.append(kwargs["grid"])
+            return inner(*args, **kwargs)
+
+        kernel.run = traced
+        extra = {} if isinstance(kernel, Autotuner) else {"BLOCK": 256}
+        with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+            kernel[(4,)](x, y, out, N, **extra)
+            kernel[(4,)](x, y, out, N, **extra)
+        assert calls == [(4,), (4,)]
+
+
+def test_autotuner_run_without_warmup_raises_tritons_error(stand_in):
+    tuned = _autotuned([1.0, 2.0])
+    x, y, out = _tensors()
+    errors = []
+    for on in (True, False):
+        with (
+            fastkernel.patched() if on else contextlib.nullcontext(),
+            TritonReference(stand_in, TEST_STREAM),
+        ):
+            tuned[(4,)](x, y, out, N)
+            with pytest.raises(TypeError) as info:
+                tuned.run(x, y, out, N, grid=(4,))
+            errors.append(str(info.value))
+    assert errors[0] == errors[1] and "warmup" in errors[0]
+
+
+def test_a_heuristic_testing_a_constexpr_it_names_at_run_time_gets_tritons_value(stand_in):
+    """Whether a defaulted constexpr was passed is keyed only for names a heuristic spells; one
+    that builds the name at run time sees the call as Triton passes it."""
+    x, out = torch.randn(N), torch.empty(N)
+    heuristic = triton.heuristics(
+        {"BLOCK": lambda args, p="GRO": 256 if p + "UP" in args else 128}
+    )(JITFunction(kernels.grouped_kernel.fn))
+    _KEPT.append(heuristic.fn)
+    seen: list = []
+
+    def grid(meta):
+        seen.append(meta["BLOCK"])
+        return (1,)
+
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        for group in (None, 1, None, 1):
+            heuristic[grid](x, out, N, **({} if group is None else {"GROUP": group}))
+    assert seen == [128, 256, 128, 256]

@@ -369,10 +369,25 @@ void fill_tuned_args(const KernelState& st, const LaunchRecord& rec, BoundCall* 
   }
 }
 
-// Sets the owner's attribute to the record's published object, when it is not the one set last.
+// Whether the owner's instance dict still maps the published name to `value`: user code can
+// set or delete the attribute between hits (`autotuner.best_config = None`), where Triton's
+// Autotuner.run sets it again on every call. Read from the dict itself, so no descriptor or
+// __getattr__ of the owner runs on a hit.
+bool still_published(KernelObject* kernel, PyObject* value) {
+  PyObject* dict = PyObject_GenericGetDict(kernel->publish_owner, nullptr);
+  if (dict == nullptr) {
+    PyErr_Clear();  // an owner without a __dict__: set the attribute on every hit
+    return false;
+  }
+  const bool same = PyDict_CheckExact(dict) && PyDict_GetItem(dict, kernel->publish_name) == value;
+  Py_DECREF(dict);
+  return same;
+}
+
+// Sets the owner's attribute to the record's published object, unless it already holds it.
 bool publish(KernelObject* kernel, const LaunchRecord& rec) {
   PyObject* value = static_cast<PyObject*>(rec.published);
-  if (value == nullptr || value == kernel->last_published) {
+  if (value == nullptr || (value == kernel->last_published && still_published(kernel, value))) {
     return true;
   }
   if (PyObject_SetAttr(kernel->publish_owner, kernel->publish_name, value) != 0) {

@@ -815,6 +815,11 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
   if (v == nullptr) {
     v = param.default_value;
     if (v == nullptr) {
+      if (param.tune & kTuneMayBeProvided) {
+        call->fallback_reason =
+            "a required argument left out, which no declared config sets (a pruned one may)";
+        return KeyStatus::Fallback;
+      }
       PyErr_Format(PyExc_TypeError, "%U missing required argument '%U'", kernel->name, param.name);
       return KeyStatus::Error;
     }

@@ -80,7 +80,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
     p.specialize = t[2].cast<bool>();
     p.align = t[3].cast<bool>();
     const int tune = t[4].cast<int>();
-    if (tune < 0 || tune > 31) {
+    if (tune < 0 || tune > 63) {
       throw py::value_error("fastkernel: tune flags must be TuneFlag bits");
     }
     p.tune = uint8_t(tune);
@@ -332,10 +332,10 @@ PYBIND11_MODULE(_C, m) {
                                      py::arg("divisible_16") = int(ValueClass::Divisible16),
                                      py::arg("other") = int(ValueClass::Other),
                                      py::arg("equals_one") = int(ValueClass::EqualsOne));
-  m.attr("TUNE_FLAGS") =
-      py::dict(py::arg("config_provided") = int(kTuneConfigProvided),
-               py::arg("value") = int(kTuneValue), py::arg("layout") = int(kTuneLayout),
-               py::arg("sizes") = int(kTuneSizes), py::arg("strides") = int(kTuneStrides));
+  m.attr("TUNE_FLAGS") = py::dict(
+      py::arg("config_provided") = int(kTuneConfigProvided), py::arg("value") = int(kTuneValue),
+      py::arg("layout") = int(kTuneLayout), py::arg("sizes") = int(kTuneSizes),
+      py::arg("strides") = int(kTuneStrides), py::arg("may_be_provided") = int(kTuneMayBeProvided));
   m.attr("BUNDLE_FORMAT_VERSION") = kBundleFormatVersion;
   m.attr("BUNDLE_ENTRY_FACTS") = py::tuple(
       py::cast(std::vector<std::string>(kBundleEntryFacts.begin(), kBundleEntryFacts.end())));

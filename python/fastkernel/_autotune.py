@@ -55,6 +55,7 @@ TUNE_VALUE: int = _C.TUNE_FLAGS["value"]
 TUNE_LAYOUT: int = _C.TUNE_FLAGS["layout"]
 TUNE_SIZES: int = _C.TUNE_FLAGS["sizes"]
 TUNE_STRIDES: int = _C.TUNE_FLAGS["strides"]
+TUNE_MAY_BE_PROVIDED: int = _C.TUNE_FLAGS["may_be_provided"]
 
 #: Bumped when the tuning record's layout or key document changes.
 TUNING_FORMAT_VERSION = 1

@@ -47,7 +47,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C, SUPPORTED_TRITON, _env, _heuristic_code
 from . import _triton_abi as abi
-from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_VALUE
+from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_MAY_BE_PROVIDED, TUNE_VALUE
 from .kernel import (
     _KERNELS,
     COMPILED_GETITEM,
@@ -151,7 +151,9 @@ class PatchedAutotuner(NativeDispatch):
     never serves a config Triton would not pick. Calls Triton keys in ways the native key cannot
     follow stay on Triton's path, counted with the reason: a ``key`` argument that is a tensor
     (Triton keys it by identity), a NaN key value, a non-tensor argument with a ``dtype``, a
-    config with a ``pre_hook`` (Python before every launch), a kernel with pre-run hooks.
+    config with a ``pre_hook`` (Python before every launch), a kernel with pre-run hooks, a
+    tuned config setting a parameter the declared configs do not (a pruned config, a replaced
+    ``configs``), a call leaving out a required constexpr that no declared config sets.
     A config picked for a key stays registered for that key: clearing ``autotuner.cache`` by
     hand does not re-tune keys already served natively (call :func:`unpatch` first).
     """
@@ -165,6 +167,13 @@ class PatchedAutotuner(NativeDispatch):
         tune = {
             p.name: (TUNE_CONFIG_PROVIDED if p.name in config_params else 0)
             | (TUNE_VALUE if p.name in autotuner.keys else 0)
+            # A required constexpr no config sets: a call leaving it out goes to Triton's run,
+            # where a pruned config can set it.
+            | (
+                TUNE_MAY_BE_PROVIDED
+                if p.is_constexpr and not p.has_default and p.name not in config_params
+                else 0
+            )
             for p in jit_fn.params
         }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
@@ -253,6 +262,18 @@ class PatchedAutotuner(NativeDispatch):
                 reason = "the config Triton's Autotuner.run launched with could not be told"
             elif config.pre_hook is not None:
                 reason = "the tuned config has a pre_hook, which runs in Python before every launch"
+            elif unkeyed := [
+                name
+                for name in config.kwargs
+                if name in self.jit_function.arg_names and name not in self._config_params
+            ]:
+                # A config from a prune or a replaced `configs` list: the native key and the
+                # record's tuned arguments cover only what the configs set when the dispatch
+                # was made.
+                reason = (
+                    f"the tuned config sets {unkeyed[0]!r}, which the autotuner's configs did "
+                    f"not set when its native dispatch was made"
+                )
             else:
                 merged = {**kwargs, **config.all_kwargs()}
                 tuned_args = self._tuned_args(merged, self._config_params)
@@ -363,6 +384,7 @@ class PatchedHeuristics(NativeDispatch):
         self._outside = outside
         by_name = {p.name: p for p in jit_fn.params}
         self._constexprs = frozenset(p.name for p in jit_fn.params if p.is_constexpr)
+        self._defaulted = frozenset(p.name for p in jit_fn.params if p.has_default)
         self._keyed = frozenset(n for n in spelled if n in by_name and n not in self._values)
         tune = {
             p.name: (TUNE_CONFIG_PROVIDED if p.name in self._values else 0)
@@ -405,8 +427,10 @@ class PatchedHeuristics(NativeDispatch):
         """Why values computed from the names in ``read`` (the call's arguments by name in
         ``seen``) are not implied by the native key, or None."""
         for name in sorted(read):
-            if name in values or name == "warmup" or name in self._constexprs:
+            if name in values or name == "warmup":
                 continue
+            if name in self._constexprs and (name in self._keyed or name not in self._defaulted):
+                continue  # keyed by value; and whether the call passed it, where it can omit it
             if name not in self._keyed:
                 if name in seen and name not in self.heuristics.arg_names and name != "grid":
                     continue  # a compile option passed by keyword: keyed with its value
@@ -542,6 +566,8 @@ def _dispatch_for(obj: Any):
     run = type(obj).run
     if not getattr(run, "_fastkernel_patched", False) and run is not HEURISTICS_RUN:
         return False  # a subclass with its own run: its behaviour is its own
+    if "run" in getattr(obj, "__dict__", ()):
+        return None  # a run of its own (`kernel.run = wrapper`), which Triton's [grid] calls
     with _lock:  # not while unpatch() runs in another thread
         if _saved is None:
             return None
@@ -578,7 +604,8 @@ def _patched_run(self, *args, grid, warmup, **kwargs):
 def _patched_autotuner_run(self, *args, **kwargs):
     """``Autotuner.run`` under the patch: a launch (``grid=`` given, not ``warmup``) goes
     through the autotuner's native dispatch; everything else to Triton's ``Autotuner.run``."""
-    if "grid" in kwargs and not kwargs.get("warmup", False):
+    if "grid" in kwargs and "warmup" in kwargs and not kwargs["warmup"]:
+        # (Without `warmup`, Triton's JITFunction.run under Autotuner.run raises TypeError.)
         dispatch = _C.patched_dispatch(self)
         if dispatch is not None:
             kwargs = dict(kwargs)
@@ -610,6 +637,13 @@ def _patched_compiled_getitem(self, grid):
 
 
 _patched_run._fastkernel_patched = True  # type: ignore[attr-defined]
+
+# Python names a function by these in the TypeError a bad call raises (a missing `warmup`, a
+# keyword given twice): the patched methods raise Triton's own message.
+for _patched, _original in ((_patched_run, TRITON_RUN), (_patched_autotuner_run, AUTOTUNER_RUN)):
+    _patched.__module__ = _original.__module__
+    _patched.__qualname__ = _original.__qualname__
+del _patched, _original
 
 
 def _disabled_reason() -> str | None:

@@ -65,6 +65,10 @@ enum TuneFlag : uint8_t {
   kTuneLayout = 4,          ///< a tensor's stride pattern is keyed (every tensor of a tuned kernel)
   kTuneSizes = 8,           ///< named in the autotune key: a tensor's sizes are keyed
   kTuneStrides = 16,        ///< a tensor's exact strides are keyed (a keyed heuristic's tensor)
+  /// Required, and no config sets it: a call leaving it out goes to the miss path (a pruned
+  /// config can set it, where Triton's autotuner passes the config's values) rather than
+  /// raising the missing-argument TypeError.
+  kTuneMayBeProvided = 32,
 };
 
 /// The autotune class of a stride: 0, 1 or anything else (fastkernel.autotune's key).
