@@ -98,6 +98,37 @@ def test_forked_child_never_reuses_parent_cuda_handles(stand_in):
     assert stand_in.launch_count() == 2
 
 
+def test_a_daemon_thread_inside_a_launch_at_exit_lets_the_process_exit(stand_in):
+    """At exit CPython ends daemon threads with pthread_exit, whose forced unwind passes
+    through whatever native frames the thread is in: a launch running its Python grid must let
+    it pass (catching it aborts the process)."""
+    result = _run(
+        f"""
+        import threading, time
+        import torch, kernels
+        from fastkernel import _C, fastkernel
+        _C._testing.set_host_testing(True, 0, {TEST_STREAM})
+        k = fastkernel(kernels.add_kernel)
+        x = torch.randn(4096)
+
+        def grid(meta):
+            time.sleep(0.001)  # Python the launch runs, where the thread is when it is ended
+            return (4,)
+
+        def launch_forever():
+            while True:
+                k[grid](x, x, x, 4096, BLOCK=1024)
+
+        k[grid](x, x, x, 4096, BLOCK=1024)
+        threading.Thread(target=launch_forever, daemon=True).start()
+        time.sleep(0.2)
+        print("exiting")
+    """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "exiting"
+
+
 def test_kill_switch_returns_tritons_own_kernel():
     result = _run(
         """

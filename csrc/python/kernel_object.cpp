@@ -4,6 +4,7 @@
 #include "kernel_object.h"
 
 #include <ATen/record_function.h>
+#include <cxxabi.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <cstring>
@@ -702,6 +703,8 @@ struct Scratch {
   try {
     // torch can throw (c10::Error) from a tensor accessor; nothing may escape into CPython.
     status = bind_and_build_key(kernel, args, nargs, kwnames, call);
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread ended by pthread_exit: see with_python_errors
   } catch (...) {
     set_python_error_from_current_exception(kernel);
     return KeyStatus::Error;
@@ -859,6 +862,8 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       PyErr_Format(PyExc_TypeError, "%U: %s", kernel->name, e.what());
     }
     return nullptr;
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread ended by pthread_exit: see with_python_errors
   } catch (...) {
     set_python_error_from_current_exception(kernel);
     return nullptr;
@@ -1081,6 +1086,8 @@ void set_python_error_from_current_exception(KernelObject* kernel) {
     } else {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread ended by pthread_exit: see with_python_errors
   } catch (...) {
     PyErr_SetString(PyExc_RuntimeError, "fastkernel: unknown native error");
   }

@@ -4,6 +4,7 @@
 // definition of the kernel type's methods.
 #pragma once
 
+#include <cxxabi.h>
 #include <pybind11/pybind11.h>
 
 #include <utility>
@@ -44,6 +45,8 @@ auto with_python_errors(Fn&& fn) -> decltype(fn()) {
     throw;
   } catch (pybind11::builtin_exception&) {
     throw;
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread ended by pthread_exit (CPython at exit): its unwinding must go on
   } catch (...) {
     set_python_error_from_current_exception(nullptr);
     throw pybind11::error_already_set();

@@ -299,6 +299,8 @@ const LaunchRecord* insert_returned_record(KernelObject* kernel, const Specializ
     e.restore();
   } catch (py::builtin_exception& e) {
     e.set_error();
+  } catch (abi::__forced_unwind&) {
+    throw;  // a thread ended by pthread_exit: see with_python_errors
   } catch (...) {
     set_python_error_from_current_exception(kernel);
   }
