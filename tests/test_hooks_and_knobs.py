@@ -548,3 +548,42 @@ def test_pre_run_hooks_run_before_the_arguments_are_read_and_see_tritons_keyword
     assert pointer.unpack(theirs.params[2])[0] == storage["triton"].data_ptr()
     assert pointer.unpack(ours.params[2])[0] == storage["fastkernel"].data_ptr()
     assert ours.params[:2] == theirs.params[:2] and ours.params[3:] == theirs.params[3:]
+
+
+@pytest.mark.parametrize("where", ["grid", "enter hook"])
+def test_a_tensor_given_new_storage_during_the_launch_launches_its_current_storage(stand_in, where):
+    """Triton's launcher reads each tensor's data_ptr() after the grid function and the enter
+    hooks: a tensor one of them gives new storage (``out.set_``) is launched with it, never
+    with the pointer read before (whose storage may be freed by then)."""
+    x, y = torch.randn(4096), torch.randn(4096)
+    k = fastkernel(kernels.add_kernel)
+    current = []
+    for system in ("triton", "fastkernel"):
+        out = torch.empty(4096)
+        launch = kernels.add_kernel if system == "triton" else k
+
+        def move(*_, out=out):
+            out.set_(torch.empty(4096))
+
+        def grid(meta):
+            if where == "grid":
+                move()
+            return (4,)
+
+        reference = TritonReference(stand_in, TEST_STREAM) if system == "triton" else None
+        if reference is not None:
+            reference.__enter__()
+        try:
+            launch[(4,)](x, y, out, 4096, BLOCK=1024)
+            if where == "enter hook":
+                knobs.runtime.launch_enter_hook.add(move)
+            try:
+                launch[grid](x, y, out, 4096, BLOCK=1024)
+            finally:
+                if where == "enter hook":
+                    knobs.runtime.launch_enter_hook.remove(move)
+        finally:
+            if reference is not None:
+                reference.__exit__(None, None, None)
+        current.append(struct.unpack("<Q", stand_in.last_launch().params[2])[0] == out.data_ptr())
+    assert current == [True, True]

@@ -576,3 +576,24 @@ def test_tuple_arguments_are_flattened_like_tritons_launcher(stand_in):
     assert stand_in.launches()[2].params[2] == struct.pack("<i", 5)
     with pytest.raises(OverflowError, match="tuple_kernel: argument 'pair'"):
         k[(1,)](out, (x, 2**70), 64, (7, (2.5, y)), BLOCK=64)
+
+
+def test_a_tensor_the_scratch_allocator_gives_new_storage_launches_its_current_storage(
+    stand_in, triton_allocator
+):
+    """The allocator is Python run after the arguments were read: a tensor it gives new storage
+    is launched with it, as Triton's launcher reads data_ptr() after allocating."""
+    k = fastkernel(kernels.device_descriptor_kernel)  # needs global scratch: calls the allocator
+    src, dst = torch.randn(64, 32), torch.empty(64, 32)
+    moves = []
+
+    def allocator(size, alignment, stream):
+        if moves:
+            dst.set_(torch.empty(64, 32))
+        return torch.empty(size, dtype=torch.int8)
+
+    triton.set_allocator(allocator)
+    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)
+    moves.append(True)
+    k[(4,)](src, dst, 64, 32, BLOCK_M=16, BLOCK_N=32)
+    assert struct.unpack("<Q", stand_in.last_launch().params[1])[0] == dst.data_ptr()

@@ -632,7 +632,7 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
 // The grid of this launch: a tuple, or what a callable grid returns for the call's arguments;
 // checked against the record's cluster size. False with an exception set when malformed.
 inline bool resolve_grid(KernelObject* kernel, PyObject* grid_arg, const BoundCall& call,
-                         const LaunchRecord& rec, LaunchGrid* grid) {
+                         const LaunchRecord& rec, LaunchGrid* grid, bool* python_ran) {
   // A Python function is the common callable: told apart inline, before the call-out check.
   if (!PyTuple_CheckExact(grid_arg) && (PyFunction_Check(grid_arg) || PyCallable_Check(grid_arg))) {
     long long dims[3];
@@ -642,6 +642,7 @@ inline bool resolve_grid(KernelObject* kernel, PyObject* grid_arg, const BoundCa
       ++kernel->state->native_grids;
     } else {
       ++kernel->state->called_grids;
+      *python_ran = true;
       Ref result(call_grid(kernel, grid_arg, call));
       if (!result || !parse_grid(kernel, result.get(), grid)) {
         return false;
@@ -746,6 +747,37 @@ struct Scratch {
   return status == KeyStatus::Ok;
 }
 
+// Binds the call again after Python ran between the key and the launch (a grid function, the
+// scratch allocator, launch enter hooks): Triton's launcher reads each tensor's data_ptr() after
+// all of them, so a tensor given new storage there (`out.set_(...)`) launches with its storage
+// as they left it, never with a pointer read before (which may have been freed). The binary
+// stays the one looked up, as Triton's does: its specialization was taken before the grid.
+// False with an exception set.
+[[gnu::noinline, gnu::cold]] bool rebind_after_python(KernelObject* kernel, PyObject* const* args,
+                                                      Py_ssize_t nargs, PyObject* kwnames,
+                                                      const LaunchRecord& rec, BoundCall* call) {
+  const KeyStatus status = bind_call(kernel, args, nargs, kwnames, call);
+  if (status == KeyStatus::Error) {
+    return false;
+  }
+  if (status == KeyStatus::Fallback) {
+    PyErr_Format(PyExc_TypeError,
+                 "%U: an argument changed to a kind the native path does not launch (%s) while "
+                 "Python ran during the launch (its grid, allocator or launch hooks)",
+                 kernel->name, call->fallback_reason ? call->fallback_reason : "unsupported");
+    return false;
+  }
+  if (rec.leaves_read > call->num_leaves) {
+    unbound_slots_error(kernel, rec, *call);
+    return false;
+  }
+  const KernelState& st = *kernel->state;
+  if (st.hit_extras && st.has_config_params) {
+    fill_tuned_args(st, rec, call);
+  }
+  return true;
+}
+
 PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t nargsf,
                        PyObject* kwnames) {
   KernelObject* kernel = self->kernel;
@@ -812,13 +844,16 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       return nullptr;
     }
     LaunchGrid grid;
-    if (!resolve_grid(kernel, self->grid, call, *rec, &grid)) {
+    bool python_ran = false;  // since the key was built: then the arguments are read again
+    if (!resolve_grid(kernel, self->grid, call, *rec, &grid, &python_ran)) {
       return nullptr;
     }
     Scratch scratch;  // its buffers live until the launch is issued
-    if (rec->needs_scratch() && grid.x && grid.y && grid.z &&
-        !allocate_scratch_buffers(kernel, *rec, grid, ctx.stream, &scratch)) {
-      return nullptr;
+    if (rec->needs_scratch() && grid.x && grid.y && grid.z) {
+      python_ran = true;  // the allocator is Python's (triton.set_allocator)
+      if (!allocate_scratch_buffers(kernel, *rec, grid, ctx.stream, &scratch)) {
+        return nullptr;
+      }
     }
     // Launch hooks (Triton's knobs.runtime.launch_enter_hook / launch_exit_hook), only when set.
     // Both knobs are read before the enter hooks run, as Triton's launcher takes them
@@ -833,6 +868,11 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       if (!hook_metadata || !call_launch_hook(enter_hook, hook_metadata.get())) {
         return nullptr;
       }
+      python_ran = true;
+    }
+    if (C10_UNLIKELY(python_ran) &&
+        !rebind_after_python(kernel, args, nargs, kwnames, *rec, &call)) {
+      return nullptr;
     }
     // A profiler range named for the kernel, only while torch's profiler is active.
     // profilerEnabled() reads one thread-local; at::hasCallbacks() scans callback lists and
