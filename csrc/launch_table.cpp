@@ -7,7 +7,12 @@ namespace fastkernel {
 
 LaunchTable::LaunchTable() : slots_(16), recent_(slots_.data()) {}
 
-LaunchTable::~LaunchTable() { clear(); }
+LaunchTable::~LaunchTable() {
+  clear();
+  for (const std::unique_ptr<LaunchRecord>& record : retired_) {
+    unload_launch_record(*record);  // nothing is in flight once the table is destroyed
+  }
+}
 
 const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t hash) noexcept {
   const size_t mask = slots_.size() - 1;
@@ -46,6 +51,7 @@ const LaunchRecord* LaunchTable::insert(const SpecializationKey& key,
     return existing;
   }
   Dropped dropped;
+  sweep_retired(&dropped);
   while (capacity_ != 0 && count_ >= capacity_ && evict_least_recently_used(&dropped)) {
   }
   if ((count_ + tombstones_ + 1) * 2 > slots_.size()) {
@@ -128,8 +134,13 @@ void LaunchTable::rehash(size_t capacity) {
 
 void LaunchTable::clear() {
   Dropped dropped;
+  sweep_retired(&dropped);
   for (Slot& slot : slots_) {
-    if (slot.size < 0 || slot.record->pins != 0) {
+    if (slot.size < 0) {
+      continue;
+    }
+    if (slot.record->pins != 0) {
+      retire_slot(&slot);  // a launch in flight uses it: destroyed once that launch is done
       continue;
     }
     unload_launch_record(*slot.record);
@@ -138,6 +149,46 @@ void LaunchTable::clear() {
     slot.size = kDeleted;
     --count_;
     ++tombstones_;
+  }
+}
+
+void LaunchTable::invalidate() {
+  ++invalidations_;
+  clear();
+}
+
+void LaunchTable::retire(const SpecializationKey& key) {
+  const uint64_t hash = key.hash();
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = hash & mask;; i = (i + 1) & mask) {
+    Slot& slot = slots_[i];
+    if (slot.size == kEmpty) {
+      return;
+    }
+    if (slot.hash == hash && key.equals(slot.words.get(), slot.size)) {
+      retire_slot(&slot);
+      return;
+    }
+  }
+}
+
+void LaunchTable::retire_slot(Slot* slot) {
+  retired_.push_back(std::move(slot->record));
+  slot->words.reset();
+  slot->size = kDeleted;
+  --count_;
+  ++tombstones_;
+}
+
+void LaunchTable::sweep_retired(Dropped* dropped) {
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if ((*it)->pins == 0) {
+      unload_launch_record(**it);
+      dropped->push_back(std::move(*it));
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

@@ -800,9 +800,9 @@ def binder_calls(monkeypatch) -> list:
     calls = []
     real = abi.specialize
 
-    def counting(jit_fn, target, args, kwargs):
+    def counting(jit_fn, target, args, kwargs, *knob_word):
         calls.append(jit_fn.__name__)
-        return real(jit_fn, target, args, kwargs)
+        return real(jit_fn, target, args, kwargs, *knob_word)
 
     monkeypatch.setattr(abi, "specialize", counting)
     return calls

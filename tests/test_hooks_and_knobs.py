@@ -5,6 +5,7 @@ them back returns to the old one), and nothing in Python runs on a hit while the
 
 from __future__ import annotations
 
+import gc
 import struct
 
 import kernels
@@ -168,6 +169,67 @@ def test_a_kernels_own_debug_set_after_launches_selects_its_binary(stand_in):
         assert patched[(1,)](X, X, X, 64, BLOCK=64).metadata.debug is False
         patched.debug = True
         assert patched[(1,)](X, X, X, 64, BLOCK=64).metadata.debug is True
+
+
+def test_a_kernels_debug_set_while_its_launch_is_in_flight_selects_its_binary(stand_in):
+    """Set from the grid of a launch of that very specialization (its record in use), the
+    next launch is of the matching binary, as when set between launches."""
+    add = fastkernel(triton.jit(kernels.add_kernel.fn))
+    flip = []
+
+    def grid(meta):
+        if flip:
+            add.debug = flip.pop()
+        return (1,)
+
+    assert add[grid](X, X, X, 64, BLOCK=64).metadata.debug is False
+    flip.append(True)
+    add[grid](X, X, X, 64, BLOCK=64)  # the grid sets debug while its record launches
+    assert add[grid](X, X, X, 64, BLOCK=64).metadata.debug is True
+    assert add.stats()["misses"] == 2
+
+
+def test_knobs_a_pre_run_hook_sets_are_read_when_triton_reads_them(stand_in):
+    """Triton reads the binary-changing knobs into the options before the pre-run hooks run,
+    and the launch hook knobs when it launches, after them: a pre-run hook setting
+    knobs.runtime.debug changes the next call's binary, not this one's, and a launch hook it
+    sets runs for this launch. The binaries and hook calls match Triton's."""
+    x = torch.randn(64)
+    results = []
+    chain = knobs.runtime.launch_enter_hook  # Triton's HookChain, put back after each system
+    kept = []  # Triton's compiled kernels unload through its driver: freed inside its reference
+    for system in ("triton", "fastkernel"):
+        jit_fn = triton.jit(kernels.add_kernel.fn)
+        kept.append(jit_fn)
+        launch = jit_fn if system == "triton" else fastkernel(jit_fn)
+        calls = []
+
+        def pre_run(*args, calls=calls, **kwargs):
+            knobs.runtime.debug = True
+            knobs.runtime.launch_enter_hook = calls.append
+
+        reference = TritonReference(stand_in, TEST_STREAM) if system == "triton" else None
+        if reference is not None:
+            reference.__enter__()
+        try:
+            jit_fn.pre_run_hooks.append(pre_run)
+            first = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
+            knobs.runtime.launch_enter_hook = chain
+            jit_fn.pre_run_hooks.clear()
+            second = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
+            knobs.runtime.debug = False
+            third = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
+        finally:
+            knobs.runtime.debug = False
+            knobs.runtime.launch_enter_hook = chain
+            if reference is not None:
+                reference.__exit__(None, None, None)
+        results.append((first, second, third, len(calls)))
+    with TritonReference(stand_in, TEST_STREAM):
+        del jit_fn, launch
+        kept.clear()
+        gc.collect()
+    assert results[0] == results[1] == (False, True, False, 1)
 
 
 def test_knob_scope_restores_the_key(add):

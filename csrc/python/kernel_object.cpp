@@ -617,6 +617,7 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
                                                    PyObject** handled) {
   KernelObject* kernel = self->kernel;
   ++kernel->state->misses;
+  const uint64_t invalidations = kernel->state->table.invalidations();
   Ref result(call_miss_handler(kernel, self->grid, args, nargs, kwnames, &call, device, nullptr));
   if (!result) {
     return nullptr;
@@ -625,6 +626,10 @@ PyObject* allocate_scratch(KernelObject* kernel, uint64_t per_cta, uint64_t alig
   const LaunchRecord* rec = insert_returned_record(kernel, call.key, result.get(), &is_record);
   if (!is_record) {
     *handled = result.release();
+  } else if (rec != nullptr && kernel->state->table.invalidations() != invalidations) {
+    // The records were invalidated while this one compiled (the kernel's debug changed): it
+    // launches this call, begun before, and is not kept for the next.
+    kernel->state->table.retire(call.key);
   }
   return rec;
 }
@@ -801,15 +806,21 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
   if (status == KeyStatus::Fallback) {
     return launch_through_triton(self, args, nargs, kwnames, call);
   }
+  // Triton reads the binary-changing knobs into the options before the pre-run hooks run.
+  const uint64_t knob_word = knobs->key_word;
   if (kernel->pre_run_hooks != nullptr && PyList_GET_SIZE(kernel->pre_run_hooks) > 0) {
     PyObject* handled = nullptr;
     if (!rebind_after_pre_run_hooks(self, args, nargs, kwnames, &call, &handled)) {
       return handled;  // an error (nullptr), or the call launched through Triton as a fallback
     }
+    // ... and the launch hook knobs when it launches, after them (a hook they set runs).
+    if (current_knobs() == nullptr) {
+      return nullptr;
+    }
   }
   try {
     const LaunchContext ctx = current_launch_context();
-    finish_key(&call.key, ctx.device, knobs->key_word);
+    finish_key(&call.key, ctx.device, knob_word);
     const LaunchRecord* rec = st.table.lookup(call.key);
     if (rec != nullptr) {
       ++st.hits;

@@ -181,7 +181,12 @@ void register_kernel_methods() {
       "Keep at most `capacity` specializations (0 = unbounded), least recently launched evicted.");
   def_kernel_method(
       "_clear_records", [](py::handle self) { as_kernel(self)->state->table.clear(); },
-      "Drop every launch record that no launch in flight holds (modules unloaded).");
+      "Drop every launch record (modules unloaded; one a launch in flight holds once it is "
+      "done).");
+  def_kernel_method(
+      "_invalidate_records", [](py::handle self) { as_kernel(self)->state->table.invalidate(); },
+      "_clear_records, and a record whose compile began before is not kept either: what made "
+      "the records stale (the kernel's debug) may have made it stale.");
 }
 
 }  // namespace

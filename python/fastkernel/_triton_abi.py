@@ -64,17 +64,26 @@ def make_binder(jit_fn: triton_jit.JITFunction, target: GPUTarget):
     )
 
 
-def runtime_options(jit_fn: triton_jit.JITFunction, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword options JITFunction.run adds before specializing (knobs that change the binary)."""
+def runtime_options(
+    jit_fn: triton_jit.JITFunction, kwargs: dict[str, Any], knob_word: int | None = None
+) -> dict[str, Any]:
+    """The keyword options JITFunction.run adds before specializing (knobs that change the binary).
+
+    With ``knob_word`` (the knob word of a native key, :func:`knob_state`), the knob values that
+    word stands for, which the knobs may no longer hold: a key is built before the call's
+    Python runs (pre-run hooks, another thread), and the binary registered under it must be the
+    one its word names. Otherwise, and for a word never handed out, the knobs as they are now.
+    """
     from triton import knobs
 
+    debug, instrumentation_mode, fpsan = binary_knobs(knob_word)
     kwargs = dict(kwargs)
-    kwargs["debug"] = kwargs.get("debug", jit_fn.debug) or knobs.runtime.debug
+    kwargs["debug"] = kwargs.get("debug", jit_fn.debug) or debug
     compilation = knobs.compilation
     if hasattr(compilation, "instrumentation_mode"):
-        kwargs["instrumentation_mode"] = compilation.instrumentation_mode
+        kwargs["instrumentation_mode"] = instrumentation_mode
     if hasattr(compilation, "fpsan_homomorphic_casts"):
-        kwargs["fpsan_homomorphic_casts"] = compilation.fpsan_homomorphic_casts
+        kwargs["fpsan_homomorphic_casts"] = fpsan
     return kwargs
 
 
@@ -95,9 +104,14 @@ class UnsupportedByNativePath(Exception):
 
 
 def specialize(
-    jit_fn, target: GPUTarget, args: Sequence[Any], kwargs: dict[str, Any]
+    jit_fn,
+    target: GPUTarget,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    knob_word: int | None = None,
 ) -> Specialization:
-    """Specialize a call exactly as ``JITFunction.run`` would, without a GPU.
+    """Specialize a call exactly as ``JITFunction.run`` would, without a GPU; with the knob
+    values of ``knob_word`` where given (:func:`runtime_options`).
 
     Raises
     ------
@@ -109,7 +123,7 @@ def specialize(
     from triton import knobs
 
     backend = backend_for(target)
-    kwargs = runtime_options(jit_fn, kwargs)
+    kwargs = runtime_options(jit_fn, kwargs, knob_word)
     binder = make_binder(jit_fn, target)
     bound_args, specialization, options = binder(*args, **kwargs)
     if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:  # Triton >= 3.6
@@ -405,6 +419,8 @@ def _stream_is_capturing() -> bool:
 # keep a plain callable or None.
 
 _BINARY_KNOB_WORDS: dict[tuple[Any, ...], int] = {}
+#: The inverse: the knob values (binary_knobs) each word handed out stands for.
+_KNOB_VALUES_OF_WORD: dict[int, tuple[Any, ...]] = {}
 
 
 def knob_dicts() -> list[dict]:
@@ -484,10 +500,15 @@ def add_run_options(jit_fn, kwargs: dict) -> None:
             kwargs[name] = getattr(knobs.compilation, name)
 
 
-def binary_knobs() -> tuple[bool, str, bool]:
+def binary_knobs(knob_word: int | None = None) -> tuple[bool, str, bool]:
     """The knob values that change the compiled binary: (debug, instrumentation mode,
-    fpsan homomorphic casts), as JITFunction.run reads them into the compile options."""
+    fpsan homomorphic casts), as JITFunction.run reads them into the compile options. With
+    ``knob_word`` (a native key's, :func:`key_knob_word`), the values that word was handed out
+    for by :func:`knob_state`; the knobs as they are now otherwise, or for an unknown word."""
     from triton import knobs
+
+    if knob_word is not None and (values := _KNOB_VALUES_OF_WORD.get(knob_word)) is not None:
+        return values
 
     runtime, compilation = knobs.runtime, knobs.compilation
     return (
@@ -495,6 +516,12 @@ def binary_knobs() -> tuple[bool, str, bool]:
         str(getattr(compilation, "instrumentation_mode", "")),
         bool(getattr(compilation, "fpsan_homomorphic_casts", False)),
     )
+
+
+def key_knob_word(native_key: bytes) -> int:
+    """The knob word of a native specialization key: its last word (csrc/python/
+    kernel_object.h finish_key: the launch device's word, then the knob word, little-endian)."""
+    return int.from_bytes(native_key[-8:], "little")
 
 
 def knob_state() -> tuple[Any, ...]:
@@ -507,7 +534,9 @@ def knob_state() -> tuple[Any, ...]:
     from triton import knobs
 
     runtime = knobs.runtime
-    word = _BINARY_KNOB_WORDS.setdefault(binary_knobs(), len(_BINARY_KNOB_WORDS) + 1)
+    values = binary_knobs()
+    word = _BINARY_KNOB_WORDS.setdefault(values, len(_BINARY_KNOB_WORDS) + 1)
+    _KNOB_VALUES_OF_WORD.setdefault(word, values)
     disabled = getattr(runtime, "add_stages_inspection_hook", None) is not None
     return (
         word,

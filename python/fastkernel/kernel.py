@@ -66,7 +66,7 @@ def _forget_specializations_of(jit_fn: JITFunction) -> None:
     of each specialization compiles (or loads) the binary of the new value."""
     for kernel in list(_KERNELS):
         if isinstance(kernel, NativeDispatch) and kernel.jit_function is jit_fn:
-            kernel._clear_records()
+            kernel._invalidate_records()
 
 
 def _get_debug(self):
@@ -532,7 +532,9 @@ class NativeDispatch(_C.Kernel):
                     warm = None
             if warm is None:
                 try:
-                    spec = abi.specialize(self.jit_function, target, args, kwargs)
+                    spec = abi.specialize(
+                        self.jit_function, target, args, kwargs, abi.key_knob_word(key)
+                    )
                 except abi.UnsupportedByNativePath as exc:
                     return str(exc)
                 try:

@@ -36,8 +36,21 @@ class LaunchTable {
   /// is evicted first (its module unloaded). Returns the record now registered.
   const LaunchRecord* insert(const SpecializationKey& key, std::unique_ptr<LaunchRecord> record);
 
-  /// Drops every record that is not pinned (modules unloaded).
+  /// Drops every record: unpinned ones now (modules unloaded), pinned ones (in use by a launch
+  /// in flight) from the index now and destroyed once unpinned, at a later insert or clear.
   void clear();
+
+  /// clear(), counted: a registration begun before (its compile running) that sees the count
+  /// change takes its record out again with retire(), since what made the table stale (the
+  /// kernel's `debug` changed) may also have made that record stale.
+  void invalidate();
+
+  /// How many times invalidate() was called.
+  uint64_t invalidations() const noexcept { return invalidations_; }
+
+  /// Takes the record registered under `key` (if any) out of the index, as clear() takes a
+  /// pinned one: it stays alive for a caller about to pin it and is destroyed once unpinned.
+  void retire(const SpecializationKey& key);
 
   /// Sets the most records kept (0 = unbounded), evicting down to it now.
   void set_capacity(size_t capacity);
@@ -52,6 +65,11 @@ class LaunchTable {
         if (const int result = visit(*slot.record)) {
           return result;
         }
+      }
+    }
+    for (const std::unique_ptr<LaunchRecord>& record : retired_) {
+      if (const int result = visit(*record)) {
+        return result;
       }
     }
     return 0;
@@ -86,7 +104,14 @@ class LaunchTable {
   /// Moves the least recently used unpinned record into `dropped`; false when every record is
   /// pinned.
   bool evict_least_recently_used(Dropped* dropped);
+  /// Takes the record of an occupied slot out of the index into retired_.
+  void retire_slot(Slot* slot);
+  /// Moves the retired records no launch pins any more into `dropped` (modules unloaded).
+  void sweep_retired(Dropped* dropped);
   std::vector<Slot> slots_;
+  /// Records out of the index but pinned when they were taken out (clear, retire).
+  std::vector<std::unique_ptr<LaunchRecord>> retired_;
+  uint64_t invalidations_ = 0;
   Slot* recent_;  ///< the slot of the last hit or insert; into slots_, reset when it reallocates
   size_t count_ = 0;
   size_t tombstones_ = 0;

@@ -172,7 +172,7 @@ def _index_path(
         "kernel": jit_fn.cache_key,
         # The device and knob-state words (the last two) are per process; the knob values are not.
         "native_key": native_key[:-16].hex(),
-        "knobs": list(abi.binary_knobs()),
+        "knobs": list(abi.binary_knobs(abi.key_knob_word(native_key))),
         # The kernel's own debug option (triton.jit(debug=...), or set later), which Triton
         # reads into every call's compile options and the native key does not hold.
         "debug": bool(getattr(jit_fn, "debug", None)),
