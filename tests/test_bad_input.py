@@ -416,3 +416,27 @@ def test_keyword_call_sites_bind_each_their_own_way(add, stand_in):
     assert len(launches) == 9
     assert all(_launched_pointers(launch) == expected for launch in launches)
     assert add.stats()["fallbacks"] == 0
+
+
+def test_what_a_grid_items_index_or_len_raises_propagates(add, stand_in):
+    """A grid dimension that is not an int gets the error naming it, but an exception its own
+    ``__index__`` or ``__len__`` raises (a KeyboardInterrupt among them) propagates as it is."""
+
+    class Interrupting:
+        def __index__(self):
+            raise KeyboardInterrupt
+
+    class LengthFails:
+        def __len__(self):
+            raise ValueError("no length here")
+
+    x = torch.randn(64)
+    with pytest.raises(KeyboardInterrupt):
+        add[(Interrupting(),)](x, x, x, 64, BLOCK=64)
+    with pytest.raises(ValueError, match="no length here"):
+        add[LengthFails()](x, x, x, 64, BLOCK=64)
+    with pytest.raises(TypeError, match=r"grid\[0\] must be an int, got str"):
+        add[("4",)](x, x, x, 64, BLOCK=64)
+    with pytest.raises(TypeError, match="grid must be a tuple"):
+        add[3.5](x, x, x, 64, BLOCK=64)
+    assert stand_in.launches() == []

@@ -88,8 +88,10 @@ bool read_grid_dim(KernelObject* kernel, PyObject* item, int axis, uint32_t* out
   } else {
     Ref index(PyNumber_Index(item));
     if (!index) {
-      PyErr_Format(PyExc_TypeError, "%U: grid[%d] must be an int, got %s", kernel->name, axis,
-                   Py_TYPE(item)->tp_name);
+      if (PyErr_ExceptionMatches(PyExc_TypeError)) {  // not an int; what __index__ raised stays
+        PyErr_Format(PyExc_TypeError, "%U: grid[%d] must be an int, got %s", kernel->name, axis,
+                     Py_TYPE(item)->tp_name);
+      }
       return false;
     }
     v = PyLong_AsLongLong(index.get());
@@ -145,6 +147,9 @@ inline bool grid_dims_in_range(const long long* dims, int n, LaunchGrid* out) {
 [[gnu::noinline]] bool parse_other_grid(KernelObject* kernel, PyObject* grid, LaunchGrid* out) {
   const Py_ssize_t n = PyObject_Size(grid);
   if (n < 0) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+      return false;  // what __len__ raised
+    }
     PyErr_Clear();
     PyErr_Format(PyExc_TypeError,
                  "%U: grid must be a tuple of 1 to 3 ints or a callable returning one, got %s",
