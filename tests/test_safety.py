@@ -129,6 +129,38 @@ def test_a_daemon_thread_inside_a_launch_at_exit_lets_the_process_exit(stand_in)
     assert result.stdout.strip() == "exiting"
 
 
+def test_launches_nested_without_bound_raise_recursion_error_at_any_recursion_limit(stand_in):
+    """Each launch nested through a grid function holds several KiB of C stack: whatever
+    sys.setrecursionlimit allows, the nesting ends in RecursionError, not a crash."""
+    result = _run(
+        f"""
+        import sys
+        import torch, kernels
+        from fastkernel import _C, fastkernel
+        _C._testing.set_host_testing(True, 0, {TEST_STREAM})
+        k = fastkernel(kernels.add_kernel)
+        x = torch.randn(64)
+        depth = 0
+
+        def grid(meta):
+            global depth
+            depth += 1
+            k[grid](x, x, x, 64, BLOCK=64)
+            return (1,)
+
+        sys.setrecursionlimit(20000)
+        try:
+            k[grid](x, x, x, 64, BLOCK=64)
+        except RecursionError as exc:
+            print(depth, "nested more than" in str(exc))
+        k[(1,)](x, x, x, 64, BLOCK=64)  # and launches go on
+        print("launched")
+    """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["200", "True", "launched"]
+
+
 def test_kill_switch_returns_tritons_own_kernel():
     result = _run(
         """

@@ -254,6 +254,10 @@ GridMetaObject* new_meta(KernelState& st) {
 }  // namespace
 
 PyObject* call_grid(KernelObject* kernel, PyObject* grid, const BoundCall& call) {
+  const LaunchRecursionGuard guard;
+  if (!guard.entered) {
+    return nullptr;
+  }
   KernelState& st = *kernel->state;
   auto* cached = reinterpret_cast<GridMetaObject*>(st.grid_meta);
   GridMetaObject* meta;

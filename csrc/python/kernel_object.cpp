@@ -45,6 +45,12 @@ bool g_lazy_dict_plain = false;
 PyObject* g_add_run_options = nullptr;
 PyObject* g_empty_tuple = nullptr;
 
+}  // namespace
+
+thread_local int t_launch_nesting = 0;
+
+namespace {
+
 // Owns one Python reference for a scope.
 class Ref {
  public:
@@ -224,6 +230,10 @@ bool call_as_tuple_and_dict(PyObject* const* args, Py_ssize_t nargs, PyObject* k
 PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* const* args,
                             Py_ssize_t nargs, PyObject* kwnames, const BoundCall* call, int device,
                             const char* reason) {
+  const LaunchRecursionGuard guard;
+  if (!guard.entered) {
+    return nullptr;
+  }
   Ref pos, kw;
   if (!call_as_tuple_and_dict(args, nargs, kwnames, &pos, &kw)) {
     return nullptr;
@@ -310,6 +320,10 @@ bool globals_unchanged(KernelObject* kernel) {
 // Runs the JITFunction's pre-run hooks with the call's arguments, as JITFunction.run does.
 bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                        PyObject* kwnames) {
+  const LaunchRecursionGuard guard;
+  if (!guard.entered) {
+    return false;
+  }
   Ref pos, kw;
   if (!call_as_tuple_and_dict(args, nargs, kwnames, &pos, &kw)) {
     return false;
@@ -535,6 +549,10 @@ struct HeldHook {
 // reverse for a reversed chain, as `reversed(list)` walks a list that may change under it),
 // or the plain callable set in its place. False with an exception set when a hook raised.
 bool call_launch_hook(const HeldHook& hook, PyObject* metadata) {
+  const LaunchRecursionGuard guard;
+  if (!guard.entered) {
+    return false;
+  }
   if (hook.callable.get() != nullptr) {
     Ref r(PyObject_CallOneArg(hook.callable.get(), metadata));
     return bool(r);

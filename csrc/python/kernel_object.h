@@ -214,4 +214,46 @@ void set_pre_run_options(PyObject* add_run_options);
 /// Sets the Python exception for the C++ exception in flight (call inside a catch block).
 void set_python_error_from_current_exception(KernelObject* kernel);
 
+/// Launches nested in one thread through Python a launch calls (a grid function launching a
+/// kernel, and so on): each holds a BoundCall of several KiB on the C stack (about 6.5 KiB a
+/// level measured with a recursing grid), so this many take about 1.3 MiB of it.
+constexpr int kMaxLaunchNesting = 200;
+
+/// Launches of this thread now inside a LaunchRecursionGuard.
+extern thread_local int t_launch_nesting;
+
+/// Counts a launch's call into Python (a grid function, hooks, the miss handler) for its scope,
+/// against the interpreter's recursion limit and against kMaxLaunchNesting: launches nested
+/// without bound raise RecursionError before they exhaust the C stack, whatever limit
+/// sys.setrecursionlimit set. `entered` is false with RecursionError set.
+class LaunchRecursionGuard {
+ public:
+  LaunchRecursionGuard() : entered(enter()) {}
+  ~LaunchRecursionGuard() {
+    if (entered) {
+      --t_launch_nesting;
+      Py_LeaveRecursiveCall();
+    }
+  }
+  LaunchRecursionGuard(const LaunchRecursionGuard&) = delete;
+  LaunchRecursionGuard& operator=(const LaunchRecursionGuard&) = delete;
+  const bool entered;
+
+ private:
+  static bool enter() {
+    if (t_launch_nesting >= kMaxLaunchNesting) {
+      PyErr_Format(PyExc_RecursionError,
+                   "kernel launches nested more than %d deep (each through a grid function, "
+                   "launch hook or compile of the launch outside it)",
+                   kMaxLaunchNesting);
+      return false;
+    }
+    if (Py_EnterRecursiveCall(" in a kernel launch") != 0) {
+      return false;
+    }
+    ++t_launch_nesting;
+    return true;
+  }
+};
+
 }  // namespace fastkernel
