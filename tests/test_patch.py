@@ -1582,3 +1582,20 @@ def test_a_heuristic_testing_a_constexpr_it_names_at_run_time_gets_tritons_value
         for group in (None, 1, None, 1):
             heuristic[grid](x, out, N, **({} if group is None else {"GROUP": group}))
     assert seen == [128, 256, 128, 256]
+
+
+def test_a_tuned_hit_returns_the_compiled_kernel_this_process_compiled(
+    stand_in, tmp_path, monkeypatch
+):
+    """The autotuner's registration finds the binary its kernel's own launch compiled in this
+    process: a hit returns that CompiledKernel, as Triton's run does, not the disk cache's
+    read-only CachedKernel of it."""
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached yet
+    tuned = _autotuned([3.0, 1.0])
+    x, y, out = _tensors()
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        first = tuned[(4,)](x, y, out, N)
+        hits = [tuned[(4,)](x, y, out, N) for _ in range(2)]
+        assert _stats_of(tuned)["hits"] == 2
+    assert isinstance(first, CompiledKernel)
+    assert hits[0] is first and hits[1] is first

@@ -491,12 +491,15 @@ class NativeDispatch(_C.Kernel):
         device: int,
         tuned_args: tuple | None = None,
         published: Any = None,
+        launched: Any = None,
     ) -> _C.LaunchRecord | str:
         """Compile (or load) the specialization of a call and load its launch record for
         ``key``, launching nothing: the loaded record (noted as registered under ``key``; the
         caller inserts it), or the reason the native path cannot take this specialization.
         ``published`` is what a hit on the record sets on the kernel's publish owner
-        (``Kernel._set_publish``)."""
+        (``Kernel._set_publish``). ``launched``: what Triton's own run returned for this call,
+        if it ran it; a CompiledKernel of the very cubin found is what hits return, as
+        Triton's return it, rather than the disk cache's read-only copy."""
         refused = self._refused_keys.get(key)
         if refused is not None:  # registration failed before: straight to Triton
             return refused
@@ -546,6 +549,12 @@ class NativeDispatch(_C.Kernel):
                     raise
                 if indexable:
                     _cache.warm_store(self.jit_function, target, key, spec, tuned)
+            if (
+                isinstance(compiled, _cache.CachedKernel)
+                and isinstance(launched, CompiledKernel)
+                and launched.asm.get("cubin") == meta.cubin
+            ):
+                compiled = launched
             record = self._load_record(device, spec, meta, compiled, tuned_args, published)
             if isinstance(record, str) and isinstance(compiled, _cache.CachedKernel):
                 # An entry that verifies but cannot become a registration is corrupt: removed

@@ -278,7 +278,7 @@ class PatchedAutotuner(NativeDispatch):
                 merged = {**kwargs, **config.all_kwargs()}
                 tuned_args = self._tuned_args(merged, self._config_params)
                 record = self._launch_record(
-                    args, merged, key, device, tuned_args, published=config
+                    args, merged, key, device, tuned_args, published=config, launched=result
                 )
                 if isinstance(record, str):
                     reason = record
