@@ -699,3 +699,47 @@ def test_a_tuning_record_holds_a_choice_among_the_configs_this_call_prunes_to(st
     k[grid_1d](x, x, x, 1000)
     assert timer.calls == 0 and k.best_config is CONFIGS[0]
     assert len(list(fastkernel._autotune.tuning_dir().glob("*/*.json"))) == 2
+
+
+def test_keys_tune_apart_and_a_key_tuned_inside_itself_raises(stand_in, tmp_path, monkeypatch):
+    """One key tunes at a time, others meanwhile: a timer of one key waiting on another thread
+    that tunes another key finishes. A launch made while tuning a key (here from a pre_hook)
+    that needs the same key tuned raises RuntimeError (that config is skipped), never waits
+    for itself."""
+    import threading
+
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(tmp_path / "cache"))  # no tuning records yet
+    x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    started, other_finished = [], []
+
+    def timer(kernel_call, quantiles):
+        kernel_call()
+        if not started:  # while key n=4096 tunes: key n=2048 from another thread
+            started.append(True)
+            worker = threading.Thread(target=lambda: k[grid_1d](x, y, out, 2048), daemon=True)
+            worker.start()
+            worker.join(timeout=60)
+            other_finished.append(not worker.is_alive())
+        return [1.0, 1.0, 1.0]
+
+    k = tuned_add(timer)
+    k[grid_1d](x, y, out, 4096)
+    assert other_finished == [True]
+
+    nested = []
+
+    def pre_hook(nargs, **_):
+        if not nested:
+            try:
+                tuned[grid_1d](x, y, out, 1024)
+                nested.append(None)
+            except RuntimeError as exc:
+                nested.append(str(exc))
+
+    tuned = tuned_add(FakeTimer([1.0]), pre_hook=pre_hook)
+    # (n=1024: a key no tuning record on disk holds yet, so it is benchmarked.)
+    outer = threading.Thread(target=lambda: tuned[grid_1d](x, y, out, 1024), daemon=True)
+    outer.start()
+    outer.join(timeout=120)
+    assert not outer.is_alive()
+    assert nested and "cannot be tuned inside itself" in nested[0]

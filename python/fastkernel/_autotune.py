@@ -14,6 +14,7 @@ differences, all towards correctness, are listed in :func:`autotune`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import inspect
 import json
@@ -56,6 +57,26 @@ TUNE_LAYOUT: int = _C.TUNE_FLAGS["layout"]
 TUNE_SIZES: int = _C.TUNE_FLAGS["sizes"]
 TUNE_STRIDES: int = _C.TUNE_FLAGS["strides"]
 TUNE_MAY_BE_PROVIDED: int = _C.TUNE_FLAGS["may_be_provided"]
+
+_thread_tuning = threading.local()
+
+
+def _keys_tuning_in_this_thread() -> set:
+    """The (autotuner id, tuning key) pairs this thread is tuning now."""
+    keys = getattr(_thread_tuning, "keys", None)
+    if keys is None:
+        keys = _thread_tuning.keys = set()
+    return keys
+
+
+@contextlib.contextmanager
+def _tuning(keys: set, mark: tuple):
+    keys.add(mark)
+    try:
+        yield
+    finally:
+        keys.discard(mark)
+
 
 #: Bumped when the tuning record's layout or key document changes.
 TUNING_FORMAT_VERSION = 1
@@ -212,7 +233,10 @@ class Autotuned(NativeDispatch, Autotuner):
         self.bench_time: float | None = None
         self._user_pre_hook = pre_hook
         self._user_post_hook = post_hook
-        self._tune_lock = threading.RLock()
+        # One tuning per key at a time; other keys tune meanwhile (a launch hook of one tuning
+        # may wait for another thread tuning another key).
+        self._tune_lock = threading.Lock()  # guards _key_locks
+        self._key_locks: dict[Any, threading.Lock] = {}
         # Everything a config can set, for Triton's conflict error.
         self._config_names = set()
         for c in configs:
@@ -304,7 +328,15 @@ class Autotuned(NativeDispatch, Autotuner):
         config = self.cache.get(tuning_key)
         if config is not None:
             return config
+        tuning_now = _keys_tuning_in_this_thread()
+        if (id(self), tuning_key) in tuning_now:
+            raise RuntimeError(
+                f"{self.__name__}: a launch made while tuning autotune key {tuning_key!r} (from a "
+                f"prune, hook or timer) needs that key tuned: it cannot be tuned inside itself"
+            )
         with self._tune_lock:
+            key_lock = self._key_locks.setdefault(tuning_key, threading.Lock())
+        with key_lock, _tuning(tuning_now, (id(self), tuning_key)):
             config = self.cache.get(tuning_key)
             if config is not None:
                 return config
