@@ -649,3 +649,21 @@ def test_a_tensor_given_new_storage_during_the_launch_launches_its_current_stora
                 reference.__exit__(None, None, None)
         current.append(struct.unpack("<Q", stand_in.last_launch().params[2])[0] == out.data_ptr())
     assert current == [True, True]
+
+
+def test_a_tensor_in_a_tuple_given_new_storage_by_the_grid_launches_its_current_storage(stand_in):
+    k = fastkernel(kernels.tuple_kernel)
+    x, y, out = torch.randn(64), torch.randn(64), torch.empty(64)
+    moved = []
+
+    def grid(meta):
+        if moved:
+            x.set_(torch.randn(64))
+        return (1,)
+
+    k[grid](out, (x, 3), 64, (7, (2.5, y)), BLOCK=64)
+    old = x.data_ptr()
+    moved.append(True)
+    k[grid](out, (x, 3), 64, (7, (2.5, y)), BLOCK=64)
+    pointers = [struct.unpack("<Q", p)[0] for p in stand_in.last_launch().params if len(p) == 8]
+    assert x.data_ptr() != old and x.data_ptr() in pointers and old not in pointers

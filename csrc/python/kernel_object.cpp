@@ -775,16 +775,30 @@ struct Scratch {
   return status == KeyStatus::Ok;
 }
 
-// Binds the call again after Python ran between the key and the launch (a grid function, the
-// scratch allocator, launch enter hooks): Triton's launcher reads each tensor's data_ptr() after
-// all of them, so a tensor given new storage there (`out.set_(...)`) launches with its storage
-// as they left it, never with a pointer read before (which may have been freed). The binary
-// stays the one looked up, as Triton's does: its specialization was taken before the grid.
-// False with an exception set.
+// Reads the arguments again after Python ran between the key and the launch (a grid function,
+// the scratch allocator, launch enter hooks): Triton's launcher reads each tensor's data_ptr()
+// after all of them, so a tensor given new storage there (`out.set_(...)`) launches with its
+// storage as they left it, never with a pointer read before (which may have been freed). The
+// tensors' pointers are read again; a call with tuple or descriptor leaves is bound again. The
+// binary stays the one looked up, as Triton's does: its specialization was taken before the
+// grid. False with an exception set.
 [[gnu::noinline, gnu::cold]] bool rebind_after_python(KernelObject* kernel, PyObject* const* args,
                                                       Py_ssize_t nargs, PyObject* kwnames,
                                                       const LaunchRecord& rec, BoundCall* call) {
-  const KeyStatus status = bind_call(kernel, args, nargs, kwnames, call);
+  // The common case: only the tensors' pointers read again (a fraction of binding anew).
+  KeyStatus status;
+  try {
+    status = reread_tensor_addresses(kernel, call);
+  } catch (abi::__forced_unwind&) {
+    throw;
+  } catch (...) {
+    set_python_error_from_current_exception(kernel);
+    return false;
+  }
+  if (status != KeyStatus::Fallback) {
+    return status == KeyStatus::Ok;
+  }
+  status = bind_call(kernel, args, nargs, kwnames, call);
   if (status == KeyStatus::Error) {
     return false;
   }

@@ -158,6 +158,12 @@ PyObject* kernel_subscript(KernelObject* kernel, PyObject* grid);
 KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                              PyObject* kwnames, BoundCall* call);
 
+/// Reads each tensor parameter's data pointer again into call->values (Python ran since the
+/// call was bound and may have given a tensor new storage). Error with an exception set for a
+/// tensor no longer on the launch device; Fallback, having read nothing, for a call with leaves
+/// (tuple elements, descriptor fields), which only binding the call again reads.
+KeyStatus reread_tensor_addresses(KernelObject* kernel, BoundCall* call);
+
 /// After bind_and_build_key returned KeyStatus::Error for a value (ValueError, OverflowError):
 /// replaces that exception with the TypeError for a required argument the call left out, if
 /// any, since Python binds every argument before it checks a value. Off the hit path.

@@ -856,6 +856,26 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
   return status;
 }
 
+KeyStatus reread_tensor_addresses(KernelObject* kernel, BoundCall* call) {
+  if (call->num_leaves > 0) {
+    return KeyStatus::Fallback;  // leaves keep no object to read again: the caller rebinds
+  }
+  const KernelState& st = *kernel->state;
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    ArgValue& value = call->values[i];
+    if (value.kind != ArgKind::Tensor) {
+      continue;
+    }
+    const at::Tensor& tensor = THPVariable_Unpack(call->args[i]);
+    uint64_t ptr = 0;
+    if (tensor_address(kernel, st.params[i], tensor, tensor.device(), &ptr) != KeyStatus::Ok) {
+      return KeyStatus::Error;
+    }
+    value.u = ptr;
+  }
+  return KeyStatus::Ok;
+}
+
 KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                              PyObject* kwnames, BoundCall* call) {
   KernelState& st = *kernel->state;
