@@ -743,3 +743,35 @@ def test_keys_tune_apart_and_a_key_tuned_inside_itself_raises(stand_in, tmp_path
     outer.join(timeout=120)
     assert not outer.is_alive()
     assert nested and "cannot be tuned inside itself" in nested[0]
+
+
+def test_two_threads_tuning_keys_each_others_timer_needs_finish(stand_in, tmp_path, monkeypatch):
+    """Each thread's timer launches the key the other thread is tuning: neither waits for the
+    other (the nested key is tuned where it is needed, in memory)."""
+    import threading
+
+    monkeypatch.setenv("FASTKERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    x, y, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    inside = {1024: threading.Event(), 2048: threading.Event()}
+    other = {1024: 2048, 2048: 1024}
+
+    def timer(kernel_call, quantiles):
+        kernel_call()
+        me = getattr(threading.current_thread(), "key_n", None)
+        if me is not None and not inside[me].is_set():
+            inside[me].set()
+            inside[other[me]].wait(timeout=10)  # both threads are tuning now
+            k[grid_1d](x, y, out, other[me])
+        return [1.0, 1.0, 1.0]
+
+    k = tuned_add(timer)
+    threads = []
+    for n in (1024, 2048):
+        thread = threading.Thread(target=lambda n=n: k[grid_1d](x, y, out, n), daemon=True)
+        thread.key_n = n
+        threads.append(thread)
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert [thread.is_alive() for thread in threads] == [False, False]
+    assert {1024, 2048} <= {key[0] for key in k.cache}

@@ -327,3 +327,42 @@ def test_a_shape_beyond_int32_raises_naming_the_descriptor(stand_in, capability)
         OverflowError,
         "argument 'in_desc'.*out of range for i32",
     )
+
+
+def test_an_enter_hook_changing_a_descriptor_launches_what_triton_launches(
+    stand_in, reference, capability
+):
+    """Triton expands host descriptors into launch parameters before its launcher calls the
+    enter hooks, and reads only plain tensors' pointers after them: a hook that changes a
+    descriptor's shape or base does not change this launch, here as there."""
+    from triton import knobs
+
+    src, dst, other = torch.randn(64, 96), torch.empty(64, 96), torch.randn(64, 96)
+    k = fastkernel(kernels.descriptor_copy_kernel)
+    for change in ("shape", "base", "float shape"):
+        launches = []
+        for system in ("triton", "fastkernel"):
+            args = _copy_args(src, dst)
+
+            def hook(metadata, descriptor=args[0], change=change):
+                if change == "shape":
+                    descriptor.shape = [32, 96]
+                elif change == "base":
+                    descriptor.base = other
+                else:
+                    descriptor.shape = [64.0, 96.0]
+
+            knobs.runtime.launch_enter_hook.add(hook)
+            try:
+                if system == "triton":
+                    launches.append(
+                        reference.launch(
+                            kernels.descriptor_copy_kernel, (4, 3), *args, BLOCK_M=16, BLOCK_N=32
+                        )
+                    )
+                else:
+                    k[(4, 3)](*args, BLOCK_M=16, BLOCK_N=32)
+                    launches.append(stand_in.launches()[-1])
+            finally:
+                knobs.runtime.launch_enter_hook.remove(hook)
+        assert_same_launch(launches[1], launches[0])

@@ -254,10 +254,6 @@ GridMetaObject* new_meta(KernelState& st) {
 }  // namespace
 
 PyObject* call_grid(KernelObject* kernel, PyObject* grid, const BoundCall& call) {
-  const LaunchRecursionGuard guard;
-  if (!guard.entered) {
-    return nullptr;
-  }
   KernelState& st = *kernel->state;
   auto* cached = reinterpret_cast<GridMetaObject*>(st.grid_meta);
   GridMetaObject* meta;
@@ -279,7 +275,8 @@ PyObject* call_grid(KernelObject* kernel, PyObject* grid, const BoundCall& call)
     }
   }
   meta->values = call.args;
-  PyObject* result = PyObject_CallOneArg(grid, reinterpret_cast<PyObject*>(meta));
+  PyObject* result = call_from_launch(
+      [&] { return PyObject_CallOneArg(grid, reinterpret_cast<PyObject*>(meta)); });
   if (Py_REFCNT(meta) > held) {
     // Kept past the call: from now on it holds its own dict of this call's arguments.
     PyObject* error_type = nullptr;

@@ -230,10 +230,6 @@ bool call_as_tuple_and_dict(PyObject* const* args, Py_ssize_t nargs, PyObject* k
 PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* const* args,
                             Py_ssize_t nargs, PyObject* kwnames, const BoundCall* call, int device,
                             const char* reason) {
-  const LaunchRecursionGuard guard;
-  if (!guard.entered) {
-    return nullptr;
-  }
   Ref pos, kw;
   if (!call_as_tuple_and_dict(args, nargs, kwnames, &pos, &kw)) {
     return nullptr;
@@ -253,7 +249,8 @@ PyObject* call_miss_handler(KernelObject* kernel, PyObject* grid, PyObject* cons
                               key.get(),
                               dev.get(),
                               why.get()};
-  return PyObject_Vectorcall(kernel->miss_handler, handler_args, 7, nullptr);
+  return call_from_launch(
+      [&] { return PyObject_Vectorcall(kernel->miss_handler, handler_args, 7, nullptr); });
 }
 
 // The reason a call falls back, naming the argument and its type where one is the cause:
@@ -320,10 +317,6 @@ bool globals_unchanged(KernelObject* kernel) {
 // Runs the JITFunction's pre-run hooks with the call's arguments, as JITFunction.run does.
 bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,
                        PyObject* kwnames) {
-  const LaunchRecursionGuard guard;
-  if (!guard.entered) {
-    return false;
-  }
   Ref pos, kw;
   if (!call_as_tuple_and_dict(args, nargs, kwnames, &pos, &kw)) {
     return false;
@@ -345,12 +338,28 @@ bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t n
     return false;
   }
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hooks.get()); ++i) {
-    Ref r(PyObject_Call(PyTuple_GET_ITEM(hooks.get(), i), pos.get(), kw.get()));
+    Ref r(call_from_launch(
+        [&] { return PyObject_Call(PyTuple_GET_ITEM(hooks.get(), i), pos.get(), kw.get()); }));
     if (!r) {
       return false;
     }
   }
   return true;
+}
+
+// After the enter hooks: Triton's C launcher reads the tensor arguments' data pointers after
+// calling them, but its Python side expanded host tensor descriptors before (driver.py
+// make_tensordesc_arg), so only the tensor parameters are read again. False with an exception
+// set.
+[[gnu::noinline, gnu::cold]] bool reread_after_enter_hooks(KernelObject* kernel, BoundCall* call) {
+  try {
+    return reread_tensor_addresses(kernel, call, /*leaves=*/false) == KeyStatus::Ok;
+  } catch (abi::__forced_unwind&) {
+    throw;
+  } catch (...) {
+    set_python_error_from_current_exception(kernel);
+    return false;
+  }
 }
 
 // A launch inside an at::RecordFunction range named for the kernel (out of line: the range
@@ -549,12 +558,8 @@ struct HeldHook {
 // reverse for a reversed chain, as `reversed(list)` walks a list that may change under it),
 // or the plain callable set in its place. False with an exception set when a hook raised.
 bool call_launch_hook(const HeldHook& hook, PyObject* metadata) {
-  const LaunchRecursionGuard guard;
-  if (!guard.entered) {
-    return false;
-  }
   if (hook.callable.get() != nullptr) {
-    Ref r(PyObject_CallOneArg(hook.callable.get(), metadata));
+    Ref r(call_from_launch([&] { return PyObject_CallOneArg(hook.callable.get(), metadata); }));
     return bool(r);
   }
   PyObject* list = hook.calls.get();
@@ -563,7 +568,8 @@ bool call_launch_hook(const HeldHook& hook, PyObject* metadata) {
   }
   const auto call_at = [&](Py_ssize_t i) {  // the hook is held: it may remove itself
     Ref f(Py_NewRef(PyList_GET_ITEM(list, i)));
-    return Ref(PyObject_CallOneArg(f.get(), metadata)).get() != nullptr;
+    return Ref(call_from_launch([&] { return PyObject_CallOneArg(f.get(), metadata); })).get() !=
+           nullptr;
   };
   if (!hook.reversed) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i) {
@@ -776,19 +782,18 @@ struct Scratch {
 }
 
 // Reads the arguments again after Python ran between the key and the launch (a grid function,
-// the scratch allocator, launch enter hooks): Triton's launcher reads each tensor's data_ptr()
-// after all of them, so a tensor given new storage there (`out.set_(...)`) launches with its
-// storage as they left it, never with a pointer read before (which may have been freed). The
-// tensors' pointers are read again; a call with tuple or descriptor leaves is bound again. The
-// binary stays the one looked up, as Triton's does: its specialization was taken before the
-// grid. False with an exception set.
+// the scratch allocator): Triton's launcher reads each argument after both, so a tensor given
+// new storage there (`out.set_(...)`) launches with its storage as they left it, never with a
+// pointer read before (which may have been freed). The tensors' pointers are read again; a
+// call with tuple or descriptor leaves is bound again. The binary stays the one looked up, as
+// Triton's does: its specialization was taken before the grid. False with an exception set.
 [[gnu::noinline, gnu::cold]] bool rebind_after_python(KernelObject* kernel, PyObject* const* args,
                                                       Py_ssize_t nargs, PyObject* kwnames,
                                                       const LaunchRecord& rec, BoundCall* call) {
   // The common case: only the tensors' pointers read again (a fraction of binding anew).
   KeyStatus status;
   try {
-    status = reread_tensor_addresses(kernel, call);
+    status = reread_tensor_addresses(kernel, call, /*leaves=*/true);
   } catch (abi::__forced_unwind&) {
     throw;
   } catch (...) {
@@ -903,6 +908,10 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
         return nullptr;
       }
     }
+    if (C10_UNLIKELY(python_ran) &&
+        !rebind_after_python(kernel, args, nargs, kwnames, *rec, &call)) {
+      return nullptr;
+    }
     // Launch hooks (Triton's knobs.runtime.launch_enter_hook / launch_exit_hook), only when set.
     // Both knobs are read before the enter hooks run, as Triton's launcher takes them
     // (CompiledKernel.__getitem__'s runner passes both to the launch).
@@ -913,14 +922,10 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       exit_hook.emplace(knobs->exit);
       const HeldHook enter_hook(knobs->enter);
       hook_metadata.reset(make_hook_metadata(kernel, *rec, grid, ctx.stream, call));
-      if (!hook_metadata || !call_launch_hook(enter_hook, hook_metadata.get())) {
+      if (!hook_metadata || !call_launch_hook(enter_hook, hook_metadata.get()) ||
+          !reread_after_enter_hooks(kernel, &call)) {
         return nullptr;
       }
-      python_ran = true;
-    }
-    if (C10_UNLIKELY(python_ran) &&
-        !rebind_after_python(kernel, args, nargs, kwnames, *rec, &call)) {
-      return nullptr;
     }
     // A profiler range named for the kernel, only while torch's profiler is active.
     // profilerEnabled() reads one thread-local; at::hasCallbacks() scans callback lists and

@@ -160,9 +160,10 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
 
 /// Reads each tensor parameter's data pointer again into call->values (Python ran since the
 /// call was bound and may have given a tensor new storage). Error with an exception set for a
-/// tensor no longer on the launch device; Fallback, having read nothing, for a call with leaves
-/// (tuple elements, descriptor fields), which only binding the call again reads.
-KeyStatus reread_tensor_addresses(KernelObject* kernel, BoundCall* call);
+/// tensor no longer on the launch device. With `leaves`: Fallback, having read nothing, for a
+/// call with leaves (tuple elements, descriptor fields), which only binding the call again
+/// reads; without, the leaves keep the values they were bound with.
+KeyStatus reread_tensor_addresses(KernelObject* kernel, BoundCall* call, bool leaves);
 
 /// After bind_and_build_key returned KeyStatus::Error for a value (ValueError, OverflowError):
 /// replaces that exception with the TypeError for a required argument the call left out, if
@@ -225,41 +226,32 @@ void set_python_error_from_current_exception(KernelObject* kernel);
 /// level measured with a recursing grid), so this many take about 1.3 MiB of it.
 constexpr int kMaxLaunchNesting = 200;
 
-/// Launches of this thread now inside a LaunchRecursionGuard.
+/// Launches of this thread now inside a call_from_launch.
 extern thread_local int t_launch_nesting;
 
-/// Counts a launch's call into Python (a grid function, hooks, the miss handler) for its scope,
-/// against the interpreter's recursion limit and against kMaxLaunchNesting: launches nested
-/// without bound raise RecursionError before they exhaust the C stack, whatever limit
-/// sys.setrecursionlimit set. `entered` is false with RecursionError set.
-class LaunchRecursionGuard {
- public:
-  LaunchRecursionGuard() : entered(enter()) {}
-  ~LaunchRecursionGuard() {
-    if (entered) {
-      --t_launch_nesting;
-      Py_LeaveRecursiveCall();
-    }
+/// Makes `call()` (a call into Python from a launch: a grid function, hooks, the miss handler)
+/// counted against the interpreter's recursion limit and against kMaxLaunchNesting, so launches
+/// nested without bound raise RecursionError before they exhaust the C stack, whatever limit
+/// sys.setrecursionlimit set. Returns what `call()` returns, or nullptr with RecursionError set.
+/// Deliberately no RAII: a thread that CPython ends inside `call()` at exit (pthread_exit, a
+/// forced unwind) must not touch its thread state again, which a destructor would.
+template <typename Call>
+PyObject* call_from_launch(Call&& call) {
+  if (t_launch_nesting >= kMaxLaunchNesting) {
+    PyErr_Format(PyExc_RecursionError,
+                 "kernel launches nested more than %d deep (each through a grid function, "
+                 "launch hook or compile of the launch outside it)",
+                 kMaxLaunchNesting);
+    return nullptr;
   }
-  LaunchRecursionGuard(const LaunchRecursionGuard&) = delete;
-  LaunchRecursionGuard& operator=(const LaunchRecursionGuard&) = delete;
-  const bool entered;
-
- private:
-  static bool enter() {
-    if (t_launch_nesting >= kMaxLaunchNesting) {
-      PyErr_Format(PyExc_RecursionError,
-                   "kernel launches nested more than %d deep (each through a grid function, "
-                   "launch hook or compile of the launch outside it)",
-                   kMaxLaunchNesting);
-      return false;
-    }
-    if (Py_EnterRecursiveCall(" in a kernel launch") != 0) {
-      return false;
-    }
-    ++t_launch_nesting;
-    return true;
+  if (Py_EnterRecursiveCall(" in a kernel launch") != 0) {
+    return nullptr;
   }
-};
+  ++t_launch_nesting;
+  PyObject* result = call();
+  --t_launch_nesting;
+  Py_LeaveRecursiveCall();
+  return result;
+}
 
 }  // namespace fastkernel

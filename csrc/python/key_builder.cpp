@@ -856,8 +856,8 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
   return status;
 }
 
-KeyStatus reread_tensor_addresses(KernelObject* kernel, BoundCall* call) {
-  if (call->num_leaves > 0) {
+KeyStatus reread_tensor_addresses(KernelObject* kernel, BoundCall* call, bool leaves) {
+  if (leaves && call->num_leaves > 0) {
     return KeyStatus::Fallback;  // leaves keep no object to read again: the caller rebinds
   }
   const KernelState& st = *kernel->state;

@@ -336,30 +336,55 @@ class Autotuned(NativeDispatch, Autotuner):
             )
         with self._tune_lock:
             key_lock = self._key_locks.setdefault(tuning_key, threading.Lock())
-        with key_lock, _tuning(tuning_now, (id(self), tuning_key)):
-            config = self.cache.get(tuning_key)
-            if config is not None:
+        mark = (id(self), tuning_key)
+        if tuning_now and not key_lock.acquire(blocking=False):
+            # This thread is tuning another key, and the thread tuning this one may be waiting
+            # for that key (each one's timer launching the other's): waiting here could
+            # deadlock, so the key is tuned here too, in memory only (the tuning record's file
+            # lock is the other thread's).
+            with _tuning(tuning_now, mark):
+                config = self.cache.get(tuning_key)
+                if config is None:
+                    config = self._tune(
+                        self.prune(named, kwargs), named, grid, args, kwargs, device
+                    )
+                    self.cache[tuning_key] = config
+                self.best_config = config
                 return config
-            # Pruned first, as Triton prunes: a record holds a choice among the configs this
-            # call's pruning leaves (its document lists them), and one left needs no record.
-            configs = self.prune(named, kwargs)
-            target = self._target(device)
-            path = self._record_path(tuning_key, target, configs) if len(configs) > 1 else None
-            if path is None:
-                config = self._tune(configs, named, grid, args, kwargs, device)
-            else:
-                # One process benchmarks a key at a time (timings taken side by side on one GPU
-                # would disturb each other); the others wait and read its record. A lock that
-                # cannot be taken (a read-only cache) is logged, not raised.
-                lock_path = path.with_name(path.name + ".lock")
-                with cross_process_lock(lambda: lock_path, f"tuning {self.__name__}"):
-                    config = self._read_record(path, configs)
-                    if config is None:
-                        config = self._tune(configs, named, grid, args, kwargs, device)
-                        self._write_record(path, tuning_key, configs, config)
-            self.cache[tuning_key] = config
-            self.best_config = config
+        if not tuning_now:
+            key_lock.acquire()
+        try:
+            with _tuning(tuning_now, mark):
+                return self._tune_once(tuning_key, named, grid, args, kwargs, device)
+        finally:
+            key_lock.release()
+
+    def _tune_once(self, tuning_key, named, grid, args, kwargs, device: int) -> Config:
+        """The config of ``tuning_key``, tuned unless another thread did meanwhile; called with
+        the key's lock held."""
+        config = self.cache.get(tuning_key)
+        if config is not None:
             return config
+        # Pruned first, as Triton prunes: a record holds a choice among the configs this
+        # call's pruning leaves (its document lists them), and one left needs no record.
+        configs = self.prune(named, kwargs)
+        target = self._target(device)
+        path = self._record_path(tuning_key, target, configs) if len(configs) > 1 else None
+        if path is None:
+            config = self._tune(configs, named, grid, args, kwargs, device)
+        else:
+            # One process benchmarks a key at a time (timings taken side by side on one GPU
+            # would disturb each other); the others wait and read its record. A lock that
+            # cannot be taken (a read-only cache) is logged, not raised.
+            lock_path = path.with_name(path.name + ".lock")
+            with cross_process_lock(lambda: lock_path, f"tuning {self.__name__}"):
+                config = self._read_record(path, configs)
+                if config is None:
+                    config = self._tune(configs, named, grid, args, kwargs, device)
+                    self._write_record(path, tuning_key, configs, config)
+        self.cache[tuning_key] = config
+        self.best_config = config
+        return config
 
     # -- tuning -------------------------------------------------------------------------------
 
