@@ -14,7 +14,7 @@ LaunchTable::~LaunchTable() {
   }
 }
 
-const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t hash) noexcept {
+LaunchTable::Slot* LaunchTable::find_slot(const SpecializationKey& key, uint64_t hash) noexcept {
   const size_t mask = slots_.size() - 1;
   for (size_t i = hash & mask;; i = (i + 1) & mask) {
     Slot& slot = slots_[i];
@@ -22,11 +22,19 @@ const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t has
       return nullptr;
     }
     if (slot.hash == hash && key.equals(slot.words.get(), slot.size)) {
-      slot.last_used = ++tick_;  // a counter and a store: the LRU order costs nothing more
-      recent_ = &slot;
-      return slot.record.get();
+      return &slot;
     }
   }
+}
+
+const LaunchRecord* LaunchTable::find(const SpecializationKey& key, uint64_t hash) noexcept {
+  Slot* slot = find_slot(key, hash);
+  if (slot == nullptr) {
+    return nullptr;
+  }
+  slot->last_used = ++tick_;  // a counter and a store: the LRU order costs nothing more
+  recent_ = slot;
+  return slot->record.get();
 }
 
 const LaunchRecord* LaunchTable::lookup(const SpecializationKey& key) noexcept {
@@ -98,11 +106,7 @@ bool LaunchTable::evict_least_recently_used(Dropped* dropped) {
     return false;
   }
   unload_launch_record(*victim->record);
-  dropped->push_back(std::move(victim->record));
-  victim->words.reset();
-  victim->size = kDeleted;
-  --count_;
-  ++tombstones_;
+  dropped->push_back(take(victim));
   ++evictions_;
   return true;
 }
@@ -140,15 +144,11 @@ void LaunchTable::clear() {
       continue;
     }
     if (slot.record->pins != 0) {
-      retire_slot(&slot);  // a launch in flight uses it: destroyed once that launch is done
+      retired_.push_back(take(&slot));  // a launch in flight uses it: destroyed once it is done
       continue;
     }
     unload_launch_record(*slot.record);
-    dropped.push_back(std::move(slot.record));
-    slot.words.reset();
-    slot.size = kDeleted;
-    --count_;
-    ++tombstones_;
+    dropped.push_back(take(&slot));
   }
 }
 
@@ -158,26 +158,18 @@ void LaunchTable::invalidate() {
 }
 
 void LaunchTable::retire(const SpecializationKey& key) {
-  const uint64_t hash = key.hash();
-  const size_t mask = slots_.size() - 1;
-  for (size_t i = hash & mask;; i = (i + 1) & mask) {
-    Slot& slot = slots_[i];
-    if (slot.size == kEmpty) {
-      return;
-    }
-    if (slot.hash == hash && key.equals(slot.words.get(), slot.size)) {
-      retire_slot(&slot);
-      return;
-    }
+  if (Slot* slot = find_slot(key, key.hash())) {
+    retired_.push_back(take(slot));
   }
 }
 
-void LaunchTable::retire_slot(Slot* slot) {
-  retired_.push_back(std::move(slot->record));
+std::unique_ptr<LaunchRecord> LaunchTable::take(Slot* slot) {
+  std::unique_ptr<LaunchRecord> record = std::move(slot->record);
   slot->words.reset();
   slot->size = kDeleted;
   --count_;
   ++tombstones_;
+  return record;
 }
 
 void LaunchTable::sweep_retired(Dropped* dropped) {

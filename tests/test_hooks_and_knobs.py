@@ -5,6 +5,7 @@ them back returns to the old one), and nothing in Python runs on a hit while the
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import struct
 
@@ -189,6 +190,13 @@ def test_a_kernels_debug_set_while_its_launch_is_in_flight_selects_its_binary(st
     assert add.stats()["misses"] == 2
 
 
+def _on(system: str, stand_in):
+    """Triton's own launcher on the stand-in for ``system`` "triton"; nothing for fastkernel."""
+    return (
+        TritonReference(stand_in, TEST_STREAM) if system == "triton" else contextlib.nullcontext()
+    )
+
+
 def test_knobs_a_pre_run_hook_sets_are_read_when_triton_reads_them(stand_in):
     """Triton reads the binary-changing knobs into the options before the pre-run hooks run,
     and the launch hook knobs when it launches, after them: a pre-run hook setting
@@ -208,22 +216,18 @@ def test_knobs_a_pre_run_hook_sets_are_read_when_triton_reads_them(stand_in):
             knobs.runtime.debug = True
             knobs.runtime.launch_enter_hook = calls.append
 
-        reference = TritonReference(stand_in, TEST_STREAM) if system == "triton" else None
-        if reference is not None:
-            reference.__enter__()
-        try:
-            jit_fn.pre_run_hooks.append(pre_run)
-            first = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
-            knobs.runtime.launch_enter_hook = chain
-            jit_fn.pre_run_hooks.clear()
-            second = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
-            knobs.runtime.debug = False
-            third = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
-        finally:
-            knobs.runtime.debug = False
-            knobs.runtime.launch_enter_hook = chain
-            if reference is not None:
-                reference.__exit__(None, None, None)
+        with _on(system, stand_in):
+            try:
+                jit_fn.pre_run_hooks.append(pre_run)
+                first = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
+                knobs.runtime.launch_enter_hook = chain
+                jit_fn.pre_run_hooks.clear()
+                second = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
+                knobs.runtime.debug = False
+                third = launch[(1,)](x, x, x, 64, BLOCK=64).metadata.debug
+            finally:
+                knobs.runtime.debug = False
+                knobs.runtime.launch_enter_hook = chain
         results.append((first, second, third, len(calls)))
     with TritonReference(stand_in, TEST_STREAM):
         del jit_fn, launch
@@ -632,10 +636,7 @@ def test_a_tensor_given_new_storage_during_the_launch_launches_its_current_stora
                 move()
             return (4,)
 
-        reference = TritonReference(stand_in, TEST_STREAM) if system == "triton" else None
-        if reference is not None:
-            reference.__enter__()
-        try:
+        with _on(system, stand_in):
             launch[(4,)](x, y, out, 4096, BLOCK=1024)
             if where == "enter hook":
                 knobs.runtime.launch_enter_hook.add(move)
@@ -644,9 +645,6 @@ def test_a_tensor_given_new_storage_during_the_launch_launches_its_current_stora
             finally:
                 if where == "enter hook":
                     knobs.runtime.launch_enter_hook.remove(move)
-        finally:
-            if reference is not None:
-                reference.__exit__(None, None, None)
         current.append(struct.unpack("<Q", stand_in.last_launch().params[2])[0] == out.data_ptr())
     assert current == [True, True]
 

@@ -76,6 +76,16 @@ def _tensors():
     return torch.randn(N), torch.randn(N), torch.empty(N)
 
 
+@contextlib.contextmanager
+def _triton_on_stand_in(stand_in, patched: bool):
+    """Triton's own launcher on the stand-in, with the patch on or not."""
+    with (
+        fastkernel.patched() if patched else contextlib.nullcontext(),
+        TritonReference(stand_in, TEST_STREAM),
+    ):
+        yield
+
+
 def _stats_of(jit_fn):
     return jit_fn.__dict__[PATCH_ATTR].stats()
 
@@ -426,10 +436,7 @@ def test_passing_a_tuned_parameter_raises_what_triton_raises(stand_in):
     x, y, out = _tensors()
     errors = []
     for on in (False, True):
-        with (
-            fastkernel.patched() if on else contextlib.nullcontext(),
-            TritonReference(stand_in, TEST_STREAM),
-        ):
+        with _triton_on_stand_in(stand_in, patched=on):
             with pytest.raises(Exception) as info:
                 tuned[(4,)](x, y, out, N, BLOCK=128)
             errors.append((type(info.value), str(info.value)))
@@ -1451,10 +1458,7 @@ def _launch_twice_each_way(stand_in, make, call):
     for patched in (True, False):
         tuned, seen = make(), []
         stand_in.reset()
-        with (
-            fastkernel.patched() if patched else contextlib.nullcontext(),
-            TritonReference(stand_in, TEST_STREAM),
-        ):
+        with _triton_on_stand_in(stand_in, patched=patched):
             call(tuned, seen)
             call(tuned, seen)
         results.append((stand_in.launches(), seen))
@@ -1553,10 +1557,7 @@ def test_autotuner_run_without_warmup_raises_tritons_error(stand_in):
     x, y, out = _tensors()
     errors = []
     for on in (True, False):
-        with (
-            fastkernel.patched() if on else contextlib.nullcontext(),
-            TritonReference(stand_in, TEST_STREAM),
-        ):
+        with _triton_on_stand_in(stand_in, patched=on):
             tuned[(4,)](x, y, out, N)
             with pytest.raises(TypeError) as info:
                 tuned.run(x, y, out, N, grid=(4,))

@@ -347,18 +347,17 @@ bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t n
   return true;
 }
 
-// After the enter hooks: Triton's C launcher reads the tensor arguments' data pointers after
-// calling them, but its Python side expanded host tensor descriptors before (driver.py
-// make_tensordesc_arg), so only the tensor parameters are read again. False with an exception
-// set.
-[[gnu::noinline, gnu::cold]] bool reread_after_enter_hooks(KernelObject* kernel, BoundCall* call) {
+// reread_tensor_addresses with nothing thrown into CPython (torch's accessors can throw), as
+// bind_call binds: Error comes with the exception set.
+[[gnu::noinline, gnu::cold]] KeyStatus reread_pointers(KernelObject* kernel, BoundCall* call,
+                                                       bool leaves) {
   try {
-    return reread_tensor_addresses(kernel, call, /*leaves=*/false) == KeyStatus::Ok;
+    return reread_tensor_addresses(kernel, call, leaves);
   } catch (abi::__forced_unwind&) {
-    throw;
+    throw;  // a thread ended by pthread_exit: see with_python_errors
   } catch (...) {
     set_python_error_from_current_exception(kernel);
-    return false;
+    return KeyStatus::Error;
   }
 }
 
@@ -791,15 +790,7 @@ struct Scratch {
                                                       Py_ssize_t nargs, PyObject* kwnames,
                                                       const LaunchRecord& rec, BoundCall* call) {
   // The common case: only the tensors' pointers read again (a fraction of binding anew).
-  KeyStatus status;
-  try {
-    status = reread_tensor_addresses(kernel, call, /*leaves=*/true);
-  } catch (abi::__forced_unwind&) {
-    throw;
-  } catch (...) {
-    set_python_error_from_current_exception(kernel);
-    return false;
-  }
+  KeyStatus status = reread_pointers(kernel, call, /*leaves=*/true);
   if (status != KeyStatus::Fallback) {
     return status == KeyStatus::Ok;
   }
@@ -922,8 +913,11 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       exit_hook.emplace(knobs->exit);
       const HeldHook enter_hook(knobs->enter);
       hook_metadata.reset(make_hook_metadata(kernel, *rec, grid, ctx.stream, call));
+      // Triton's C launcher reads the tensors' data pointers after the enter hooks, but its
+      // Python side expanded host tensor descriptors before them (driver.py
+      // make_tensordesc_arg): only the tensor parameters are read again.
       if (!hook_metadata || !call_launch_hook(enter_hook, hook_metadata.get()) ||
-          !reread_after_enter_hooks(kernel, &call)) {
+          reread_pointers(kernel, &call, /*leaves=*/false) != KeyStatus::Ok) {
         return nullptr;
       }
     }

@@ -343,25 +343,21 @@ class Autotuned(NativeDispatch, Autotuner):
             # deadlock, so the key is tuned here too, in memory only (the tuning record's file
             # lock is the other thread's).
             with _tuning(tuning_now, mark):
-                config = self.cache.get(tuning_key)
-                if config is None:
-                    config = self._tune(
-                        self.prune(named, kwargs), named, grid, args, kwargs, device
-                    )
-                    self.cache[tuning_key] = config
-                self.best_config = config
-                return config
+                return self._tune_once(tuning_key, named, grid, args, kwargs, device, False)
         if not tuning_now:
             key_lock.acquire()
         try:
             with _tuning(tuning_now, mark):
-                return self._tune_once(tuning_key, named, grid, args, kwargs, device)
+                return self._tune_once(tuning_key, named, grid, args, kwargs, device, True)
         finally:
             key_lock.release()
 
-    def _tune_once(self, tuning_key, named, grid, args, kwargs, device: int) -> Config:
+    def _tune_once(
+        self, tuning_key, named, grid, args, kwargs, device: int, with_record: bool
+    ) -> Config:
         """The config of ``tuning_key``, tuned unless another thread did meanwhile; called with
-        the key's lock held."""
+        the key's lock held, or, without ``with_record``, where that lock cannot be waited for
+        (then the tuning record on disk is neither read nor written)."""
         config = self.cache.get(tuning_key)
         if config is not None:
             return config
@@ -369,7 +365,11 @@ class Autotuned(NativeDispatch, Autotuner):
         # call's pruning leaves (its document lists them), and one left needs no record.
         configs = self.prune(named, kwargs)
         target = self._target(device)
-        path = self._record_path(tuning_key, target, configs) if len(configs) > 1 else None
+        path = (
+            self._record_path(tuning_key, target, configs)
+            if with_record and len(configs) > 1
+            else None
+        )
         if path is None:
             config = self._tune(configs, named, grid, args, kwargs, device)
         else:

@@ -104,8 +104,10 @@ class LaunchTable {
   /// Moves the least recently used unpinned record into `dropped`; false when every record is
   /// pinned.
   bool evict_least_recently_used(Dropped* dropped);
-  /// Takes the record of an occupied slot out of the index into retired_.
-  void retire_slot(Slot* slot);
+  /// The occupied slot holding `key` (whose hash is `hash`), or nullptr.
+  Slot* find_slot(const SpecializationKey& key, uint64_t hash) noexcept;
+  /// Takes the record of an occupied slot out of the index (the slot becomes a tombstone).
+  std::unique_ptr<LaunchRecord> take(Slot* slot);
   /// Moves the retired records no launch pins any more into `dropped` (modules unloaded).
   void sweep_retired(Dropped* dropped);
   std::vector<Slot> slots_;
