@@ -236,8 +236,8 @@ void fill_launch_record(const LaunchFacts& facts, int max_args, LaunchRecord* re
   }
 }
 
-void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,
-                        bool check_param_count) {
+FunctionAttributes load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,
+                                      bool check_param_count) {
   // cuModuleLoadData takes no size: the image's own headers must lie within the buffer.
   const std::string problem = cubin_image_problem(cubin, cubin_size);
   if (!problem.empty()) {
@@ -248,6 +248,7 @@ void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_si
   PrimaryContextScope scope(record.device);
   CUmodule module = nullptr;
   check_cuda(api.cuModuleLoadData(&module, cubin), "cuModuleLoadData");
+  FunctionAttributes attrs;
   try {
     CUfunction function = nullptr;
     std::string what = "cuModuleGetFunction(" + record.kernel_name + ")";
@@ -288,6 +289,22 @@ void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_si
                                     std::to_string(packs) + " parameters its launch record packs");
       }
     }
+    check_cuda(api.cuFuncGetAttribute(&attrs.num_regs, cu::FUNC_ATTRIBUTE_NUM_REGS, function),
+               "cuFuncGetAttribute(NUM_REGS)");
+    check_cuda(api.cuFuncGetAttribute(&attrs.local_size_bytes, cu::FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                      function),
+               "cuFuncGetAttribute(LOCAL_SIZE_BYTES)");
+    check_cuda(api.cuFuncGetAttribute(&attrs.max_threads_per_block,
+                                      cu::FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
+               "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
+    // A block larger than the function allows (its registers limit it) cannot launch; Triton's
+    // _init_handles raises OutOfResources(..., "threads") before its first launch.
+    if (attrs.max_threads_per_block < 0 || record.block_x > unsigned(attrs.max_threads_per_block)) {
+      throw CudaError(cu::ERROR_INVALID_VALUE, "fastkernel: '" + record.kernel_name + "' needs " +
+                                                   std::to_string(record.block_x) +
+                                                   " threads per block; its function " + "allows " +
+                                                   std::to_string(attrs.max_threads_per_block));
+    }
     // Clusters of 16 CTAs exceed the portable limit of 8 (Triton's driver.c sets this per launch).
     if (record.num_ctas > 8) {
       check_cuda(
@@ -300,6 +317,7 @@ void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_si
     api.cuModuleUnload(module);
     throw;
   }
+  return attrs;
 }
 
 void unload_launch_record(LaunchRecord& record) noexcept {

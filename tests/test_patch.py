@@ -352,6 +352,7 @@ def test_a_kernel_the_native_path_cannot_take_keeps_tritons_path_and_says_why(
         stats = fastkernel.stats()["fk_wide_kernel.wide_kernel"]
     assert len(stand_in.launches()) == 3
     assert (stats["hits"], stats["fallbacks"]) == (0, 3)
+    print(stats)
     ((reason, count),) = stats["fallback_reasons"].items()
     assert count == 3 and "more than 128 parameters" in reason
     assert caplog.text.count("wide_kernel goes through Triton's own launcher") == 1
@@ -1600,3 +1601,50 @@ def test_a_tuned_hit_returns_the_compiled_kernel_this_process_compiled(
         assert _stats_of(tuned)["hits"] == 2
     assert isinstance(first, CompiledKernel)
     assert hits[0] is first and hits[1] is first
+
+
+def _function_attributes(compiled) -> tuple[int, int, int]:
+    return compiled.n_regs, compiled.n_spills, compiled.n_max_threads
+
+
+def test_what_a_native_launch_returns_has_the_attributes_tritons_loader_sets(stand_in):
+    """n_regs, n_spills and n_max_threads, which Triton's CompiledKernel._init_handles sets from
+    its driver (driver.c loadBinary): on the CompiledKernel a native miss compiled, and on the
+    disk cache's CachedKernel that another kernel of the same source registers from, as Triton
+    gives them for the same binary. A CompiledKernel Triton never loaded had none of them."""
+    stand_in.set_function_defaults(1024, 40, 12)  # what a real driver reads from the cubin
+    x, y, out = _tensors()
+    with _triton_on_stand_in(stand_in, patched=False):
+        reference = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+    with _triton_on_stand_in(stand_in, patched=True):
+        compiled = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        cached = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+    assert isinstance(reference, CompiledKernel)
+    assert _function_attributes(reference) == (40, 3, 1024)
+    assert isinstance(compiled, CompiledKernel) and compiled.module is None  # loaded natively
+    assert _function_attributes(compiled) == _function_attributes(reference)
+    assert isinstance(cached, fastkernel.cache.CachedKernel)
+    assert _function_attributes(cached) == _function_attributes(reference)
+
+
+def test_a_block_larger_than_the_function_allows_raises_tritons_out_of_resources(stand_in):
+    """A function whose registers limit its block below the kernel's 32 * num_warps threads:
+    Triton raises OutOfResources when it loads it (CompiledKernel._init_handles), which its
+    autotuner takes as a config to skip. The native path refuses the binary when it loads it and
+    hands the call to Triton, which raises the same; nothing launches. It used to launch and
+    raise the driver's CudaError."""
+    from triton.runtime.errors import OutOfResources
+
+    stand_in.set_function_defaults(64, 255, 0)
+    x, y, out = _tensors()
+    with _triton_on_stand_in(stand_in, patched=False):
+        with pytest.raises(OutOfResources) as reference:
+            _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024, num_warps=4)
+    kernel = _fresh_add_kernel()
+    with _triton_on_stand_in(stand_in, patched=True):
+        for _ in range(2):  # the refused binary is remembered: the second call goes to Triton
+            with pytest.raises(OutOfResources) as native:
+                kernel[(4,)](x, y, out, N, BLOCK=1024, num_warps=4)
+            assert str(native.value) == str(reference.value)
+        assert _stats_of(kernel)["misses"] == 2 and _stats_of(kernel)["specializations"] == 0
+    assert stand_in.launch_count() == 0

@@ -72,6 +72,7 @@ struct LoadedRecord {
   py::object global_checks;              ///< tuple of (dict, name, value), or None
   std::string kernel_name;               ///< the record's, kept after it is inserted
   int device = 0;
+  FunctionAttributes attributes;  ///< read by the driver when the cubin was loaded
 
   LoadedRecord() = default;
   LoadedRecord(const LoadedRecord&) = delete;
@@ -141,10 +142,8 @@ std::unique_ptr<LoadedRecord> load_record(const LaunchFacts& facts, const py::by
     rec.published = published.inc_ref().ptr();
   }
   const std::string image = cubin;
-  with_python_errors([&] {
-    load_launch_record(rec, image.data(), image.size());
-    return 0;
-  });
+  loaded->attributes =
+      with_python_errors([&] { return load_launch_record(rec, image.data(), image.size()); });
   loaded->global_checks = py::reinterpret_borrow<py::object>(global_checks);
   loaded->kernel_name = rec.kernel_name;
   loaded->device = rec.device;
@@ -273,7 +272,17 @@ void register_registration(py::module_& m) {
           "the device the cubin is loaded on")
       .def_property_readonly(
           "inserted", [](const LoadedRecord& r) { return !r.record; },
-          "whether a kernel's table holds it now");
+          "whether a kernel's table holds it now")
+      // As Triton's loader returns them (driver.c loadBinary), for CompiledKernel's attributes.
+      .def_property_readonly(
+          "n_regs", [](const LoadedRecord& r) { return r.attributes.num_regs; },
+          "registers per thread (int; CU_FUNC_ATTRIBUTE_NUM_REGS)")
+      .def_property_readonly(
+          "n_spills", [](const LoadedRecord& r) { return r.attributes.local_size_bytes / 4; },
+          "local memory per thread in 4-byte words (int; CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4)")
+      .def_property_readonly(
+          "n_max_threads", [](const LoadedRecord& r) { return r.attributes.max_threads_per_block; },
+          "the most threads a block may have (int; CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)");
 
   def_kernel_method(
       "_insert",

@@ -136,6 +136,9 @@ class LaunchRecord:
     kernel_name: str
     device: int
     inserted: bool
+    n_regs: int
+    n_spills: int
+    n_max_threads: int
     def __init__(
         self,
         facts: LaunchFacts,

@@ -634,7 +634,7 @@ class NativeDispatch(_C.Kernel):
                 tensor_maps=[_C.TensorMapFacts(*t) for t in tensor_maps],
             )
             # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
-            return _C.LaunchRecord(
+            record = _C.LaunchRecord(
                 facts,
                 meta.cubin,
                 compiled,
@@ -642,6 +642,8 @@ class NativeDispatch(_C.Kernel):
                 published,
                 global_checks=abi.global_checks(self.jit_function),
             )
+            _set_function_attributes(compiled, record)
+            return record
         except _C.DriverUnavailableError:
             raise
         except (_C.CudaError, ValueError) as exc:
@@ -835,6 +837,20 @@ class FastKernel(NativeDispatch, JITFunction):
 
     def __repr__(self) -> str:
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
+
+
+def _set_function_attributes(compiled: Any, record: _C.LaunchRecord) -> None:
+    """Give what a native launch returns the attributes Triton's loader gives a
+    ``CompiledKernel`` (``n_regs``, ``n_spills``, ``n_max_threads``: set by
+    ``CompiledKernel._init_handles``, triton/compiler/compiler.py), as the driver reported them
+    when ``record`` loaded the same cubin. A ``CompiledKernel`` Triton has loaded has them
+    already and is left as it is; one it never loaded would have none."""
+    if isinstance(compiled, _cache.CachedKernel):
+        compiled._set_function_attributes(record.n_regs, record.n_spills, record.n_max_threads)
+    elif isinstance(compiled, CompiledKernel) and getattr(compiled, "module", None) is None:
+        compiled.n_regs = record.n_regs
+        compiled.n_spills = record.n_spills
+        compiled.n_max_threads = record.n_max_threads
 
 
 class WarmupHandle:

@@ -148,6 +148,7 @@ class RecordingDriver:
             "fkstub_module_unload_count": (c_int, []),
             "fkstub_retained_bytes": (ctypes.c_ulonglong, []),
             "fkstub_set_launch_result": (None, [c_int]),
+            "fkstub_set_function_defaults": (None, [c_int, c_int, c_int]),
             "fkstub_func_attribute": (c_int, [c_char_p, c_int]),
             "fkstub_launch_name": (c_int, [c_int, c_char_p, c_int]),
             "fkstub_launch_device": (c_int, [c_int]),
@@ -176,6 +177,12 @@ class RecordingDriver:
     def set_launch_result(self, code: int) -> None:
         """Make every following launch return `code` without recording it; 0 restores normal launches."""
         self.lib.fkstub_set_launch_result(code)
+
+    def set_function_defaults(self, max_threads: int, num_regs: int, local_bytes: int) -> None:
+        """What every function reports for CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, NUM_REGS and
+        LOCAL_SIZE_BYTES until the next reset (1024, 32 and 0 before); a launch of a larger
+        block than ``max_threads`` fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701)."""
+        self.lib.fkstub_set_function_defaults(max_threads, num_regs, local_bytes)
 
     # -- queries ------------------------------------------------------------
 

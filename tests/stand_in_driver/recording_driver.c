@@ -87,6 +87,7 @@ enum {
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+  CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
   CUDA_ERROR_LAUNCH_FAILED = 719,
   CUDA_ERROR_NOT_SUPPORTED = 801,
   CUDA_ERROR_UNKNOWN = 999,
@@ -189,6 +190,14 @@ static int g_num_module_unloads;
 
 /* -1: no override, consult FKSTUB_LAUNCH_RESULT; otherwise the result code. */
 static int g_launch_result_override = -1;
+
+/* What cuFuncGetAttribute reports for these attributes of a function where none was set
+ * (fkstub_set_function_defaults): a real driver reads them from the cubin. */
+#define FK_DEFAULT_MAX_THREADS 1024
+#define FK_DEFAULT_NUM_REGS 32
+static int g_default_max_threads = FK_DEFAULT_MAX_THREADS;
+static int g_default_num_regs = FK_DEFAULT_NUM_REGS;
+static int g_default_local_bytes = 0;
 
 /* Last value set per (function name, attribute) through cuFuncSetAttribute.
  * Kept by name because tests usually know the kernel name, not the handle. */
@@ -708,16 +717,18 @@ FK_EXPORT CUresult cuFuncGetAttribute(int* pi, int attrib, CUfunction hfunc) {
   } else {
     switch (attrib) {
       case FK_FUNC_MAX_THREADS_PER_BLOCK:
-        v = 1024;
+        v = g_default_max_threads;
         break;
       case FK_FUNC_NUM_REGS:
-        v = 32;
+        v = g_default_num_regs;
+        break;
+      case FK_FUNC_LOCAL_SIZE_BYTES:
+        v = g_default_local_bytes;
         break;
       case FK_FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES:
         v = FK_SMEM_PER_BLOCK;
         break;
       case FK_FUNC_SHARED_SIZE_BYTES:
-      case FK_FUNC_LOCAL_SIZE_BYTES:
       default:
         v = 0;
         break;
@@ -819,6 +830,12 @@ static CUresult do_launch(CUfunction f, const unsigned int grid[3], const unsign
   }
   if (!valid_dims(grid, block)) {
     r = CUDA_ERROR_INVALID_VALUE;
+    goto out;
+  }
+  /* A block of more threads than the function allows (its registers) does not launch. */
+  if ((unsigned long long)block[0] * block[1] * block[2] >
+      (unsigned long long)g_default_max_threads) {
+    r = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
     goto out;
   }
   /* More than 48 KiB of dynamic shared memory needs the opt-in attribute. */
@@ -1091,6 +1108,9 @@ FK_EXPORT void fkstub_reset(void) {
   g_num_module_unloads = 0;
   g_num_tensor_map_encodes = 0;
   g_launch_result_override = -1;
+  g_default_max_threads = FK_DEFAULT_MAX_THREADS;
+  g_default_num_regs = FK_DEFAULT_NUM_REGS;
+  g_default_local_bytes = 0;
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -1149,6 +1169,17 @@ FK_EXPORT int fkstub_module_unload_count(void) {
 FK_EXPORT void fkstub_set_launch_result(int code) {
   pthread_mutex_lock(&g_lock);
   g_launch_result_override = code < 0 ? 0 : code;
+  pthread_mutex_unlock(&g_lock);
+}
+
+/* What every function reports, until the next reset, for CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+ * NUM_REGS and LOCAL_SIZE_BYTES (a real driver reads them from the cubin); launches of blocks
+ * larger than `max_threads` fail with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES. */
+FK_EXPORT void fkstub_set_function_defaults(int max_threads, int num_regs, int local_bytes) {
+  pthread_mutex_lock(&g_lock);
+  g_default_max_threads = max_threads;
+  g_default_num_regs = num_regs;
+  g_default_local_bytes = local_bytes;
   pthread_mutex_unlock(&g_lock);
 }
 

@@ -170,14 +170,26 @@ void fill_launch_record(const LaunchFacts& facts, int max_args, LaunchRecord* re
 /// lie within `size` bytes (cuModuleLoadData takes no size and reads what the headers say).
 std::string cubin_image_problem(const void* cubin, size_t size);
 
+/// What Triton's loader reads of a loaded function (third_party/nvidia/backend/driver.c
+/// loadBinary, returned as CompiledKernel.n_regs / n_spills / n_max_threads): the driver's
+/// CU_FUNC_ATTRIBUTE_NUM_REGS, LOCAL_SIZE_BYTES and MAX_THREADS_PER_BLOCK.
+struct FunctionAttributes {
+  int num_regs = 0;               ///< registers per thread
+  int local_size_bytes = 0;       ///< local memory per thread, bytes (Triton's n_spills is / 4)
+  int max_threads_per_block = 0;  ///< the most threads a block of this function may have
+};
+
 /// Loads `cubin` into `device`'s primary context, resolves `record.kernel_name`, and raises the
-/// dynamic shared memory limit when `record.shared_mem` exceeds 48 KB. Fills module/function.
-/// With `check_param_count`, and a driver that has cuFuncGetParamInfo (CUDA >= 12.4), the
-/// function must declare exactly the parameters the record packs (its plan, then its scratch
-/// pointers). Throws std::invalid_argument (a malformed image, a parameter count that differs),
-/// CudaError or DriverUnavailable; leaves nothing loaded on failure.
-void load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,
-                        bool check_param_count = true);
+/// dynamic shared memory limit when `record.shared_mem` exceeds 48 KB. Fills module/function
+/// and returns the function's attributes. With `check_param_count`, and a driver that has
+/// cuFuncGetParamInfo (CUDA >= 12.4), the function must declare exactly the parameters the
+/// record packs (its plan, then its scratch pointers). Throws std::invalid_argument (a
+/// malformed image, a parameter count that differs), CudaError (also for more shared memory
+/// than the device allows, or a block of more threads than the function allows: Triton's
+/// CompiledKernel._init_handles raises OutOfResources for both) or DriverUnavailable; leaves
+/// nothing loaded on failure.
+FunctionAttributes load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,
+                                      bool check_param_count = true);
 
 /// Makes `device`'s primary context current for a scope and restores the previous context after
 /// (module loading and the benchmark floor use it, leaving the caller's context as it was).

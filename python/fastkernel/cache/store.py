@@ -94,6 +94,10 @@ class CachedKernel:
         The launch metadata it was registered with: ``block_x`` (threads), ``shared_mem``
         (bytes), ``num_ctas``, ``cooperative_grid``, ``pdl``, scratch sizes and alignments
         (bytes).
+    n_regs, n_spills, n_max_threads : int or None
+        Registers per thread, local memory per thread in 4-byte words, and the most threads a
+        block may have, as ``CompiledKernel`` has them once loaded (Triton's driver.c
+        ``loadBinary``); read by the driver when the binary is loaded, None before.
     """
 
     name: str
@@ -108,10 +112,20 @@ class CachedKernel:
     path: str
     kernel: str
     launch: Mapping[str, Any]
+    n_regs: int | None = dataclasses.field(default=None, init=False)
+    n_spills: int | None = dataclasses.field(default=None, init=False)
+    n_max_threads: int | None = dataclasses.field(default=None, init=False)
 
     @functools.cached_property
     def metadata(self) -> Any:
         return _metadata_type(tuple(sorted(self.metadata_fields)))(**self.metadata_fields)
+
+    def _set_function_attributes(self, n_regs: int, n_spills: int, n_max_threads: int) -> None:
+        """Fill the attributes the driver reports once the binary is loaded (the object is
+        otherwise read-only)."""
+        object.__setattr__(self, "n_regs", n_regs)
+        object.__setattr__(self, "n_spills", n_spills)
+        object.__setattr__(self, "n_max_threads", n_max_threads)
 
     @property
     def target(self):
