@@ -696,6 +696,108 @@ def test_run_stats_lists_every_kernel_that_launched(tmp_path):
     assert line.split()[1:] == ["2", "1", "0"]  # hits, misses, fallbacks
 
 
+#: A program that launches add_kernel three times on the stand-in, reporting whether it was
+#: patched (tests/ on its path for the kernels and the stand-in's settings).
+_LAUNCHING_PROGRAM = (
+    "import sys\n"
+    f"sys.path.insert(0, {str(HERE)!r})\n"
+    "import conftest, torch\n"
+    "import kernels\n"
+    "from fastkernel import _C\n"
+    "import fastkernel\n"
+    "_C._testing.set_host_testing(True, 0, conftest.TEST_STREAM)\n"
+    "x = torch.randn(4096)\n"
+    "for _ in range(3):\n"
+    "    kernels.add_kernel[(4,)](x, x, x, 4096, BLOCK=1024)\n"
+    "print('child patched', fastkernel.is_patched(), flush=True)\n"
+)
+
+
+@pytest.mark.stand_in
+def test_run_patches_the_python_processes_its_program_starts(tmp_path):
+    """A subprocess running Python and a multiprocessing spawned child (torchrun's workers are
+    the first kind) patch Triton when they import it, and with --stats print their own tables;
+    a child that never imports Triton imports none of fastkernel, torch or Triton. Without the
+    startup hook on their PYTHONPATH such children ran Triton unpatched."""
+    child = tmp_path / "child.py"
+    child.write_text(_LAUNCHING_PROGRAM)
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import multiprocessing, subprocess, sys\n"
+        "def spawned(queue):\n"
+        "    import triton, fastkernel\n"
+        "    queue.put(fastkernel.is_patched())\n"
+        "if __name__ == '__main__':\n"
+        f"    subprocess.run([sys.executable, {str(child)!r}], check=True)\n"
+        "    light = ('triton', 'torch', 'fastkernel')\n"
+        "    code = f'import sys; print(\"light\", [m in sys.modules for m in {light!r}])'\n"
+        "    subprocess.run([sys.executable, '-c', code], check=True)\n"
+        "    ctx = multiprocessing.get_context('spawn')\n"
+        "    queue = ctx.Queue()\n"
+        "    p = ctx.Process(target=spawned, args=(queue,))\n"
+        "    p.start()\n"
+        "    print('spawned patched', queue.get(), flush=True)\n"
+        "    p.join()\n"
+    )
+    result = _run_python("-m", "fastkernel", "run", "--stats", str(script))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "child patched True",
+        "light [False, False, False]",
+        "spawned patched True",
+    ]
+    # The child's own table, under its header; the spawned child launched nothing and prints
+    # none; the program itself launched nothing.
+    lines = result.stderr.splitlines()
+    header = next(i for i, l in enumerate(lines) if l.startswith("fastkernel: process "))
+    assert lines[header].endswith("(child.py)")
+    assert lines[header + 2].split() == ["kernels.add_kernel", "2", "1", "0"]
+    assert sum(l.startswith("fastkernel: process ") for l in lines) == 1, result.stderr
+    assert lines[-1] == "fastkernel: no Triton kernel launched"
+
+
+def test_the_startup_hook_waits_for_torch_when_torch_imports_triton():
+    """torch may import Triton while it initializes: the hook patches only once torch has
+    finished too (fastkernel imports torch), and once."""
+    hook = ROOT / "python" / "fastkernel" / "_startup" / "sitecustomize.py"
+    code = (
+        "import importlib.util, sys, types\n"
+        "import torch, triton, fastkernel\n"
+        f"spec = importlib.util.spec_from_file_location('fk_hook', {str(hook)!r})\n"
+        "hook = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(hook)\n"
+        "finder = hook._PatchWhenTritonIsImported()\n"
+        "torch.__spec__._initializing = True\n"
+        "finder.module_finished('triton')\n"
+        "print(fastkernel.is_patched())\n"
+        "finder.module_finished('torch')\n"
+        "print(fastkernel.is_patched())\n"
+        "fastkernel.unpatch()\n"
+        "finder.module_finished('torch')\n"
+        "print(fastkernel.is_patched())\n"
+    )
+    result = _run_python("-c", code, env={"FASTKERNEL_PATCH": "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True", "False"]
+
+
+def test_run_keeps_the_sitecustomize_its_startup_hook_shadows(tmp_path):
+    """The startup hook goes first on the children's PYTHONPATH; a sitecustomize the user's
+    PYTHONPATH already had still runs in them, as the interpreter would have run it."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("MARK = 'user sitecustomize ran'\n")
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "code = 'import sitecustomize; print(sitecustomize.MARK)'\n"
+        "subprocess.run([sys.executable, '-c', code], check=True)\n"
+    )
+    result = _run_python("-m", "fastkernel", "run", str(script), env={"PYTHONPATH": str(user)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "user sitecustomize ran"
+
+
 # -- host helpers: triton.cdiv, triton.next_power_of_2 and other constexpr functions ------------
 
 

@@ -7,6 +7,11 @@ program with every Triton kernel launch served natively (:func:`fastkernel.patch
 ``sys.argv``, ``sys.path[0]``, ``__file__``, ``__spec__``, ``__loader__`` and ``__package__``
 the interpreter gives it (CPython's documented command-line behaviour and ``runpy`` module),
 tracebacks that start at the target, and its exit status passed through.
+
+The Python processes the program starts (subprocesses, multiprocessing's spawned children,
+torchrun's workers) patch Triton too when they import it: the runner sets ``FASTKERNEL_PATCH=1``
+and puts a startup hook first on ``PYTHONPATH`` (``_startup/sitecustomize.py``); with
+``--stats`` each of them that launched a kernel prints its own table at exit.
 """
 
 from __future__ import annotations
@@ -161,10 +166,47 @@ def _from_target(tb: types.TracebackType | None, code: types.CodeType | None):
     return frame
 
 
-def _print_stats() -> None:
+#: Set by the runner for the Python processes its program starts (see _startup/sitecustomize.py):
+#: each prints its own --stats table at exit.
+STATS_VARIABLE = "FASTKERNEL_RUN_STATS"
+
+
+def started_by_runner() -> None:
+    """Called in a Python process the runner's program started, once it imported Triton and
+    fastkernel patched it: with --stats, the process prints its own table at exit, headed by
+    its process id and program."""
+    from . import _env
+
+    if _env.flag(STATS_VARIABLE):
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        atexit.register(
+            _print_stats, f"fastkernel: process {os.getpid()} ({program})", only_launched=True
+        )
+
+
+def _child_environment(stats: bool) -> None:
+    """Makes the Python processes the program starts patch Triton too: ``FASTKERNEL_PATCH=1``
+    and the startup hook's directory first on ``PYTHONPATH`` (inherited by subprocesses,
+    multiprocessing's spawned children and torchrun's workers)."""
+    hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup")
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = hook + (os.pathsep + path if path else "")
+    os.environ["FASTKERNEL_PATCH"] = "1"
+    if stats:
+        os.environ[STATS_VARIABLE] = "1"
+
+
+def _print_stats(header: str | None = None, only_launched: bool = False) -> None:
     """The --stats table, on the interpreter's own stderr (the program may have replaced or
-    closed its streams), once the program, its threads and its exit handlers are done."""
+    closed its streams), once the program, its threads and its exit handlers are done; under
+    ``header``, and with ``only_launched`` not at all when no kernel launched."""
     import fastkernel
+
+    stats = fastkernel.stats()
+    if only_launched and not any(
+        s["hits"] or s["misses"] or s["fallbacks"] for s in stats.values()
+    ):
+        return
 
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -174,7 +216,8 @@ def _print_stats() -> None:
     out = sys.__stderr__
     if out is None or out.closed:
         return
-    print(stats_table(fastkernel.stats()), file=out, flush=True)
+    table = stats_table(stats)
+    print(f"{header}\n{table}" if header else table, file=out, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     import fastkernel
 
     fastkernel.patch()
+    _child_environment(ns.stats)
     if ns.stats:
         # Registered before the program runs, so it runs after the program's own exit handlers
         # (atexit calls them last in, first out) and after its non-daemon threads have ended.
