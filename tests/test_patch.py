@@ -756,6 +756,34 @@ def test_run_patches_the_python_processes_its_program_starts(tmp_path):
     assert lines[-1] == "fastkernel: no Triton kernel launched"
 
 
+@pytest.mark.stand_in
+def test_run_patches_torchrun_workers(tmp_path):
+    """`python -m fastkernel run -m torch.distributed.run --nproc_per_node 2 worker.py`: each
+    worker torchrun starts is patched and prints its own --stats table."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(_LAUNCHING_PROGRAM)
+    result = _run_python(
+        "-m",
+        "fastkernel",
+        "run",
+        "--stats",
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "0",
+        str(worker),
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["child patched True"] * 2
+    lines = result.stderr.splitlines()
+    headers = [i for i, l in enumerate(lines) if l.startswith("fastkernel: process ")]
+    assert len(headers) == 2 and all(lines[i].endswith("(worker.py)") for i in headers)
+    assert [lines[i + 2].split() for i in headers] == [["kernels.add_kernel", "2", "1", "0"]] * 2
+
+
 def test_the_startup_hook_waits_for_torch_when_torch_imports_triton():
     """torch may import Triton while it initializes: the hook patches only once torch has
     finished too (fastkernel imports torch), and once."""
