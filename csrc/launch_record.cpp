@@ -266,7 +266,7 @@ FunctionAttributes load_launch_record(LaunchRecord& record, const void* cubin, s
           api.cuFuncGetAttribute(&static_shared, cu::FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
           "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
       if (record.shared_mem > unsigned(optin)) {
-        throw CudaError(cu::ERROR_INVALID_VALUE,
+        throw CudaError(cu::ERROR_LAUNCH_OUT_OF_RESOURCES,
                         "fastkernel: '" + record.kernel_name + "' needs " +
                             std::to_string(record.shared_mem) + " bytes of shared memory; device " +
                             std::to_string(record.device) + " allows " + std::to_string(optin));
@@ -300,10 +300,10 @@ FunctionAttributes load_launch_record(LaunchRecord& record, const void* cubin, s
     // A block larger than the function allows (its registers limit it) cannot launch; Triton's
     // _init_handles raises OutOfResources(..., "threads") before its first launch.
     if (attrs.max_threads_per_block < 0 || record.block_x > unsigned(attrs.max_threads_per_block)) {
-      throw CudaError(cu::ERROR_INVALID_VALUE, "fastkernel: '" + record.kernel_name + "' needs " +
-                                                   std::to_string(record.block_x) +
-                                                   " threads per block; its function " + "allows " +
-                                                   std::to_string(attrs.max_threads_per_block));
+      throw CudaError(cu::ERROR_LAUNCH_OUT_OF_RESOURCES,
+                      "fastkernel: '" + record.kernel_name + "' needs " +
+                          std::to_string(record.block_x) + " threads per block; its function " +
+                          "allows " + std::to_string(attrs.max_threads_per_block));
     }
     // Clusters of 16 CTAs exceed the portable limit of 8 (Triton's driver.c sets this per launch).
     if (record.num_ctas > 8) {

@@ -144,7 +144,9 @@ void LaunchTable::clear() {
       continue;
     }
     if (slot.record->pins != 0) {
-      retired_.push_back(take(&slot));  // a launch in flight uses it: destroyed once it is done
+      // A launch in flight uses it: destroyed once it is done.
+      make_room_for_retired();
+      retired_.push_back(take(&slot));
       continue;
     }
     unload_launch_record(*slot.record);
@@ -159,7 +161,16 @@ void LaunchTable::invalidate() {
 
 void LaunchTable::retire(const SpecializationKey& key) {
   if (Slot* slot = find_slot(key, key.hash())) {
+    make_room_for_retired();
     retired_.push_back(take(slot));
+  }
+}
+
+void LaunchTable::make_room_for_retired() {
+  // Allocated before a record is taken out: a push_back that threw after take() would destroy
+  // a record a launch in flight still uses.
+  if (retired_.size() == retired_.capacity()) {
+    retired_.reserve(2 * retired_.size() + 4);
   }
 }
 

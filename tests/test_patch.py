@@ -1778,3 +1778,25 @@ def test_a_block_larger_than_the_function_allows_raises_tritons_out_of_resources
             assert str(native.value) == str(reference.value)
         assert _stats_of(kernel)["misses"] == 2 and _stats_of(kernel)["specializations"] == 0
     assert stand_in.launch_count() == 0
+
+
+def test_a_disk_cache_entry_the_device_cannot_run_is_kept(stand_in, caplog):
+    """A binary refused for the device's resources is sound: a kernel meeting it in the disk
+    cache (another process, another kernel of the same source) hands the call to Triton and
+    keeps the entry. It was taken for corrupt: removed, logged, compiled and stored again."""
+    from triton.runtime.errors import OutOfResources
+
+    stand_in.set_function_defaults(64, 255, 0)
+    x, y, out = _tensors()
+    caplog.set_level(logging.INFO, logger="fastkernel")
+    cache_dir = pathlib.Path(os.environ["FASTKERNEL_CACHE_DIR"])
+    with _triton_on_stand_in(stand_in, patched=True):
+        for i in range(3):
+            with pytest.raises(OutOfResources):
+                _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024, num_warps=4)
+            if i == 0:
+                entries = sorted(cache_dir.rglob("*.fkc"))
+                stamps = [p.stat().st_mtime_ns for p in entries]
+    assert len(entries) == 1
+    assert [p.stat().st_mtime_ns for p in entries] == stamps  # not removed and written again
+    assert "removed" not in caplog.text and "corrupt" not in caplog.text

@@ -556,9 +556,14 @@ class NativeDispatch(_C.Kernel):
             ):
                 compiled = launched
             record = self._load_record(device, spec, meta, compiled, tuned_args, published)
-            if isinstance(record, str) and isinstance(compiled, _cache.CachedKernel):
+            if (
+                isinstance(record, str)
+                and not isinstance(record, _ResourceRefusal)
+                and isinstance(compiled, _cache.CachedKernel)
+            ):
                 # An entry that verifies but cannot become a registration is corrupt: removed
-                # (with its warm index record), logged once, and compiled again.
+                # (with its warm index record), logged once, and compiled again. One this
+                # device lacks the resources for is sound, and stays.
                 _cache.discard(compiled, record)
                 try:
                     meta, compiled = _cache.compile_and_store(self.jit_function, target, spec)
@@ -646,7 +651,11 @@ class NativeDispatch(_C.Kernel):
             return record
         except _C.DriverUnavailableError:
             raise
-        except (_C.CudaError, ValueError) as exc:
+        except _C.CudaError as exc:
+            if getattr(exc, "code", None) == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:
+                return _ResourceRefusal(f"the device cannot run the binary: {exc}")
+            return f"registering the cubin failed: {exc}"
+        except ValueError as exc:
             return f"registering the cubin failed: {exc}"
         except Exception as exc:
             if not from_disk:
@@ -837,6 +846,18 @@ class FastKernel(NativeDispatch, JITFunction):
 
     def __repr__(self) -> str:
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
+
+
+#: The CUresult the native loader gives a sound binary the device lacks the resources to run
+#: (more shared memory than it allows, a larger block than the function allows), as the driver
+#: answers such a launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, cuda.h).
+CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701
+
+
+class _ResourceRefusal(str):
+    """Why the native path cannot load a binary that is sound but needs more than the device
+    offers: Triton raises OutOfResources for it (CompiledKernel._init_handles), and a disk cache
+    entry holding it is not corrupt."""
 
 
 def _set_function_attributes(compiled: Any, record: _C.LaunchRecord) -> None:

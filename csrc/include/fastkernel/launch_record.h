@@ -184,10 +184,11 @@ struct FunctionAttributes {
 /// and returns the function's attributes. With `check_param_count`, and a driver that has
 /// cuFuncGetParamInfo (CUDA >= 12.4), the function must declare exactly the parameters the
 /// record packs (its plan, then its scratch pointers). Throws std::invalid_argument (a
-/// malformed image, a parameter count that differs), CudaError (also for more shared memory
-/// than the device allows, or a block of more threads than the function allows: Triton's
-/// CompiledKernel._init_handles raises OutOfResources for both) or DriverUnavailable; leaves
-/// nothing loaded on failure.
+/// malformed image, a parameter count that differs), CudaError (with code
+/// ERROR_LAUNCH_OUT_OF_RESOURCES, the driver's answer to such a launch, for a sound binary
+/// that needs more shared memory than the device allows or a larger block than the function
+/// allows: Triton's CompiledKernel._init_handles raises OutOfResources for both) or
+/// DriverUnavailable; leaves nothing loaded on failure.
 FunctionAttributes load_launch_record(LaunchRecord& record, const void* cubin, size_t cubin_size,
                                       bool check_param_count = true);
 

@@ -108,6 +108,8 @@ class LaunchTable {
   Slot* find_slot(const SpecializationKey& key, uint64_t hash) noexcept;
   /// Takes the record of an occupied slot out of the index (the slot becomes a tombstone).
   std::unique_ptr<LaunchRecord> take(Slot* slot);
+  /// Ensures `retired_` can take one more record without allocating.
+  void make_room_for_retired();
   /// Moves the retired records no launch pins any more into `dropped` (modules unloaded).
   void sweep_retired(Dropped* dropped);
   std::vector<Slot> slots_;
