@@ -352,7 +352,6 @@ def test_a_kernel_the_native_path_cannot_take_keeps_tritons_path_and_says_why(
         stats = fastkernel.stats()["fk_wide_kernel.wide_kernel"]
     assert len(stand_in.launches()) == 3
     assert (stats["hits"], stats["fallbacks"]) == (0, 3)
-    print(stats)
     ((reason, count),) = stats["fallback_reasons"].items()
     assert count == 3 and "more than 128 parameters" in reason
     assert caplog.text.count("wide_kernel goes through Triton's own launcher") == 1
@@ -747,12 +746,12 @@ def test_run_patches_the_python_processes_its_program_starts(tmp_path):
         "spawned patched True",
     ]
     # The child's own table, under its header; the spawned child launched nothing and prints
-    # none; the program itself launched nothing.
+    # none; the program's own table comes last and says it launched nothing.
     lines = result.stderr.splitlines()
-    header = next(i for i, l in enumerate(lines) if l.startswith("fastkernel: process "))
-    assert lines[header].endswith("(child.py)")
-    assert lines[header + 2].split() == ["kernels.add_kernel", "2", "1", "0"]
-    assert sum(l.startswith("fastkernel: process ") for l in lines) == 1, result.stderr
+    headers = [i for i, l in enumerate(lines) if l.startswith("fastkernel: process ")]
+    assert len(headers) == 1, result.stderr
+    assert lines[headers[0]].endswith("(child.py)")
+    assert lines[headers[0] + 2].split() == ["kernels.add_kernel", "2", "1", "0"]
     assert lines[-1] == "fastkernel: no Triton kernel launched"
 
 
@@ -807,6 +806,84 @@ def test_the_startup_hook_waits_for_torch_when_torch_imports_triton():
     result = _run_python("-c", code, env={"FASTKERNEL_PATCH": "0"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True", "False"]
+
+
+def _startup_env(*extra_path: pathlib.Path, stats: bool = False) -> dict[str, str]:
+    """The environment the runner gives the processes its program starts."""
+    hook = pathlib.Path(fastkernel.__file__).parent / "_startup"
+    env = {
+        "PYTHONPATH": os.pathsep.join(str(p) for p in (hook, *extra_path)),
+        "FASTKERNEL_PATCH": "1",
+    }
+    if stats:
+        env["FASTKERNEL_RUN_STATS"] = "1"
+    return env
+
+
+_PATCHED_AFTER_IMPORT = (
+    "import sys, triton, fastkernel\n"
+    "finders = [f for f in sys.meta_path if getattr(f, 'fastkernel_startup_hook', False)]\n"
+    "print(fastkernel.is_patched(), len(finders))\n"
+)
+
+
+def test_the_startup_hook_installs_once_and_runs_no_other_startup_hook(tmp_path):
+    """Two startup hooks on PYTHONPATH (a nested runner, another fastkernel, one directory under
+    two spellings), or a hook imported again after a user sitecustomize raised: one finder, no
+    hook running another as the sitecustomize it shadows. Each case raised RecursionError."""
+    hook = pathlib.Path(fastkernel.__file__).parent / "_startup"
+    other = tmp_path / "other" / "fastkernel" / "_startup"
+    other.mkdir(parents=True)
+    (other / "sitecustomize.py").write_text((hook / "sitecustomize.py").read_text())
+    alias = tmp_path / "alias"
+    alias.symlink_to(hook)
+    for extra in (other, alias):
+        result = _run_python("-c", _PATCHED_AFTER_IMPORT, env=_startup_env(extra))
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["True", "0"]  # patched; the finder left when done
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("raise RuntimeError('user sitecustomize failed')\n")
+    code = "import sys\ntry:\n    import sitecustomize\nexcept RuntimeError:\n    pass\n"
+    result = _run_python("-c", code + _PATCHED_AFTER_IMPORT, env=_startup_env(user))
+    assert result.returncode == 0, result.stderr
+    assert "user sitecustomize failed" in result.stderr  # reported by site, as without the hook
+    assert result.stdout.split() == ["True", "0"]
+
+
+def test_the_startup_hook_leaves_triton_and_torch_loaders_whole():
+    """find_spec before the import (torch asks it of Triton) returns the loader's wrapper; it
+    keeps the loader's other methods (pkgutil.get_data read nothing through it), and the
+    imported module has its own loader."""
+    code = (
+        "import importlib.util, pkgutil, sys\n"
+        "spec = importlib.util.find_spec('torch')\n"
+        "print(len(pkgutil.get_data('torch', 'version.py')) > 0, spec.loader.is_package('torch'))\n"
+        "import torch, triton\n"
+        "print(type(torch.__loader__).__name__, type(triton.__spec__.loader).__name__)\n"
+    )
+    result = _run_python("-c", code, env=_startup_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "SourceFileLoader", "SourceFileLoader"]
+
+
+def test_the_startup_hook_patches_when_triton_was_imported_before_it():
+    """Triton imported before the hook is installed (a .pth file, another sitecustomize) and
+    torch not yet: patched at once. It was never patched."""
+    hook = pathlib.Path(fastkernel.__file__).parent / "_startup" / "sitecustomize.py"
+    code = (
+        "import importlib.util, sys\n"
+        "import triton\n"
+        "assert 'torch' not in sys.modules\n"
+        f"spec = importlib.util.spec_from_file_location('fk_hook', {str(hook)!r})\n"
+        "hook = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(hook)\n"
+        "patched = 'fastkernel' in sys.modules and sys.modules['fastkernel'].is_patched()\n"
+        "print(patched)\n"
+    )
+    result = _run_python("-c", code, env={"FASTKERNEL_PATCH": "1", "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]
 
 
 def test_run_keeps_the_sitecustomize_its_startup_hook_shadows(tmp_path):

@@ -11,7 +11,8 @@ tracebacks that start at the target, and its exit status passed through.
 The Python processes the program starts (subprocesses, multiprocessing's spawned children,
 torchrun's workers) patch Triton too when they import it: the runner sets ``FASTKERNEL_PATCH=1``
 and puts a startup hook first on ``PYTHONPATH`` (``_startup/sitecustomize.py``); with
-``--stats`` each of them that launched a kernel prints its own table at exit.
+``--stats`` each of them that launched a kernel prints its own table at exit, after the
+program's exit handlers, headed by its process id and program.
 """
 
 from __future__ import annotations
@@ -169,19 +170,18 @@ def _from_target(tb: types.TracebackType | None, code: types.CodeType | None):
 #: Set by the runner for the Python processes its program starts (see _startup/sitecustomize.py):
 #: each prints its own --stats table at exit.
 STATS_VARIABLE = "FASTKERNEL_RUN_STATS"
+#: Whether this process is a runner (which prints its own table), not only started by one.
+_is_runner = False
 
 
-def started_by_runner() -> None:
-    """Called in a Python process the runner's program started, once it imported Triton and
-    fastkernel patched it: with --stats, the process prints its own table at exit, headed by
-    its process id and program."""
+def print_child_stats() -> None:
+    """At the exit of a Python process the runner's program started, which imported Triton
+    (called by the startup hook's exit handler, registered before the program's own): with
+    --stats, its table, headed by its process id and program, when a kernel launched."""
     from . import _env
 
-    if _env.flag(STATS_VARIABLE):
-        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-        atexit.register(
-            _print_stats, f"fastkernel: process {os.getpid()} ({program})", only_launched=True
-        )
+    if _env.flag(STATS_VARIABLE) and not _is_runner:
+        _print_stats(child=True)
 
 
 def _child_environment(stats: bool) -> None:
@@ -196,16 +196,15 @@ def _child_environment(stats: bool) -> None:
         os.environ[STATS_VARIABLE] = "1"
 
 
-def _print_stats(header: str | None = None, only_launched: bool = False) -> None:
+def _print_stats(child: bool = False) -> None:
     """The --stats table, on the interpreter's own stderr (the program may have replaced or
-    closed its streams), once the program, its threads and its exit handlers are done; under
-    ``header``, and with ``only_launched`` not at all when no kernel launched."""
+    closed its streams), once the program, its threads and its exit handlers are done. For a
+    ``child`` process of the runner's program: headed by its process id and program, and not
+    printed when no kernel launched."""
     import fastkernel
 
     stats = fastkernel.stats()
-    if only_launched and not any(
-        s["hits"] or s["misses"] or s["fallbacks"] for s in stats.values()
-    ):
+    if child and not any(s["hits"] or s["misses"] or s["fallbacks"] for s in stats.values()):
         return
 
     for stream in (sys.stdout, sys.stderr):
@@ -217,7 +216,10 @@ def _print_stats(header: str | None = None, only_launched: bool = False) -> None
     if out is None or out.closed:
         return
     table = stats_table(stats)
-    print(f"{header}\n{table}" if header else table, file=out, flush=True)
+    if child:
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        table = f"fastkernel: process {os.getpid()} ({program})\n{table}"
+    print(table, file=out, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import fastkernel
 
+    global _is_runner
+    _is_runner = True
     fastkernel.patch()
     _child_environment(ns.stats)
     if ns.stats:

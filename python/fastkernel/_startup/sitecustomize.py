@@ -4,40 +4,63 @@ the runner puts this directory first on ``PYTHONPATH``, so the interpreter's ``s
 imports this file as ``sitecustomize`` (CPython's documented startup, Lib/site.py).
 
 It imports nothing heavy. A finder on ``sys.meta_path`` waits for the process to import Triton
-and then calls ``fastkernel.patch()`` (through ``import fastkernel`` with ``FASTKERNEL_PATCH=1``,
-set by the runner), once Triton and torch are both fully imported; a process that never
-imports Triton never imports fastkernel, torch or Triton. Then the ``sitecustomize`` this file
-shadows on ``sys.path``, if there is one, runs as it would have.
+and then calls ``fastkernel.patch()`` once Triton and torch are both fully imported (fastkernel
+imports torch, and torch may import Triton while it initializes); a process that never imports
+Triton never imports fastkernel, torch or Triton. An exit handler registered here, before the
+program's own, prints the process's ``--stats`` table after them. Then the ``sitecustomize``
+this file shadows on ``sys.path``, if there is one, runs as it would have.
 
 Python that cannot import this fastkernel (another environment or interpreter started by the
-program) is left as it is. Written for every Python the program may start: no syntax newer
-than 3.8.
+program) is left as it is. Written for every Python 3 the program may start: no syntax newer
+than 3.6.
 """
 
-import importlib.abc
+import atexit
 import importlib.machinery
 import importlib.util
 import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
 #: Modules whose import must be complete before the patch (it imports both).
 _WATCHED = ("triton", "torch")
+#: Marks this hook's finder, also when another copy of this file (another fastkernel on
+#: PYTHONPATH, a nested runner) installed it: one per process.
+_MARK = "fastkernel_startup_hook"
 
 
-class _PatchWhenTritonIsImported(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of Triton and torch so that the patch is applied
-    when the later of the two finishes executing (torch may import Triton while it initializes)."""
+def _enabled():
+    # FASTKERNEL_PATCH read as fastkernel reads it (fastkernel/_env.py flag), without importing it.
+    value = os.environ.get("FASTKERNEL_PATCH", "").strip().lower()
+    return value not in ("", "0", "false", "off", "no")
+
+
+def _imported(name, finished):
+    """Whether module ``name`` is in sys.modules and done executing (``finished``: the names
+    whose execution this hook saw end, whose spec still says initializing until the import
+    machinery returns)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return False
+    spec = getattr(module, "__spec__", None)
+    return name in finished or not getattr(spec, "_initializing", False)
+
+
+class _PatchWhenTritonIsImported:
+    """A ``sys.meta_path`` finder that finds nothing itself: it wraps the loader of Triton and
+    torch so that it hears when each has executed, and patches when both are in."""
+
+    fastkernel_startup_hook = True
 
     def __init__(self):
         self.finished = set()
-        self.patching = False
+        self.done = False
 
     def find_spec(self, name, path=None, target=None):
-        if name not in _WATCHED or self.patching:
+        if name not in _WATCHED or self.done:
             return None
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if getattr(finder, _MARK, False) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None:
@@ -46,41 +69,44 @@ class _PatchWhenTritonIsImported(importlib.abc.MetaPathFinder):
             return None
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _Loader(spec.loader, self)
+        spec.loader = _Loader(spec.loader, self)  # type: ignore[assignment]  # duck-typed
         return spec
 
     def module_finished(self, name):
         self.finished.add(name)
-        if "triton" not in self.finished or self.patching:
+        self.patch_when_ready()
+
+    def patch_when_ready(self):
+        if self.done or not _imported("triton", self.finished):
             return
-        torch = sys.modules.get("torch")
-        spec = getattr(torch, "__spec__", None)
-        if (
-            torch is not None
-            and "torch" not in self.finished
-            and getattr(spec, "_initializing", False)
-        ):
-            return  # torch imported Triton while it initializes: patched when torch finishes
-        self.patching = True
+        if "torch" in sys.modules and not _imported("torch", self.finished):
+            return  # torch imported Triton while it initializes: patched when torch is done
+        self.done = True
         if self in sys.meta_path:
             sys.meta_path.remove(self)
         _patch()
 
 
-class _Loader(importlib.abc.Loader):
-    """The module's own loader, telling the finder when the module has executed. The module
+class _Loader:
+    """The module's own loader, telling the finder when the module has executed; everything
+    else (``get_data``, ``is_package``, resource readers, ...) is the loader's. The module
     keeps its own loader as ``__loader__`` and ``__spec__.loader``."""
 
     def __init__(self, loader, finder):
         self.loader = loader
         self.finder = finder
 
+    def __getattr__(self, name):
+        if name in ("loader", "finder"):  # not set yet: no recursion through __getattr__
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
         spec = module.__spec__
-        if spec is not None:
+        if spec is not None and spec.loader is self:
             spec.loader = self.loader
         if getattr(module, "__loader__", None) is self:
             module.__loader__ = self.loader
@@ -91,7 +117,6 @@ class _Loader(importlib.abc.Loader):
 def _patch():
     try:
         import fastkernel
-        from fastkernel import _run
 
         # Importing fastkernel patched (FASTKERNEL_PATCH=1); when fastkernel is what imported
         # Triton, its import is not over yet and patches when it is.
@@ -101,29 +126,49 @@ def _patch():
         return  # a Python without this fastkernel: the program's own business
     except Exception as exc:  # never break the program's import of Triton
         sys.stderr.write(f"fastkernel: could not patch Triton in process {os.getpid()}: {exc!r}\n")
+
+
+def _print_stats_at_exit():
+    if "fastkernel" not in sys.modules:  # imported by the patch: Triton was never imported
         return
-    _run.started_by_runner()
+    try:
+        from fastkernel import _run
+    except ImportError:
+        return
+    _run.print_child_stats()
 
 
 def _install():
-    # FASTKERNEL_PATCH read as fastkernel reads it (fastkernel/_env.py flag), without importing it.
-    if os.environ.get("FASTKERNEL_PATCH", "").strip().lower() in ("", "0", "false", "off", "no"):
+    if not _enabled() or any(getattr(f, _MARK, False) for f in sys.meta_path):
         return
-    if all(name in sys.modules for name in _WATCHED):  # imported by a .pth file already
-        _patch()
-        return
-    sys.meta_path.insert(0, _PatchWhenTritonIsImported())
+    atexit.register(_print_stats_at_exit)
+    finder = _PatchWhenTritonIsImported()
+    sys.meta_path.insert(0, finder)
+    finder.patch_when_ready()  # Triton imported already (by a .pth file)
+
+
+def _is_startup_hook(path):
+    """Whether ``path`` is this file or another fastkernel's copy of it."""
+    directory = os.path.realpath(os.path.dirname(path))
+    return directory == _HERE or (
+        os.path.basename(directory) == "_startup"
+        and os.path.basename(os.path.dirname(directory)) == "fastkernel"
+    )
 
 
 def _run_shadowed_sitecustomize():
-    """The ``sitecustomize`` module this one hides, run as ``site`` would have run it."""
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is None or spec.loader is None:
+    """The first ``sitecustomize`` on sys.path after the startup hooks, run as ``site`` would
+    have run it (an exception it raises is reported by ``site``, as without the hook)."""
+    for entry in sys.path:
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [entry])
+        if spec is None or spec.loader is None or spec.origin is None:
+            continue
+        if _is_startup_hook(spec.origin):
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
         return
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sitecustomize"] = module
-    spec.loader.exec_module(module)
 
 
 _install()
