@@ -775,3 +775,19 @@ def test_two_threads_tuning_keys_each_others_timer_needs_finish(stand_in, tmp_pa
         thread.join(timeout=60)
     assert [thread.is_alive() for thread in threads] == [False, False]
     assert {1024, 2048} <= {key[0] for key in k.cache}
+
+
+def test_best_config_is_the_config_of_the_last_call_as_triton_sets_it(stand_in):
+    """Triton's Autotuner.run sets best_config on every call (runtime/autotuner.py), a cached
+    key's hit included; user code reading it after a call gets that call's config. It used to
+    be the config tuned last: after keys A, B, A it named B's."""
+    k = tuned_add(FakeTimer([1.0, 2.0, 3.0, 3.0, 3.0, 1.0]))  # 4096: BLOCK 64; 2048: 256
+    x = torch.randn(4096)
+    seen = []
+    for n in (4096, 2048, 4096, 4096, 2048):
+        k[grid_1d](x, x, x, n)
+        seen.append(k.best_config)
+        k.best_config = None  # user code may reset it; the next call sets it again
+    which = [next((i for i, c in enumerate(CONFIGS) if c is config), None) for config in seen]
+    assert which == [0, 2, 0, 0, 2]
+    assert k.stats()["hits"] == 3

@@ -251,6 +251,8 @@ class Autotuned(NativeDispatch, Autotuner):
                 flags |= TUNE_VALUE | TUNE_SIZES
             tune[p.name] = flags
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
+        # Triton's Autotuner.run sets best_config on every call, hits included.
+        self._set_publish(self, "best_config")
 
     # -- Triton-compatible surface ------------------------------------------------------------
 
@@ -299,6 +301,7 @@ class Autotuned(NativeDispatch, Autotuner):
             self._heuristics.check_conflicts(kwargs)
         named = self.named_arguments(args, kwargs, provided=self._config_params)
         config = self._config_for(named, grid, args, kwargs, device)
+        self.best_config = config
         merged = {**kwargs, **config.all_kwargs()}
         if self._heuristics is not None:
             merged.update(self._heuristics.values_for({**named, **config.all_kwargs()}))
@@ -321,7 +324,7 @@ class Autotuned(NativeDispatch, Autotuner):
         if key is None:
             return self._fallback(grid, args, merged, reason or "unsupported call")
         tuned_args = self._tuned_args(merged, self._config_params)
-        return self._register_miss(grid, args, merged, key, device, tuned_args)
+        return self._register_miss(grid, args, merged, key, device, tuned_args, published=config)
 
     def _config_for(self, named, grid, args, kwargs, device: int) -> Config:
         tuning_key = self.tuning_key(named)
@@ -383,7 +386,6 @@ class Autotuned(NativeDispatch, Autotuner):
                     config = self._tune(configs, named, grid, args, kwargs, device)
                     self._write_record(path, tuning_key, configs, config)
         self.cache[tuning_key] = config
-        self.best_config = config
         return config
 
     # -- tuning -------------------------------------------------------------------------------

@@ -464,12 +464,14 @@ class NativeDispatch(_C.Kernel):
         key: bytes,
         device: int,
         tuned_args: tuple | None = None,
+        published: Any = None,
     ):
         """Compile (or load) the specialization of a call: returns its loaded launch record for
         the native entry to insert under ``key`` and launch, or the result of launching through
         Triton when the native path cannot take this specialization. ``tuned_args`` is what a
-        tuned config gives the parameters the call leaves out (see ``_C.LaunchRecord``)."""
-        record = self._launch_record(args, kwargs, key, device, tuned_args)
+        tuned config gives the parameters the call leaves out (see ``_C.LaunchRecord``);
+        ``published``, what a hit sets on the kernel's publish owner."""
+        record = self._launch_record(args, kwargs, key, device, tuned_args, published)
         if isinstance(record, _C.LaunchRecord):
             return record
         self._miss_fallbacks += 1
