@@ -225,13 +225,15 @@ def _print_stats(child: bool = False) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fastkernel run",
-        description="Run a Python program with fastkernel.patch() on, as the interpreter runs it.",
+        description="Run a Python program with fastkernel.patch() on, as the interpreter runs "
+        "it; the Python processes it starts patch Triton too when they import it.",
     )
     parser.add_argument(
         "--stats",
         action="store_true",
         help="print at exit, on stderr, every kernel that launched: native hits, "
-        "misses (compiles or cache loads), fallbacks and their reasons",
+        "misses (compiles or cache loads), fallbacks and their reasons; each Python process "
+        "the program starts that launched a kernel prints its own table",
     )
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
