@@ -4,6 +4,10 @@ repeated calls are native hits. Marked ``gpu``."""
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import corpus
 import pytest
 import torch
@@ -107,3 +111,39 @@ def test_patched_heuristics_launch_natively_and_compute_what_triton_computes(n):
         stats = _dispatch_stats(_heuristic_scale.fn)
     assert torch.equal(out, x * 2)
     assert stats["hits"] >= 1 and stats["fallbacks"] == 0, stats
+
+
+def test_run_patches_a_process_the_program_starts_on_the_gpu(tmp_path):
+    """`python -m fastkernel run --stats prog.py` where prog.py starts another Python process
+    (as torchrun starts its workers): that process launches natively on the GPU, computes what
+    the kernel computes, and prints its own table."""
+    tests_dir = pathlib.Path(__file__).resolve().parent
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(tests_dir)!r})\n"
+        "import torch, kernels, fastkernel\n"
+        "x = torch.randn(4096, device='cuda')\n"
+        "y = torch.randn(4096, device='cuda')\n"
+        "for _ in range(3):\n"
+        "    out = torch.empty_like(x)\n"
+        "    kernels.add_kernel[(4,)](x, y, out, 4096, BLOCK=1024)\n"
+        "torch.cuda.synchronize()\n"
+        "print('patched', fastkernel.is_patched(), 'equal', torch.equal(out, x + y))\n"
+    )
+    script = tmp_path / "prog.py"
+    script.write_text(
+        f"import subprocess, sys\nsubprocess.run([sys.executable, {str(child)!r}], check=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "fastkernel", "run", "--stats", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["patched", "True", "equal", "True"]
+    lines = result.stderr.splitlines()
+    header = next(i for i, l in enumerate(lines) if l.startswith("fastkernel: process "))
+    assert lines[header].endswith("(child.py)")
+    assert lines[header + 2].split() == ["kernels.add_kernel", "2", "1", "0"]
