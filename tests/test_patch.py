@@ -1530,6 +1530,8 @@ _PROGRAMS = {
     # __file__ and the traceback's file names are absolute, the traceback starts at the script.
     "chdir.py": "import os\nos.chdir('/')\nprint(__file__)\nraise ValueError('boom')\n",
     "syntax.py": "def f(:\n",
+    # Reported from the script's frame; the exit is the interrupted one (SIGINT).
+    "interrupt.py": "print('before')\nraise KeyboardInterrupt\n",
     "real/linked.py": "import sibling\nprint(sibling.NAME)\n",
     "real/sibling.py": "NAME = 'found beside the real file'\n",
     "appdir/__main__.py": "import sys\nprint(sys.argv, sys.path[0], __name__, __package__)\n",
@@ -1546,6 +1548,7 @@ _PROGRAMS = {
         ["main.py", "a", "-b"],
         ["chdir.py"],
         ["syntax.py"],
+        ["interrupt.py"],
         ["links/linked.py"],
         ["appdir", "x"],
         ["app.zip", "y"],

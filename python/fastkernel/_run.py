@@ -196,6 +196,22 @@ def _child_environment(stats: bool) -> None:
         os.environ[STATS_VARIABLE] = "1"
 
 
+def _report_from_target(exc: BaseException, trimmed: types.TracebackType | None) -> None:
+    """Makes the interpreter's report of ``exc``, uncaught, show ``trimmed`` (the traceback from
+    the target's frame) rather than the runner's frames, whatever sys.excepthook is then."""
+    if trimmed is None:
+        return
+    hook = sys.excepthook  # the program's own, if it set one
+
+    def report(kind, value, tb):
+        sys.excepthook = hook
+        if value is exc:  # its traceback has grown by the runner's frames since
+            value, tb = exc.with_traceback(trimmed), trimmed
+        hook(kind, value, tb)
+
+    sys.excepthook = report
+
+
 def _print_stats(child: bool = False) -> None:
     """The --stats table, on the interpreter's own stderr (the program may have replaced or
     closed its streams), once the program, its threads and its exit handlers are done. For a
@@ -304,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
             return status
         print(status, file=sys.stderr)  # sys.exit("message"), as the interpreter reports it
         return 1
-    except KeyboardInterrupt:
-        raise  # the interpreter reports it and exits as interrupted
+    except KeyboardInterrupt as exc:
+        # The interpreter reports it (through sys.excepthook) and exits as interrupted (by
+        # SIGINT, after the exit handlers): only the report starts at the target's frame.
+        _report_from_target(exc, _from_target(exc.__traceback__, code))
+        raise
     except BaseException as exc:
         # Reported as the interpreter reports an uncaught exception, from the target's frame.
         trimmed = _from_target(exc.__traceback__, code)
