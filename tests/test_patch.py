@@ -675,26 +675,6 @@ def test_run_passes_argv_main_and_exit_status(tmp_path):
     assert result.stdout.startswith("__main__ [") and result.stdout.strip().endswith("'0'] True")
 
 
-@pytest.mark.stand_in
-def test_run_stats_lists_every_kernel_that_launched(tmp_path):
-    script = tmp_path / "prog.py"
-    script.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(HERE)!r})\n"
-        "import conftest, torch\n"
-        "from fastkernel import _C\n"
-        "_C._testing.set_host_testing(True, 0, conftest.TEST_STREAM)\n"
-        "import kernels\n"
-        "x = torch.randn(4096)\n"
-        "for _ in range(3):\n"
-        "    kernels.add_kernel[(4,)](x, x, x, 4096, BLOCK=1024)\n"
-    )
-    result = _run_python("-m", "fastkernel", "run", "--stats", str(script))
-    assert result.returncode == 0, result.stderr
-    line = next(l for l in result.stderr.splitlines() if l.startswith("kernels.add_kernel"))
-    assert line.split()[1:] == ["2", "1", "0"]  # hits, misses, fallbacks
-
-
 #: A program that launches add_kernel three times on the stand-in, reporting whether it was
 #: patched (tests/ on its path for the kernels and the stand-in's settings).
 _LAUNCHING_PROGRAM = (
@@ -710,6 +690,16 @@ _LAUNCHING_PROGRAM = (
     "    kernels.add_kernel[(4,)](x, x, x, 4096, BLOCK=1024)\n"
     "print('child patched', fastkernel.is_patched(), flush=True)\n"
 )
+
+
+@pytest.mark.stand_in
+def test_run_stats_lists_every_kernel_that_launched(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(_LAUNCHING_PROGRAM)
+    result = _run_python("-m", "fastkernel", "run", "--stats", str(script))
+    assert result.returncode == 0, result.stderr
+    line = next(l for l in result.stderr.splitlines() if l.startswith("kernels.add_kernel"))
+    assert line.split()[1:] == ["2", "1", "0"]  # hits, misses, fallbacks
 
 
 @pytest.mark.stand_in

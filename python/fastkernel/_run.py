@@ -29,11 +29,14 @@ import types
 import zipfile
 
 
+def _launched(kernel_stats: dict) -> bool:
+    """Whether a kernel's counters (fastkernel.stats()) show a launch."""
+    return bool(kernel_stats["hits"] or kernel_stats["misses"] or kernel_stats["fallbacks"])
+
+
 def stats_table(stats: dict[str, dict]) -> str:
     """A text table of the kernels that launched: hits, misses and fallbacks with reasons."""
-    rows = [
-        (name, s) for name, s in sorted(stats.items()) if s["hits"] or s["misses"] or s["fallbacks"]
-    ]
+    rows = [(name, s) for name, s in sorted(stats.items()) if _launched(s)]
     if not rows:
         return "fastkernel: no Triton kernel launched"
     width = max(len("kernel"), *(len(name) for name, _ in rows))
@@ -220,7 +223,7 @@ def _print_stats(child: bool = False) -> None:
     import fastkernel
 
     stats = fastkernel.stats()
-    if child and not any(s["hits"] or s["misses"] or s["fallbacks"] for s in stats.values()):
+    if child and not any(_launched(s) for s in stats.values()):
         return
 
     for stream in (sys.stdout, sys.stderr):
