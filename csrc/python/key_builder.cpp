@@ -472,6 +472,11 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
                                                     SpecializationKey* key) {
   const at::Tensor& tensor = THPVariable_Unpack(v);
   const c10::Device device = tensor.device();
+  // The dtype and device are read once, before data_ptr()'s virtual call, into the key word
+  // (its alignment class, zero here, is or-ed in once the address is known).
+  const uint64_t word =
+      tensor_word(int(tensor.scalar_type()), int(device.type()), ValueClass::NotSpecialized) |
+      (uint64_t(uint16_t(device.index())) << 32);
   uint64_t ptr = 0;
   const KeyStatus status = tensor_address(kernel, param, tensor, device, &ptr);
   if (status != KeyStatus::Ok) {
@@ -479,9 +484,7 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   }
   value->kind = ArgKind::Tensor;
   value->u = ptr;
-  const ValueClass cls = pointer_class(ptr, param.specialize, param.align);
-  key->push(tensor_word(int(tensor.scalar_type()), int(device.type()), cls) |
-            (uint64_t(uint16_t(device.index())) << 32));
+  key->push(word | (uint64_t(pointer_class(ptr, param.specialize, param.align)) << 24));
   if (C10_UNLIKELY(param.tune != 0)) {
     push_tensor_tuning(param, tensor, key);
   }
@@ -800,19 +803,21 @@ constexpr bool pairable_option(long long value) { return value >= 0 && value < (
 
 // The key words and captured value of parameter `i`, whose argument is `v` (nullptr when the
 // call left it out: its default, or the tuned config's value), stored in call->args[i].
+// `kPositional`: `v` is a positional argument, never nullptr.
+template <bool kPositional>
 [[gnu::always_inline]] inline KeyStatus key_param(KernelObject* kernel, const KernelState& st,
                                                   int i, PyObject* v, BoundCall* call) {
   SpecializationKey& key = call->key;
   const ParamSpec& param = st.params[i];
   ArgValue* value = &call->values[i];
-  if (v == nullptr && (param.tune & kTuneConfigProvided)) {
+  if (!kPositional && v == nullptr && (param.tune & kTuneConfigProvided)) {
     // The record's tuned config supplies it (LaunchRecord::tuned_args); a call that passes it
     // keys differently and reaches the miss path, which reports the conflict.
     value->kind = ArgKind::None;
     key.push(uint64_t(ArgKind::TunedAbsent));
     return KeyStatus::Ok;
   }
-  if (v == nullptr) {
+  if (!kPositional && v == nullptr) {
     v = param.default_value;
     if (v == nullptr) {
       if (param.tune & kTuneMayBeProvided) {
@@ -969,10 +974,10 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   KeyStatus status = KeyStatus::Ok;
   int i = 0;
   for (; i < nargs && status == KeyStatus::Ok; ++i) {
-    status = key_param(kernel, st, i, args[i], call);
+    status = key_param<true>(kernel, st, i, args[i], call);
   }
   for (; i < num_params && status == KeyStatus::Ok; ++i) {
-    status = key_param(kernel, st, i, call->args[i], call);
+    status = key_param<false>(kernel, st, i, call->args[i], call);
   }
   if (status != KeyStatus::Ok) {
     // The error reports (prefer_missing_argument_error) read which parameters the call bound.
