@@ -411,6 +411,36 @@ def test_configs_compile_in_worker_processes(stand_in, monkeypatch):
     assert len(stand_in.launches()) == 4
 
 
+def test_compile_workers_do_not_patch_under_the_runner(stand_in, monkeypatch):
+    # `python -m fastkernel run` sets FASTKERNEL_PATCH=1 for the whole process tree; a compile
+    # worker only fills the disk cache and must not pay for the patch.
+    monkeypatch.setenv("FASTKERNEL_PATCH", "1")
+    monkeypatch.setenv("FASTKERNEL_COMPILE_WORKERS", "2")
+    worker_envs = []
+    real_run = subprocess.run
+
+    def recording_run(cmd, *args, **kwargs):
+        if cmd[1:] == ["-m", "fastkernel._compile_worker"]:
+            worker_envs.append(kwargs.get("env"))
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", recording_run)
+    k = tuned_add(FakeTimer([1.0, 2.0, 3.0]))
+    x = torch.randn(1000)
+    k[grid_1d](x, x, x, 1000)
+    monkeypatch.setattr(subprocess, "run", real_run)
+    assert len(worker_envs) == 2
+    for env in worker_envs:
+        probe = real_run(
+            [sys.executable, "-c", "import fastkernel; print(fastkernel.is_patched())"],
+            env=env,  # None: the parent's, FASTKERNEL_PATCH=1 included
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert probe.stdout.split() == ["False"]
+
+
 def test_decoration_errors_name_the_problem():
     with pytest.raises(ValueError, match="'m'.*not arguments? of add_kernel"):
         fastkernel.autotune(configs=CONFIGS, key=["m"])(fk(kernels.add_kernel))

@@ -546,12 +546,18 @@ class Autotuned(NativeDispatch, Autotuner):
             log.info("fastkernel: %s: configs compile in this process (%s)", self.__name__, exc)
             return
 
+        # A worker only compiles into the disk cache: it never patches Triton, even where
+        # FASTKERNEL_PATCH is set for the whole process tree (`python -m fastkernel run`),
+        # which would cost it the patch and a --stats table on its stderr.
+        env = {**os.environ, "FASTKERNEL_PATCH": "0"}
+
         def run(batch: bytes) -> None:
             done = subprocess.run(
                 [sys.executable, "-m", "fastkernel._compile_worker"],
                 input=batch,
                 capture_output=True,
                 check=False,
+                env=env,
             )
             if done.returncode != 0 or done.stderr:
                 log.debug(
