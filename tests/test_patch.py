@@ -702,6 +702,36 @@ def test_run_stats_lists_every_kernel_that_launched(tmp_path):
     assert line.split()[1:] == ["2", "1", "0"]  # hits, misses, fallbacks
 
 
+def test_run_stats_table_is_one_write_with_its_newline(stand_in, monkeypatch):
+    """Processes sharing one stderr (torchrun's workers) print their tables at exit together:
+    each table reaches the stream in one write, its last newline included, so no table starts
+    on another's last line (print writes the newline separately)."""
+    from fastkernel import _run
+
+    class Recorder:
+        closed = False
+
+        def __init__(self):
+            self.writes: list[str] = []
+
+        def write(self, text):
+            self.writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    x, y, out = _tensors()
+    with fastkernel.patched():
+        kernels.add_kernel[(4,)](x, y, out, N, BLOCK=1024)
+    recorder = Recorder()
+    monkeypatch.setattr(sys, "__stderr__", recorder)
+    _run._print_stats(child=True)
+    (table,) = recorder.writes
+    assert table.startswith(f"fastkernel: process {os.getpid()} ") and table.endswith("\n")
+    assert "kernels.add_kernel" in table
+
+
 @pytest.mark.stand_in
 def test_run_patches_the_python_processes_its_program_starts(tmp_path):
     """A subprocess running Python and a multiprocessing spawned child (torchrun's workers are

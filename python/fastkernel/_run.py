@@ -238,7 +238,10 @@ def _print_stats(child: bool = False) -> None:
     if child:
         program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
         table = f"fastkernel: process {os.getpid()} ({program})\n{table}"
-    print(table, file=out, flush=True)
+    # One write, newline included: processes sharing one stderr (torchrun's workers) each end
+    # their table before another's can start (print writes the newline separately).
+    out.write(table + "\n")
+    out.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
