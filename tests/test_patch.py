@@ -1857,6 +1857,49 @@ def test_what_a_native_launch_returns_has_the_attributes_tritons_loader_sets(sta
     assert _function_attributes(cached) == _function_attributes(reference)
 
 
+def test_what_a_warm_launch_returns_launches_through_tritons_launcher_as_triton_s_does(stand_in):
+    """Libraries with launch caches of their own keep what ``kernel[grid](...)`` returns and
+    launch it with Triton's launcher: ``h.run(gx, gy, gz, stream, h.function,
+    h.packed_metadata, h.launch_metadata(grid, stream, *args), enter, exit, *args)``. The disk
+    cache's CachedKernel, which a process whose binary is cached gets, takes that launch as
+    Triton's CompiledKernel of the same binary does, byte for byte. It had no ``run``,
+    ``function`` or ``packed_metadata``."""
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)  # every argument, the constexpr too, as JITFunction.run passes
+    with _triton_on_stand_in(stand_in, patched=False):
+        reference = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+    with _triton_on_stand_in(stand_in, patched=True):
+        _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)  # compiled, stored on disk
+        cached = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        assert isinstance(cached, fastkernel.cache.CachedKernel)
+        assert cached.function and cached.module  # loaded on first use, as Triton's loader does
+        launches = []
+        for handle in (reference, cached):
+            metadata = handle.launch_metadata((4, 1, 1), TEST_STREAM, *args)
+            runtime = triton.knobs.runtime
+            enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+            handle.run(
+                4,
+                1,
+                1,
+                TEST_STREAM,
+                handle.function,
+                handle.packed_metadata,
+                metadata,
+                enter,
+                exit_,
+                *args,
+            )
+            launches.append(stand_in.launches()[-1])
+        assert_same_launch(launches[1], launches[0])
+        launches.clear()
+        for handle in (reference, cached):  # CompiledKernel.__getitem__'s runner
+            handle[(4, 1, 1)](*args)
+            launches.append(stand_in.launches()[-1])
+        assert_same_launch(launches[1], launches[0])
+    assert cached.packed_metadata == reference.packed_metadata
+
+
 def test_a_block_larger_than_the_function_allows_raises_tritons_out_of_resources(stand_in):
     """A function whose registers limit its block below the kernel's 32 * num_warps threads:
     Triton raises OutOfResources when it loads it (CompiledKernel._init_handles), which its

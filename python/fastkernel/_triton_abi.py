@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import triton
@@ -300,6 +300,51 @@ def compile_specialization(jit_fn, target: GPUTarget, spec: Specialization):
     """Compile with Triton (its on-disk cache applies); returns Triton's CompiledKernel."""
     src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
     return triton.compile(src, target=target, options=spec.options.__dict__)
+
+
+def compiled_kernel(src: ASTSource, metadata: Mapping[str, Any], binary: bytes):
+    """Triton's ``CompiledKernel`` of a binary held in memory, made by Triton's own constructor
+    (``CompiledKernel.__init__``, triton/compiler/compiler.py) from the two files of a cache
+    group as Triton's cache stores one: the metadata as JSON (its ``target`` a dict) and the
+    binary, under the backend's extension (``cubin``). The files exist only while the
+    constructor reads them, so its ``metadata_group`` (what Triton passes its load hooks) is
+    empty. Triton loads the binary and makes the launcher when the kernel is first used
+    (``_init_handles``), as for any ``CompiledKernel``; the module it loads is the kernel's own.
+
+    Parameters
+    ----------
+    src : triton.compiler.ASTSource
+        The specialization's compile source (what Triton's launcher is made from).
+    metadata : mapping
+        Triton's compiled metadata, as ``CompiledKernel.metadata`` holds it: ``name``,
+        ``hash``, ``target`` as a ``GPUTarget``, ...; every other value JSON-serializable.
+    binary : bytes
+        The compiled binary (a cubin).
+    """
+    import json
+    import os
+    import tempfile
+
+    from triton.compiler.compiler import CompiledKernel
+
+    fields = dict(metadata)
+    target = fields["target"]
+    fields["target"] = {
+        "backend": target.backend,
+        "arch": target.arch,
+        "warp_size": target.warp_size,
+    }
+    extension = backend_for(target).binary_ext
+    with tempfile.TemporaryDirectory(prefix="fastkernel-kernel-") as tmp:
+        group = {"kernel.json": os.path.join(tmp, "kernel.json")}
+        group[f"kernel.{extension}"] = os.path.join(tmp, f"kernel.{extension}")
+        with open(group["kernel.json"], "w", encoding="utf-8") as f:
+            json.dump(fields, f)
+        with open(group[f"kernel.{extension}"], "wb") as f:
+            f.write(binary)
+        kernel = CompiledKernel(src, group, str(fields["hash"]))
+    kernel.metadata_group = {}
+    return kernel
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ import logging
 import os
 import pathlib
 import stat
+import threading
 import time
 import types
 from collections.abc import Callable, Iterator, Mapping
@@ -53,6 +54,10 @@ _IMPORT_MAX_DEPTH = 4
 _IMPORT_MAX_FILES = 1_000_000
 
 
+#: Held while a CachedKernel makes its Triton CompiledKernel (once per cached kernel).
+_TRITON_KERNEL_LOCK = threading.Lock()
+
+
 @functools.cache
 def _metadata_type(fields: tuple[str, ...]) -> type:
     """The KernelMetadata namedtuple class for ``fields`` (made once per field set: making a
@@ -66,7 +71,13 @@ class CachedKernel:
     Triton's ``CompiledKernel`` (which a warm process never builds). Read-only.
 
     It has the attributes of a ``CompiledKernel`` that describe the binary, with the same
-    meaning, but cannot launch through Triton (no ``run``, ``function``, ``packed_metadata``).
+    meaning, and takes the launches a ``CompiledKernel`` takes through Triton's own launcher
+    (what launch caches of other libraries keep and call): ``run``, ``function``, ``module``,
+    ``packed_metadata``, ``launch_metadata(grid, stream, *args)`` and ``handle[grid](*args)``.
+    Those come from Triton's ``CompiledKernel`` of the same binary, made when one of them is
+    first used (``fastkernel._triton_abi.compiled_kernel``); its module, loaded by Triton, is
+    its own, never one of fastkernel's launch table. ``function`` and ``module`` load it when
+    read, so they are never None.
 
     Attributes
     ----------
@@ -131,6 +142,60 @@ class CachedKernel:
     def target(self):
         """The compile target (``triton.backends.compiler.GPUTarget``)."""
         return self.metadata_fields["target"]
+
+    def _triton_kernel(self) -> Any:
+        """Triton's ``CompiledKernel`` of this binary, made once (under a lock: two threads
+        never each load a module)."""
+        kernel = self.__dict__.get("_triton")
+        if kernel is None:
+            with _TRITON_KERNEL_LOCK:
+                kernel = self.__dict__.get("_triton")
+                if kernel is None:
+                    if self.src is None:
+                        raise RuntimeError(
+                            f"fastkernel: cached kernel {self.name} was read without its "
+                            f"compile source and cannot launch through Triton"
+                        )
+                    kernel = abi.compiled_kernel(self.src, self.metadata_fields, self.asm["cubin"])
+                    object.__setattr__(self, "_triton", kernel)
+        return kernel
+
+    @property
+    def packed_metadata(self) -> Any:
+        """What Triton's launcher takes with the function (``CompiledKernel.packed_metadata``)."""
+        return self._triton_kernel().packed_metadata
+
+    @property
+    def run(self) -> Any:
+        """Triton's launcher for this binary (``CompiledKernel.run``), called as Triton calls
+        it: ``run(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook,
+        exit_hook, *args)``. Raises what ``CompiledKernel._init_handles`` raises
+        (``OutOfResources``)."""
+        return self._triton_kernel().run
+
+    @property
+    def function(self) -> Any:
+        """The ``CUfunction`` handle Triton's loader gives (``CompiledKernel.function``)."""
+        kernel = self._triton_kernel()
+        kernel._init_handles()
+        return kernel.function
+
+    @property
+    def module(self) -> Any:
+        """The ``CUmodule`` handle Triton's loader gives (``CompiledKernel.module``)."""
+        kernel = self._triton_kernel()
+        kernel._init_handles()
+        return kernel.module
+
+    def launch_metadata(self, grid: Any, stream: int, *args: Any) -> Any:
+        """``CompiledKernel.launch_metadata``: Triton's metadata for its launch hooks, or None
+        when no enter hook is set."""
+        return self._triton_kernel().launch_metadata(grid, stream, *args)
+
+    def __getitem__(self, grid: Any) -> Any:
+        """``CompiledKernel.__getitem__``: a runner launching this binary with Triton's launcher
+        on ``grid`` (three dims), every argument passed, constexprs included."""
+        return self._triton_kernel()[grid]
 
     @classmethod
     def from_entry(cls, entry: Entry, src: Any = None) -> CachedKernel:
