@@ -1862,42 +1862,56 @@ def test_what_a_warm_launch_returns_launches_through_tritons_launcher_as_triton_
     launch it with Triton's launcher: ``h.run(gx, gy, gz, stream, h.function,
     h.packed_metadata, h.launch_metadata(grid, stream, *args), enter, exit, *args)``. The disk
     cache's CachedKernel, which a process whose binary is cached gets, takes that launch as
-    Triton's CompiledKernel of the same binary does, byte for byte. It had no ``run``,
-    ``function`` or ``packed_metadata``."""
+    Triton's CompiledKernel of the same binary does, byte for byte, launch hooks included, with
+    a module Triton loads for it (not the launch table's). It had no ``run``, ``function`` or
+    ``packed_metadata``."""
     x, y, out = _tensors()
     args = (x, y, out, N, 1024)  # every argument, the constexpr too, as JITFunction.run passes
     with _triton_on_stand_in(stand_in, patched=False):
         reference = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+    runtime = triton.knobs.runtime
     with _triton_on_stand_in(stand_in, patched=True):
         _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)  # compiled, stored on disk
         cached = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
         assert isinstance(cached, fastkernel.cache.CachedKernel)
-        assert cached.function and cached.module  # loaded on first use, as Triton's loader does
-        launches = []
-        for handle in (reference, cached):
-            metadata = handle.launch_metadata((4, 1, 1), TEST_STREAM, *args)
-            runtime = triton.knobs.runtime
-            enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
-            handle.run(
-                4,
-                1,
-                1,
-                TEST_STREAM,
-                handle.function,
-                handle.packed_metadata,
-                metadata,
-                enter,
-                exit_,
-                *args,
-            )
-            launches.append(stand_in.launches()[-1])
+        loads = stand_in.module_loads()
+        assert cached.function and cached.module  # loaded when read, as Triton's loader does
+        assert stand_in.module_loads() == loads + 1  # its own module
+        assert cached.function and stand_in.module_loads() == loads + 1  # once
+        seen, launches = [], []
+        saved_hook = runtime.launch_enter_hook
+        runtime.launch_enter_hook = lambda metadata: seen.append(dict(metadata.get()))
+        try:
+            for handle in (reference, cached):
+                metadata = handle.launch_metadata((4, 1, 1), TEST_STREAM, *args)
+                enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+                handle.run(
+                    4,
+                    1,
+                    1,
+                    TEST_STREAM,
+                    handle.function,
+                    handle.packed_metadata,
+                    metadata,
+                    enter,
+                    exit_,
+                    *args,
+                )
+                launches.append(stand_in.launches()[-1])
+        finally:
+            runtime.launch_enter_hook = saved_hook
         assert_same_launch(launches[1], launches[0])
+        assert [m["name"] for m in seen] == ["add_kernel", "add_kernel"]
+        assert [m["function"] for m in seen] == [reference.function, cached.function]
+        assert [m["stream"] for m in seen] == [TEST_STREAM, TEST_STREAM]
         launches.clear()
         for handle in (reference, cached):  # CompiledKernel.__getitem__'s runner
             handle[(4, 1, 1)](*args)
             launches.append(stand_in.launches()[-1])
         assert_same_launch(launches[1], launches[0])
     assert cached.packed_metadata == reference.packed_metadata
+    with pytest.raises(TypeError):
+        iter(cached)  # not a sequence, although it has __getitem__
 
 
 def test_a_block_larger_than_the_function_allows_raises_tritons_out_of_resources(stand_in):

@@ -54,8 +54,9 @@ _IMPORT_MAX_DEPTH = 4
 _IMPORT_MAX_FILES = 1_000_000
 
 
-#: Held while a CachedKernel makes its Triton CompiledKernel (once per cached kernel).
-_TRITON_KERNEL_LOCK = threading.Lock()
+#: Held while a CachedKernel makes and loads its Triton CompiledKernel (re-entrant: Triton's
+#: load hooks may read the same CachedKernel).
+_TRITON_KERNEL_LOCK = threading.RLock()
 
 
 @functools.cache
@@ -143,27 +144,34 @@ class CachedKernel:
         """The compile target (``triton.backends.compiler.GPUTarget``)."""
         return self.metadata_fields["target"]
 
-    def _triton_kernel(self) -> Any:
-        """Triton's ``CompiledKernel`` of this binary, made once (under a lock: two threads
-        never each load a module)."""
+    def _triton_kernel(self, load: bool = True) -> Any:
+        """Triton's ``CompiledKernel`` of this binary, made once and, with ``load``, loaded by
+        Triton (``_init_handles``), both under one lock, so two threads never each make or load
+        one. It lives as long as this object: Triton unloads its module when it is collected
+        (``CompiledKernel.__del__``), so a caller keeping ``function`` keeps this object too,
+        as with a ``CompiledKernel`` of Triton's device cache. Raises AttributeError when this
+        object has no compile source, and what ``_init_handles`` raises (``OutOfResources``)."""
         kernel = self.__dict__.get("_triton")
-        if kernel is None:
-            with _TRITON_KERNEL_LOCK:
-                kernel = self.__dict__.get("_triton")
-                if kernel is None:
-                    if self.src is None:
-                        raise RuntimeError(
-                            f"fastkernel: cached kernel {self.name} was read without its "
-                            f"compile source and cannot launch through Triton"
-                        )
-                    kernel = abi.compiled_kernel(self.src, self.metadata_fields, self.asm["cubin"])
-                    object.__setattr__(self, "_triton", kernel)
+        if kernel is not None and (not load or kernel.module is not None):
+            return kernel
+        with _TRITON_KERNEL_LOCK:
+            kernel = self.__dict__.get("_triton")
+            if kernel is None:
+                if self.src is None:
+                    raise AttributeError(
+                        f"fastkernel: cached kernel {self.name} was read without its compile "
+                        f"source and cannot launch through Triton"
+                    )
+                kernel = abi.compiled_kernel(self.src, self.metadata_fields, self.asm["cubin"])
+                object.__setattr__(self, "_triton", kernel)
+            if load:
+                kernel._init_handles()
         return kernel
 
     @property
     def packed_metadata(self) -> Any:
         """What Triton's launcher takes with the function (``CompiledKernel.packed_metadata``)."""
-        return self._triton_kernel().packed_metadata
+        return self._triton_kernel(load=False).packed_metadata
 
     @property
     def run(self) -> Any:
@@ -176,16 +184,12 @@ class CachedKernel:
     @property
     def function(self) -> Any:
         """The ``CUfunction`` handle Triton's loader gives (``CompiledKernel.function``)."""
-        kernel = self._triton_kernel()
-        kernel._init_handles()
-        return kernel.function
+        return self._triton_kernel().function
 
     @property
     def module(self) -> Any:
         """The ``CUmodule`` handle Triton's loader gives (``CompiledKernel.module``)."""
-        kernel = self._triton_kernel()
-        kernel._init_handles()
-        return kernel.module
+        return self._triton_kernel().module
 
     def launch_metadata(self, grid: Any, stream: int, *args: Any) -> Any:
         """``CompiledKernel.launch_metadata``: Triton's metadata for its launch hooks, or None
@@ -196,6 +200,10 @@ class CachedKernel:
         """``CompiledKernel.__getitem__``: a runner launching this binary with Triton's launcher
         on ``grid`` (three dims), every argument passed, constexprs included."""
         return self._triton_kernel()[grid]
+
+    #: Not iterable, although it has __getitem__ (iter() would call it with 0, 1, 2, ... and
+    #: load the module, without end).
+    __iter__ = None
 
     @classmethod
     def from_entry(cls, entry: Entry, src: Any = None) -> CachedKernel:
