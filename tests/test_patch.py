@@ -692,11 +692,16 @@ _LAUNCHING_PROGRAM = (
 )
 
 
+def _run_with_stats(tmp_path, source: str):
+    """``python -m fastkernel run --stats prog.py`` of a program with ``source``."""
+    script = tmp_path / "prog.py"
+    script.write_text(source)
+    return _run_python("-m", "fastkernel", "run", "--stats", str(script))
+
+
 @pytest.mark.stand_in
 def test_run_stats_lists_every_kernel_that_launched(tmp_path):
-    script = tmp_path / "prog.py"
-    script.write_text(_LAUNCHING_PROGRAM)
-    result = _run_python("-m", "fastkernel", "run", "--stats", str(script))
+    result = _run_with_stats(tmp_path, _LAUNCHING_PROGRAM)
     assert result.returncode == 0, result.stderr
     line = next(l for l in result.stderr.splitlines() if l.startswith("kernels.add_kernel"))
     assert line.split()[1:] == ["2", "1", "0"]  # hits, misses, fallbacks
@@ -740,8 +745,8 @@ def test_run_patches_the_python_processes_its_program_starts(tmp_path):
     startup hook on their PYTHONPATH such children ran Triton unpatched."""
     child = tmp_path / "child.py"
     child.write_text(_LAUNCHING_PROGRAM)
-    script = tmp_path / "prog.py"
-    script.write_text(
+    result = _run_with_stats(
+        tmp_path,
         "import multiprocessing, subprocess, sys\n"
         "def spawned(queue):\n"
         "    import triton, fastkernel\n"
@@ -756,9 +761,8 @@ def test_run_patches_the_python_processes_its_program_starts(tmp_path):
         "    p = ctx.Process(target=spawned, args=(queue,))\n"
         "    p.start()\n"
         "    print('spawned patched', queue.get(), flush=True)\n"
-        "    p.join()\n"
+        "    p.join()\n",
     )
-    result = _run_python("-m", "fastkernel", "run", "--stats", str(script))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "child patched True",
@@ -1631,16 +1635,15 @@ def test_run_reads_a_program_from_standard_input(tmp_path):
 def test_run_stats_come_last_on_the_interpreters_stderr(tmp_path):
     # After the program's non-daemon threads and exit handlers, and even when the program
     # closed its standard output and replaced its stderr.
-    script = tmp_path / "prog.py"
-    script.write_text(
+    result = _run_with_stats(
+        tmp_path,
         "import atexit, io, sys, threading, time\n"
         "threading.Thread(target=lambda: (time.sleep(0.2), print('thread', file=sys.__stderr__)))"
         ".start()\n"
         "atexit.register(lambda: print('exit handler', file=sys.__stderr__))\n"
         "sys.stdout.close()\n"
-        "sys.stderr = io.StringIO()\n"
+        "sys.stderr = io.StringIO()\n",
     )
-    result = _run_python("-m", "fastkernel", "run", "--stats", str(script))
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == [
         "thread",
