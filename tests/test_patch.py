@@ -780,6 +780,81 @@ def test_run_patches_the_python_processes_its_program_starts(tmp_path):
 
 
 @pytest.mark.stand_in
+def test_run_stats_of_multiprocessing_fork_and_forkserver_children(tmp_path):
+    """multiprocessing's fork and forkserver children end with os._exit, which runs no exit
+    handler: each that launched a kernel still prints its own --stats table (from
+    multiprocessing's exit finalizers), counting only its own launches. A child forked after
+    the program launched (a DataLoader worker) inherits its counters and launched nothing
+    itself: it prints none. Before, fork and forkserver children printed no table."""
+    result = _run_with_stats(
+        tmp_path,
+        "import sys, multiprocessing\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "import conftest, torch, kernels\n"
+        "from fastkernel import _C\n"
+        "_C._testing.set_host_testing(True, 0, conftest.TEST_STREAM)\n"
+        "def launch(times):\n"
+        "    x = torch.randn(4096)\n"
+        "    for _ in range(times):\n"
+        "        kernels.add_kernel[(4,)](x, x, x, 4096, BLOCK=1024)\n"
+        "def child(method, times):\n"
+        "    p = multiprocessing.get_context(method).Process(target=launch, args=(times,))\n"
+        "    p.start()\n"
+        "    p.join()\n"
+        "    print(method, times, p.exitcode, flush=True)\n"
+        "if __name__ == '__main__':\n"
+        "    child('fork', 2)\n"
+        "    launch(3)\n"
+        "    child('fork', 0)\n"
+        "    child('forkserver', 5)\n",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["fork 2 0", "fork 0 0", "forkserver 5 0"]
+    lines = result.stderr.splitlines()
+    headers = [i for i, l in enumerate(lines) if l.startswith("fastkernel: process ")]
+    assert [lines[i + 2].split() for i in headers] == [
+        ["kernels.add_kernel", "1", "1", "0"],
+        ["kernels.add_kernel", "4", "1", "0"],
+    ], result.stderr
+    assert lines[-1].split() == ["kernels.add_kernel", "2", "1", "0"], result.stderr
+
+
+@triton.jit
+def _fill_kernel(out_ptr, n: tl.int32, BLOCK: tl.constexpr):
+    tl.store(out_ptr + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.float32) + n)
+
+
+def test_stats_since_counts_only_the_launches_after_its_snapshot(stand_in):
+    """What a forked child's --stats table counts (kernel.stats_since): each kernel's launch
+    counters and fallback reasons less those of the snapshot; a kernel made after it counts
+    from zero; what kernels hold (specializations) is not a launch count."""
+    from fastkernel.kernel import counters_now, stats_since
+
+    out = torch.empty(16)
+    k = fk(_fill_kernel)
+    with TritonReference(stand_in, TEST_STREAM):  # the fallbacks launch through Triton
+        k[(1,)](out, 3, BLOCK=16)
+        k[(1,)](out, torch.tensor(3), BLOCK=16)  # a one-element tensor: a fallback
+        before, k_before = counters_now(), k.stats()
+        k[(1,)](out, 3, BLOCK=16)
+        k[(1,)](out, torch.tensor(3), BLOCK=16)
+        late = fk(_fill_kernel)  # the same name: merged
+        late[(1,)](out, 3, BLOCK=16)
+    name = k._stats_name()
+    total, since = fastkernel.stats()[name], stats_since(before)[name]
+    ((reason, count),) = total["fallback_reasons"].items()
+    assert "one-element tensor" in reason and count == 2
+    assert (total["hits"], total["fallbacks"], total["specializations"]) == (1, 2, 2)
+    assert k_before["fallbacks"] == 1 and k_before["hits"] == 0
+    for counter in ("hits", "misses", "fallbacks", "evictions"):
+        assert since[counter] == total[counter] - k_before[counter], counter
+    assert since["specializations"] == total["specializations"]
+    assert since["fallback_reasons"] == {reason: 1}
+    del before
+    assert stats_since(counters_now())[name]["fallback_reasons"] == {}
+
+
+@pytest.mark.stand_in
 def test_run_patches_torchrun_workers(tmp_path):
     """`python -m fastkernel run -m torch.distributed.run --nproc_per_node 2 worker.py`: each
     worker torchrun starts is patched and prints its own --stats table."""

@@ -12,7 +12,8 @@ The Python processes the program starts (subprocesses, multiprocessing's spawned
 torchrun's workers) patch Triton too when they import it: the runner sets ``FASTKERNEL_PATCH=1``
 and puts a startup hook first on ``PYTHONPATH`` (``_startup/sitecustomize.py``); with
 ``--stats`` each of them that launched a kernel prints its own table at exit, after the
-program's exit handlers, headed by its process id and program.
+program's exit handlers (multiprocessing's fork and forkserver children, which end with
+``os._exit``: after its exit finalizers), headed by its process id and program.
 """
 
 from __future__ import annotations
@@ -173,18 +174,60 @@ def _from_target(tb: types.TracebackType | None, code: types.CodeType | None):
 #: Set by the runner for the Python processes its program starts (see _startup/sitecustomize.py):
 #: each prints its own --stats table at exit.
 STATS_VARIABLE = "FASTKERNEL_RUN_STATS"
-#: Whether this process is a runner (which prints its own table), not only started by one.
-_is_runner = False
+#: The process id of the runner itself, which prints its table without a header; 0 in the
+#: processes its program starts (a process forked from the runner is one of them).
+_runner_pid = 0
+#: Each kernel's counters when this process was forked from one that had imported fastkernel
+#: (kernel.counters_now): a forked child inherits its parent's counters, and its table counts
+#: only its own launches. None in a process not forked so.
+_counters_at_fork = None
+#: The process that printed its table: one table per process, whichever exit path runs first.
+_printed_pid = 0
 
 
-def print_child_stats() -> None:
-    """At the exit of a Python process the runner's program started, which imported Triton
-    (called by the startup hook's exit handler, registered before the program's own): with
-    --stats, its table, headed by its process id and program, when a kernel launched."""
+def print_stats_at_exit() -> None:
+    """With --stats, this process's table at its exit, once (called by atexit in the runner and
+    in the processes its program starts, and by multiprocessing's exit finalizers in its fork
+    and forkserver children). A process other than the runner prints its table only when a
+    kernel launched in it, headed by its process id and program."""
+    global _printed_pid
     from . import _env
 
-    if _env.flag(STATS_VARIABLE) and not _is_runner:
-        _print_stats(child=True)
+    if not _env.flag(STATS_VARIABLE) or _printed_pid == os.getpid():
+        return
+    _printed_pid = os.getpid()
+    _print_stats(child=os.getpid() != _runner_pid)
+
+
+def after_fork_in_child() -> None:
+    """In a child forked (``os.fork``) from a process that had imported fastkernel, with
+    --stats: keeps each kernel's counters as the fork left them, then arranges the table at exit
+    (:func:`print_at_multiprocessing_exit`)."""
+    global _counters_at_fork
+    from .kernel import counters_now
+
+    _counters_at_fork = counters_now()
+    print_at_multiprocessing_exit()
+
+
+def print_at_multiprocessing_exit() -> None:
+    """Makes a forked child print its table as the last of multiprocessing's exit finalizers.
+    multiprocessing's fork and forkserver children end with ``os._exit``, which runs no atexit
+    handler (Python 3.13 clears those inherited and runs only its own), after
+    ``util._exit_function`` has run the finalizers (multiprocessing/process.py,
+    ``BaseProcess._bootstrap``). The bootstrap first clears the finalizers the child inherited,
+    then calls the after-fork callbacks (``util._run_after_forkers``): one of those registers the
+    finalizer again. Nothing to do without multiprocessing: an exit through ``sys.exit`` runs
+    the atexit handlers."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+    util.Finalize(None, print_stats_at_exit, exitpriority=-sys.maxsize)
+    util.register_after_fork(print_stats_at_exit, _finalize_at_multiprocessing_exit)
+
+
+def _finalize_at_multiprocessing_exit(printer) -> None:
+    sys.modules["multiprocessing.util"].Finalize(None, printer, exitpriority=-sys.maxsize)
 
 
 def _child_environment(stats: bool) -> None:
@@ -220,9 +263,9 @@ def _print_stats(child: bool = False) -> None:
     closed its streams), once the program, its threads and its exit handlers are done. For a
     ``child`` process of the runner's program: headed by its process id and program, and not
     printed when no kernel launched."""
-    import fastkernel
+    from .kernel import stats_since
 
-    stats = fastkernel.stats()
+    stats = stats_since(_counters_at_fork)
     if child and not any(_launched(s) for s in stats.values()):
         return
 
@@ -297,14 +340,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import fastkernel
 
-    global _is_runner
-    _is_runner = True
+    global _runner_pid
+    _runner_pid = os.getpid()
     fastkernel.patch()
     _child_environment(ns.stats)
     if ns.stats:
         # Registered before the program runs, so it runs after the program's own exit handlers
         # (atexit calls them last in, first out) and after its non-daemon threads have ended.
-        atexit.register(_print_stats)
+        atexit.register(print_stats_at_exit)
+        os.register_at_fork(after_in_child=after_fork_in_child)
     code = main_module = None
     try:
         code, main_module = _prepare(ns)

@@ -344,6 +344,17 @@ def _max_specializations() -> int:
     return _env.count("FASTKERNEL_MAX_SPECIALIZATIONS", DEFAULT_MAX_SPECIALIZATIONS)
 
 
+#: The counters that count launches (the others, ``specializations`` and ``table_bytes``, are
+#: what a kernel holds now).
+_LAUNCH_COUNTERS = ("hits", "misses", "fallbacks", "evictions")
+
+
+def counters_now() -> weakref.WeakKeyDictionary[StatsSource, dict[str, Any]]:
+    """Each live kernel's own counters (its ``stats()``) as they are now: the ``since`` of
+    :func:`stats_since`."""
+    return weakref.WeakKeyDictionary((kernel, kernel.stats()) for kernel in list(_KERNELS))
+
+
 def stats() -> dict[str, dict[str, Any]]:
     """Native-path counters of every live fastkernel kernel, by ``module.qualname``.
 
@@ -355,10 +366,20 @@ def stats() -> dict[str, dict[str, Any]]:
         ``fallback_reasons`` (reason -> count). Kernels with the same name are merged by
         summing their counters.
     """
+    return stats_since(None)
+
+
+def stats_since(
+    since: collections.abc.Mapping[StatsSource, dict[str, Any]] | None,
+) -> dict[str, dict[str, Any]]:
+    """:func:`stats`, with each kernel's launch counters (hits, misses, fallbacks, evictions,
+    fallback reasons) less those ``since`` holds for it (a :func:`counters_now` result; a kernel
+    it does not hold counts from zero)."""
     result: dict[str, dict[str, Any]] = {}
     for kernel in list(_KERNELS):
         name = kernel._stats_name()
         own = kernel.stats()
+        before = since.get(kernel) if since is not None else None
         merged = result.setdefault(
             name,
             {
@@ -371,17 +392,18 @@ def stats() -> dict[str, dict[str, Any]]:
                 "fallback_reasons": {},
             },
         )
-        for counter in (
-            "hits",
-            "misses",
-            "fallbacks",
-            "specializations",
-            "evictions",
-            "table_bytes",
-        ):
+        for counter in ("specializations", "table_bytes", *_LAUNCH_COUNTERS):
             merged[counter] += own[counter]
+        reasons = merged["fallback_reasons"]
         for reason, count in own["fallback_reasons"].items():
-            merged["fallback_reasons"][reason] = merged["fallback_reasons"].get(reason, 0) + count
+            reasons[reason] = reasons.get(reason, 0) + count
+        if before is not None:
+            for counter in _LAUNCH_COUNTERS:
+                merged[counter] -= before[counter]
+            for reason, count in before["fallback_reasons"].items():
+                reasons[reason] -= count
+                if reasons[reason] == 0:
+                    del reasons[reason]
     return result
 
 

@@ -29,9 +29,9 @@ _WATCHED = ("triton", "torch")
 _MARK = "fastkernel_startup_hook"
 
 
-def _enabled():
-    # FASTKERNEL_PATCH read as fastkernel reads it (fastkernel/_env.py flag), without importing it.
-    value = os.environ.get("FASTKERNEL_PATCH", "").strip().lower()
+def _enabled(name):
+    # A flag read as fastkernel reads it (fastkernel/_env.py flag), without importing it.
+    value = os.environ.get(name, "").strip().lower()
     return value not in ("", "0", "false", "off", "no")
 
 
@@ -118,6 +118,10 @@ def _patch():
     try:
         import fastkernel
 
+        if _forked:
+            from fastkernel import _run
+
+            _run.print_at_multiprocessing_exit()
         # Importing fastkernel patched (FASTKERNEL_PATCH=1); when fastkernel is what imported
         # Triton, its import is not over yet and patches when it is.
         if not getattr(fastkernel.__spec__, "_initializing", False):
@@ -135,13 +139,36 @@ def _print_stats_at_exit():
         from fastkernel import _run
     except ImportError:
         return
-    _run.print_child_stats()
+    _run.print_stats_at_exit()
+
+
+#: Whether this process is a child forked (os.fork) from one that ran this hook.
+_forked = False
+
+
+def _after_fork_in_child():
+    """With --stats, in a forked child (multiprocessing's fork and forkserver children end with
+    ``os._exit``, which runs no atexit handler): the table comes from multiprocessing's exit
+    finalizers (fastkernel/_run.py). A child forked before fastkernel was imported arranges that
+    when it patches."""
+    global _forked
+    _forked = True
+    fastkernel = sys.modules.get("fastkernel")
+    if fastkernel is None or getattr(fastkernel.__spec__, "_initializing", False):
+        return
+    try:
+        from fastkernel import _run
+    except ImportError:
+        return
+    _run.after_fork_in_child()
 
 
 def _install():
-    if not _enabled() or any(getattr(f, _MARK, False) for f in sys.meta_path):
+    if not _enabled("FASTKERNEL_PATCH") or any(getattr(f, _MARK, False) for f in sys.meta_path):
         return
     atexit.register(_print_stats_at_exit)
+    if _enabled("FASTKERNEL_RUN_STATS") and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
     finder = _PatchWhenTritonIsImported()
     sys.meta_path.insert(0, finder)
     finder.patch_when_ready()  # Triton imported already (by a .pth file)
