@@ -378,3 +378,42 @@ def test_the_cpp_program_leaks_nothing_under_valgrind(stand_in, cpp_program, tmp
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[0] == "entry add_kernel-0.cubin"
+
+
+def test_the_launch_table_keeps_a_pinned_record_when_an_allocation_fails(cpp_program):
+    """retire() and clear() move a pinned record (one a launch in flight holds) into the
+    table's retired list; where growing that list throws std::bad_alloc, the record stays
+    registered and alive and the table usable (tests/cpp/table_alloc_failure.cpp injects the
+    failure through a replaced operator new). Under valgrind too when it is installed, where a
+    record destroyed too early is an invalid read."""
+    program = str(cpp_program.parent / "table_alloc_failure")
+    expected = [
+        "ok retire_throws",
+        "ok retire_leaves_the_record_registered",
+        "ok retire_keeps_the_record_alive",
+        "ok retire_then_retires",
+        "ok clear_throws",
+        "ok clear_keeps_the_pinned_record",
+        "ok clear_then_clears",
+        "ok clear_keeps_the_retired_record_alive",
+        "ok unpinned_retired_record_is_destroyed",
+    ]
+    runs = [[program]]
+    valgrind = shutil.which("valgrind")
+    if valgrind is not None:
+        # Valgrind replaces a program's own operator new unless told to leave it alone.
+        runs.append(
+            [
+                valgrind,
+                "--quiet",
+                "--error-exitcode=97",
+                "--leak-check=full",
+                "--soname-synonyms=somalloc=nouserintercepts",
+                program,
+            ]
+        )
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # as above
+    for command in runs:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.splitlines() == expected
