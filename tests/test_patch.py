@@ -1861,6 +1861,43 @@ def test_a_run_assigned_on_the_instance_is_what_a_launch_calls(stand_in):
         assert calls == [(4,), (4,)]
 
 
+def test_a_run_assigned_or_deleted_after_native_launches_is_seen(stand_in):
+    """A ``run`` assigned on an instance that already launched natively is what its next launch
+    calls, as in Triton (its native dispatch is dropped); deleting it serves the kernel
+    natively again, with the same dispatch. On a plain kernel, an autotuner and a heuristics.
+    Before, an assignment after the first launch went unnoticed."""
+    x, y, out = _tensors()
+    heuristic = triton.heuristics({"BLOCK": lambda args: 256})(_fresh_add_kernel())
+    _KEPT.append(heuristic)
+    for kernel in (_fresh_add_kernel(), _autotuned([1.0, 2.0]), heuristic):
+        extra = {"BLOCK": 256} if type(kernel) is JITFunction else {}
+        calls: list = []
+        with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+            for _ in range(2):
+                kernel[(4,)](x, y, out, N, **extra)
+            hits = _stats_of(kernel)["hits"]
+            assert hits == 1
+            inner = kernel.run
+
+            def traced(*args, inner=inner, calls=calls, **kwargs):
+                calls.append(kwargs["grid"])
+                return inner(*args, **kwargs)
+
+            kernel.run = traced
+            assert kernel.run is traced and vars(kernel)["run"] is traced
+            launches = stand_in.launch_count()
+            kernel[(4,)](x, y, out, N, **extra)
+            assert calls == [(4,)] and stand_in.launch_count() == launches + 1
+            del kernel.run
+            with pytest.raises(AttributeError, match="run"):
+                del kernel.run
+            for _ in range(2):
+                kernel[(4,)](x, y, out, N, **extra)
+            assert calls == [(4,)]
+            assert _stats_of(kernel)["hits"] == hits + 2, type(kernel)
+        assert "run" not in vars(kernel)
+
+
 def test_autotuner_run_without_warmup_raises_tritons_error(stand_in):
     tuned = _autotuned([1.0, 2.0])
     x, y, out = _tensors()

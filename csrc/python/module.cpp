@@ -316,6 +316,11 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("jit"), "The dispatch Kernel serving a JITFunction under the patch, or None.");
   m.def(
+      "drop_patched_dispatch", [](py::handle jit) { drop_patched_dispatch(jit.ptr()); },
+      py::arg("jit"),
+      "Forget the dispatch serving a JITFunction under the patch: its next launch asks the "
+      "patch factory again.");
+  m.def(
       "patch_slot_is_native",
       [](py::handle type) {
         if (!PyType_Check(type.ptr())) {

@@ -194,6 +194,14 @@ bool patch_slot_is_native(PyTypeObject* type) {
          type->tp_as_mapping->mp_subscript == reinterpret_cast<binaryfunc>(&patched_subscript);
 }
 
+void drop_patched_dispatch(PyObject* jit) {
+  auto& map = dispatches();
+  auto it = map.find(jit);
+  if (it != map.end()) {
+    forget_patched_dispatch(it->second);
+  }
+}
+
 void forget_patched_dispatch(KernelObject* kernel) {
   PyObject* jit = kernel->patched_jit;
   if (jit == nullptr) {

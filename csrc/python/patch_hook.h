@@ -41,4 +41,8 @@ bool patch_slot_is_native(PyTypeObject* type);
 /// Called when a dispatch Kernel is deallocated: drops its entry.
 void forget_patched_dispatch(KernelObject* kernel);
 
+/// Drops the entry of `jit` (if any): its next launch asks the factory again, which may keep
+/// Triton's path for it (a `run` assigned on the instance) or give back the same dispatch.
+void drop_patched_dispatch(PyObject* jit);
+
 }  // namespace fastkernel

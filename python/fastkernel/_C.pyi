@@ -174,6 +174,10 @@ def patched_dispatch(jit: Any) -> Any: ...
 
 """The dispatch kernel (kernel.py's NativeDispatch) serving ``jit`` under the patch, or None."""
 
+def drop_patched_dispatch(jit: Any) -> None: ...
+
+"""Forgets the dispatch serving ``jit``: its next launch asks the patch factory again."""
+
 def patch_slot_is_native(type: type) -> bool: ...
 def install_host_helpers(
     constexpr_function_type: type,

@@ -624,6 +624,46 @@ def _patched_autotuner_run(self, *args, **kwargs):
 _patched_autotuner_run._fastkernel_patched = True  # type: ignore[attr-defined]
 
 
+class _RunAttribute:
+    """``run`` of Triton's ``JITFunction``, ``Autotuner`` and ``Heuristics`` while patched: what
+    Python's own lookup gives, and a watch on instance assignments.
+
+    Read on the class, it is ``function`` (the patched run, or Triton's own for ``Heuristics``);
+    read on an instance, the ``run`` assigned on that instance if there is one (kept in its
+    ``__dict__``, as without the patch), else ``function`` bound to it. Assigning or deleting an
+    instance's ``run`` (``kernel.run = wrapper``, which Triton's ``kernel[grid]`` calls) also
+    drops the instance's native dispatch: its next launch asks the patch factory again, which
+    keeps it on Triton's path, the wrapper called, while one is assigned and serves it natively
+    again once it is deleted. (A change made through ``kernel.__dict__`` directly is not seen.)
+    """
+
+    __slots__ = ("function",)
+
+    def __init__(self, function):
+        self.function = function
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self.function
+        try:
+            return obj.__dict__["run"]
+        except KeyError:
+            return self.function.__get__(obj, cls)
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__["run"] = value
+        _C.drop_patched_dispatch(obj)
+
+    def __delete__(self, obj) -> None:
+        try:
+            del obj.__dict__["run"]
+        except KeyError:
+            raise AttributeError(
+                f"{type(obj).__name__!r} object has no instance attribute 'run'"
+            ) from None
+        _C.drop_patched_dispatch(obj)
+
+
 def _patched_compiled_getitem(self, grid):
     """``CompiledKernel.__getitem__`` under the patch: Triton's runner, with each launch counted
     as a fallback of the kernel the binary was compiled from (Triton's fused-softmax tutorial
@@ -702,8 +742,9 @@ def patch() -> bool:
         _C.install_patch(JITFunction, _dispatch_for, triton_getitem)
         _C.install_patch(Autotuner, _dispatch_for, triton_getitem)
         _C.install_patch(TritonHeuristics, _dispatch_for, triton_getitem)
-        JITFunction.run = _patched_run
-        Autotuner.run = _patched_autotuner_run
+        JITFunction.run = _RunAttribute(_patched_run)
+        Autotuner.run = _RunAttribute(_patched_autotuner_run)
+        TritonHeuristics.run = _RunAttribute(HEURISTICS_RUN)
         CompiledKernel.__getitem__ = _patched_compiled_getitem
         _host_helpers.install()
         install_triton_watch(keep=False)
