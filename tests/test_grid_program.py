@@ -137,6 +137,36 @@ def test_every_input_is_read_anew_on_each_call(stand_in):
     assert _counts(k) == (3 + 2 + 3 + 3, 0)
 
 
+def test_a_module_call_on_plain_operands_reads_callee_and_operands_anew(stand_in, monkeypatch):
+    """`triton.cdiv(a, b)` whose operands are arguments, constants or closure cells runs as one
+    native step: the callee is looked up and each operand read on every call, a rebound cell
+    and a replaced module attribute are seen, and an operand that is not a 64-bit int (a bool,
+    an int past 64 bits) leaves the call to Python, whose result is launched."""
+    k = fastkernel(kernels.add_kernel)
+    _launch(k, (1,))
+    size = 1000
+
+    def by_cell(meta):
+        return (triton.cdiv(size, meta["BLOCK"]) % 1000 + 1, triton.cdiv(meta["n"], 100), 2)
+
+    for size in (1000, 64, 2**40, True, 2**70, 3000):  # rebound in the same function
+        _launch(k, by_cell)
+        assert stand_in.last_launch().grid == _expected(by_cell, N, 64), size
+    assert _counts(k) == (4, 2)  # the bool and the 2**70 call the function
+
+    npo2 = lambda meta: (triton.next_power_of_2(meta["n"]),)  # noqa: E731
+    _launch(k, npo2, n=300)
+    assert stand_in.last_launch().grid == (512, 1, 1)
+    calls: list = []
+    monkeypatch.setattr(triton, "next_power_of_2", lambda n: calls.append(n) or 7)
+    _launch(k, npo2, n=300)
+    assert stand_in.last_launch().grid == (7, 1, 1) and calls == [300]
+    monkeypatch.undo()
+    _launch(k, npo2, n=300)
+    assert stand_in.last_launch().grid == (512, 1, 1) and calls == [300]
+    assert _counts(k) == (4 + 2, 2 + 1)
+
+
 def test_a_cached_lookup_is_dropped_when_its_dict_changes(stand_in, monkeypatch):
     """Global and module-attribute lookups are cached by the dict's version: a global that
     shadows a builtin, a module attribute replaced, and the same code with other globals must

@@ -28,10 +28,11 @@ enum class GridOp : uint8_t {
   Mul,
   FloorDiv,
   Mod,
-  Return,       // the top `index` values are the grid
-  Default,      // push the default value of the function's parameter `index`
-  ReturnTuple,  // the top value, a tuple of 1 to 3 ints, is the grid
-  GlobalAttr,   // Global `name` then Attr `attr`, fused here (not a translator step)
+  Return,          // the top `index` values are the grid
+  Default,         // push the default value of the function's parameter `index`
+  ReturnTuple,     // the top value, a tuple of 1 to 3 ints, is the grid
+  GlobalAttr,      // Global `name` then Attr `attr`, fused here (not a translator step)
+  CallGlobalAttr,  // GlobalAttr, its `num_operands` int operands, then Call: fused here too
 };
 
 // The step names the translator emits, in GridOp order.
@@ -57,6 +58,13 @@ struct LookupCache {
   PyObject* value = nullptr;  // borrowed from `dict`
 };
 
+// An operand of a fused call: an Arg, Const or Cell step (none of which runs Python).
+struct GridOperand {
+  GridOp op = GridOp::Const;
+  int index = 0;
+  long long value = 0;
+};
+
 struct GridStep {
   GridOp op;
   int index = 0;
@@ -65,6 +73,9 @@ struct GridStep {
   PyObject* attr = nullptr;  // GlobalAttr's attribute name, interned, owned
   mutable LookupCache cache;
   mutable LookupCache attr_cache;  // GlobalAttr's attribute in the module's dict
+  // CallGlobalAttr's operands, in the call's order (1 to 3: a Call step's limit).
+  std::array<GridOperand, 3> operands{};
+  int num_operands = 0;
 };
 
 inline void release_steps(std::vector<GridStep>* steps) {
@@ -230,8 +241,15 @@ bool convert(PyObject* result, std::vector<GridStep>* out) {
   return out->back().op == GridOp::Return || out->back().op == GridOp::ReturnTuple;
 }
 
+inline bool is_int_operand(GridOp op) {
+  return op == GridOp::Arg || op == GridOp::Const || op == GridOp::Cell;
+}
+
 // A module global's attribute (`triton.cdiv`) as one step: one dispatch, no module on the stack,
-// and a cache hit that needs no call to find the module's dict.
+// and a cache hit that needs no call to find the module's dict. Then a call of such an
+// attribute on operands that are arguments, constants or closure cells (the tutorials'
+// `triton.cdiv(meta["n"], meta["BLOCK"])`) as one step as well: the callee is not pushed, so
+// on a cache hit it is used borrowed (nothing between its lookup and the call runs Python).
 void fuse_global_attr(std::vector<GridStep>* steps) {
   std::vector<GridStep> fused;
   for (size_t i = 0; i < steps->size(); ++i) {
@@ -240,6 +258,22 @@ void fuse_global_attr(std::vector<GridStep>* steps) {
       s.op = GridOp::GlobalAttr;
       s.attr = (*steps)[i + 1].name;  // the reference moves with it
       ++i;
+      size_t k = 0;
+      while (k < s.operands.size() && i + 1 + k < steps->size() &&
+             is_int_operand((*steps)[i + 1 + k].op)) {
+        ++k;
+      }
+      const size_t call = i + 1 + k;
+      if (k >= 1 && call < steps->size() && (*steps)[call].op == GridOp::Call &&
+          size_t((*steps)[call].index) == k) {
+        s.op = GridOp::CallGlobalAttr;
+        for (size_t j = 0; j < k; ++j) {
+          const GridStep& operand = (*steps)[i + 1 + j];
+          s.operands[j] = {operand.op, operand.index, operand.value};
+        }
+        s.num_operands = int(k);
+        i = call;
+      }
     }
     fused.push_back(s);
   }
@@ -359,45 +393,128 @@ struct Value {
   PyObject* object;  // nullptr for an int
 };
 
-// Pushes `o` as an int when it is an exact int within 64 bits, else as an object.
+// An exact int of at most 64 bits into `out`; false for anything else.
+inline bool int_value(PyObject* o, long long* out) {
+  if (!PyLong_CheckExact(o)) {
+    return false;
+  }
+  if (compact_int(o, out)) {
+    return true;
+  }
+  int overflow = 0;
+  *out = PyLong_AsLongLongAndOverflow(o, &overflow);
+  return overflow == 0;
+}
+
+// Pushes `o` as an int when it is an exact int within 64 bits, else as an object; false for an
+// exact int past 64 bits.
 inline bool push_object(PyObject* o, Value* v) {
   if (PyLong_CheckExact(o)) {
-    if (!compact_int(o, &v->i)) {
-      int overflow = 0;
-      v->i = PyLong_AsLongLongAndOverflow(o, &overflow);
-      if (overflow != 0) {
-        return false;
-      }
-    }
     v->object = nullptr;
-    return true;
+    return int_value(o, &v->i);
   }
   v->object = Py_NewRef(o);
   return true;
 }
 
 // A call of a known pure callee on ints.
-bool call_known(PyObject* callee, const Value* args, int n, long long* out) {
-  for (int k = 0; k < n; ++k) {
-    if (args[k].object != nullptr) {
-      return false;
-    }
-  }
+inline bool call_known_ints(PyObject* callee, const long long* args, int n, long long* out) {
   if (callee == g_cdiv && n == 2) {
-    return triton_cdiv(args[0].i, args[1].i, out);
+    return triton_cdiv(args[0], args[1], out);
   }
   if (callee == g_next_power_of_2 && n == 1) {
-    return triton_next_power_of_2(args[0].i, out);
+    return triton_next_power_of_2(args[0], out);
   }
   if ((callee == g_max || callee == g_min) && n >= 2) {
-    long long r = args[0].i;
+    long long r = args[0];
     for (int k = 1; k < n; ++k) {
-      r = callee == g_max ? (args[k].i > r ? args[k].i : r) : (args[k].i < r ? args[k].i : r);
+      r = callee == g_max ? (args[k] > r ? args[k] : r) : (args[k] < r ? args[k] : r);
     }
     *out = r;
     return true;
   }
   return false;
+}
+
+// call_known_ints on stack values, which must all be ints.
+bool call_known(PyObject* callee, const Value* args, int n, long long* out) {
+  long long ints[3];
+  for (int k = 0; k < n; ++k) {
+    if (args[k].object != nullptr) {
+      return false;
+    }
+    ints[k] = args[k].i;
+  }
+  return call_known_ints(callee, ints, n, out);
+}
+
+// A fused call's operand, read as its step would push it; false when it is not an int.
+inline bool read_operand(const GridOperand& o, const BoundCall& call, int num_params,
+                         PyObject* closure, long long* out) {
+  if (o.op == GridOp::Const) {
+    *out = o.value;
+    return true;
+  }
+  if (o.op == GridOp::Arg) {
+    PyObject* v = o.index < num_params ? call.args[o.index] : nullptr;
+    return v != nullptr && int_value(v, out);
+  }
+  if (closure == nullptr || !PyTuple_Check(closure) || o.index >= PyTuple_GET_SIZE(closure)) {
+    return false;
+  }
+  PyObject* cell = PyTuple_GET_ITEM(closure, o.index);
+  PyObject* v = PyCell_Check(cell) ? PyCell_GET(cell) : nullptr;
+  return v != nullptr && int_value(v, out);
+}
+
+// A GlobalAttr step's value from its caches, borrowed, while the globals are unchanged (so the
+// global is the same object, alive: still an exact module unless its __class__ was
+// reassigned, and a module's __dict__ is fixed for its lifetime) and the module's dict is
+// unchanged; else nullptr.
+inline PyObject* cached_global_attr(const GridStep& s, PyObject* globals) {
+  const LookupCache& a = s.attr_cache;
+  PyObject* module = a.dict != nullptr ? cache_hit(s, globals, nullptr) : nullptr;
+  if (module != nullptr && PyModule_CheckExact(module) && a.version != 0 &&
+      cacheable_version(a.dict) == a.version) {
+    return a.value;
+  }
+  return nullptr;
+}
+
+// A GlobalAttr step's value looked up (and cached), with a new reference, or nullptr when it
+// is not found so (no exception set). A module found in the builtins is left to Python.
+[[gnu::noinline]] PyObject* lookup_global_attr(const GridStep& s, PyObject* globals) {
+  s.attr_cache = LookupCache{};  // refilled below only from the module found now
+  PyObject* module = cached_lookup(s, globals, nullptr);
+  if (module == nullptr || !PyModule_CheckExact(module)) {
+    return nullptr;
+  }
+  // Held: the lookup below can run Python (a colliding key's __eq__) that drops it.
+  Py_INCREF(module);
+  PyObject* dict = PyModule_GetDict(module);  // borrowed from the module
+  PyObject* v = nullptr;
+  if (dict != nullptr && PyDict_CheckExact(dict)) {
+    const uint64_t version = cacheable_version(dict);
+    v = PyDict_GetItemWithError(dict, s.attr);
+    if (v == nullptr) {
+      PyErr_Clear();  // the module's __getattr__, or an AttributeError: Python's
+    } else {
+      s.attr_cache = {dict, version, nullptr, 0, v};
+      Py_INCREF(v);  // before the module goes
+    }
+  }
+  Py_DECREF(module);
+  return v;
+}
+
+// A GlobalAttr step's value: borrowed from its caches (*owned stays nullptr), else looked up,
+// with the new reference in *owned; nullptr when not found so.
+inline PyObject* global_attr(const GridStep& s, PyObject* globals, PyObject** owned) {
+  if (PyObject* v = cached_global_attr(s, globals)) {
+    return v;
+  }
+  *owned = lookup_global_attr(s, globals);
+  return *owned;
 }
 
 // Runs `steps`; false as soon as a value is not what the fast case handles.
@@ -481,43 +598,31 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         break;
       }
       case GridOp::GlobalAttr: {
-        // Both lookups from their caches while the globals are unchanged (so the global is the
-        // same object, alive: still an exact module unless its __class__ was reassigned, and a
-        // module's __dict__ is fixed for its lifetime) and the module's dict is unchanged. A
-        // module found in the builtins is left to Python.
-        const LookupCache& a = s.attr_cache;
-        PyObject* module = a.dict != nullptr ? cache_hit(s, globals, nullptr) : nullptr;
-        if (module != nullptr && PyModule_CheckExact(module) && a.version != 0 &&
-            cacheable_version(a.dict) == a.version) {
-          if (!push_object(a.value, top)) {
-            return false;
-          }
-          ++top;
-          break;
-        }
-        s.attr_cache = LookupCache{};  // refilled below only from the module found now
-        module = cached_lookup(s, globals, nullptr);
-        if (module == nullptr || !PyModule_CheckExact(module)) {
-          return false;
-        }
-        // Held: the lookup below can run Python (a colliding key's __eq__) that drops it.
-        Py_INCREF(module);
-        PyObject* dict = PyModule_GetDict(module);  // borrowed from the module
-        PyObject* v = nullptr;
-        if (dict != nullptr && PyDict_CheckExact(dict)) {
-          const uint64_t version = cacheable_version(dict);
-          v = PyDict_GetItemWithError(dict, s.attr);
-          if (v == nullptr) {
-            PyErr_Clear();  // the module's __getattr__, or an AttributeError: Python's
-          } else {
-            s.attr_cache = {dict, version, nullptr, 0, v};
-          }
-        }
-        const bool pushed = v != nullptr && push_object(v, top);  // before the module goes
-        Py_DECREF(module);
+        PyObject* owned = nullptr;
+        PyObject* v = global_attr(s, globals, &owned);
+        const bool pushed = v != nullptr && push_object(v, top);
+        Py_XDECREF(owned);
         if (!pushed) {
           return false;
         }
+        ++top;
+        break;
+      }
+      case GridOp::CallGlobalAttr: {
+        // Python's order: the callee, then the operands (reading them runs no Python).
+        PyObject* owned = nullptr;
+        PyObject* callee = global_attr(s, globals, &owned);
+        long long operands[3];
+        bool ok = callee != nullptr;
+        for (int k = 0; ok && k < s.num_operands; ++k) {
+          ok = read_operand(s.operands[k], call, num_params, closure, &operands[k]);
+        }
+        ok = ok && call_known_ints(callee, operands, s.num_operands, &top->i);
+        Py_XDECREF(owned);
+        if (!ok) {
+          return false;
+        }
+        top->object = nullptr;
         ++top;
         break;
       }
@@ -633,7 +738,8 @@ bool run(const std::vector<GridStep>& steps, PyObject* fn, const BoundCall& call
         break;
       }
       default:
-        // convert() admits only the ops above (and the fusion makes GlobalAttr): none other.
+        // convert() admits only the ops above (and the fusion makes GlobalAttr and
+        // CallGlobalAttr): none other.
         __builtin_unreachable();
     }
   }
