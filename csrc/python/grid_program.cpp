@@ -448,6 +448,21 @@ bool call_known(PyObject* callee, const Value* args, int n, long long* out) {
   return call_known_ints(callee, ints, n, out);
 }
 
+// The call's argument for parameter `index` (borrowed), or nullptr when the call bound none.
+inline PyObject* call_argument(const BoundCall& call, int num_params, int index) {
+  return index < num_params ? call.args[index] : nullptr;
+}
+
+// The contents of closure cell `index` (borrowed), or nullptr when there is no such cell or it
+// is empty.
+inline PyObject* cell_contents(PyObject* closure, int index) {
+  if (closure == nullptr || !PyTuple_Check(closure) || index >= PyTuple_GET_SIZE(closure)) {
+    return nullptr;
+  }
+  PyObject* cell = PyTuple_GET_ITEM(closure, index);
+  return PyCell_Check(cell) ? PyCell_GET(cell) : nullptr;
+}
+
 // A fused call's operand, read as its step would push it; false when it is not an int.
 inline bool read_operand(const GridOperand& o, const BoundCall& call, int num_params,
                          PyObject* closure, long long* out) {
@@ -455,15 +470,8 @@ inline bool read_operand(const GridOperand& o, const BoundCall& call, int num_pa
     *out = o.value;
     return true;
   }
-  if (o.op == GridOp::Arg) {
-    PyObject* v = o.index < num_params ? call.args[o.index] : nullptr;
-    return v != nullptr && int_value(v, out);
-  }
-  if (closure == nullptr || !PyTuple_Check(closure) || o.index >= PyTuple_GET_SIZE(closure)) {
-    return false;
-  }
-  PyObject* cell = PyTuple_GET_ITEM(closure, o.index);
-  PyObject* v = PyCell_Check(cell) ? PyCell_GET(cell) : nullptr;
+  PyObject* v = o.op == GridOp::Arg ? call_argument(call, num_params, o.index)
+                                    : cell_contents(closure, o.index);
   return v != nullptr && int_value(v, out);
 }
 
@@ -551,7 +559,7 @@ inline PyObject* global_attr(const GridStep& s, PyObject* globals, PyObject** ow
   for (const GridStep& s : steps) {
     switch (s.op) {
       case GridOp::Arg: {
-        PyObject* v = s.index < num_params ? call.args[s.index] : nullptr;
+        PyObject* v = call_argument(call, num_params, s.index);
         if (v == nullptr || !PyLong_CheckExact(v) || !push_object(v, top)) {
           return false;
         }
@@ -564,11 +572,7 @@ inline PyObject* global_attr(const GridStep& s, PyObject* globals, PyObject** ow
         ++top;
         break;
       case GridOp::Cell: {
-        if (closure == nullptr || !PyTuple_Check(closure) || s.index >= PyTuple_GET_SIZE(closure)) {
-          return false;
-        }
-        PyObject* cell = PyTuple_GET_ITEM(closure, s.index);
-        PyObject* v = PyCell_Check(cell) ? PyCell_GET(cell) : nullptr;
+        PyObject* v = cell_contents(closure, s.index);
         if (v == nullptr || !push_object(v, top)) {
           return false;
         }
