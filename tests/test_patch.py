@@ -785,7 +785,7 @@ def test_run_stats_of_multiprocessing_fork_and_forkserver_children(tmp_path):
     handler: each that launched a kernel still prints its own --stats table (from
     multiprocessing's exit finalizers), counting only its own launches. A child forked after
     the program launched (a DataLoader worker) inherits its counters and launched nothing
-    itself: it prints none. Before, fork and forkserver children printed no table."""
+    itself: it prints none."""
     result = _run_with_stats(
         tmp_path,
         "import sys, multiprocessing\n"
@@ -1864,8 +1864,7 @@ def test_a_run_assigned_on_the_instance_is_what_a_launch_calls(stand_in):
 def test_a_run_assigned_or_deleted_after_native_launches_is_seen(stand_in):
     """A ``run`` assigned on an instance that already launched natively is what its next launch
     calls, as in Triton (its native dispatch is dropped); deleting it serves the kernel
-    natively again, with the same dispatch. On a plain kernel, an autotuner and a heuristics.
-    Before, an assignment after the first launch went unnoticed."""
+    natively again, with the same dispatch. On a plain kernel, an autotuner and a heuristics."""
     x, y, out = _tensors()
     heuristic = triton.heuristics({"BLOCK": lambda args: 256})(_fresh_add_kernel())
     _KEPT.append(heuristic)

@@ -222,11 +222,12 @@ def print_at_multiprocessing_exit() -> None:
     util = sys.modules.get("multiprocessing.util")
     if util is None:
         return
-    util.Finalize(None, print_stats_at_exit, exitpriority=-sys.maxsize)
+    _finalize_at_multiprocessing_exit(print_stats_at_exit)
     util.register_after_fork(print_stats_at_exit, _finalize_at_multiprocessing_exit)
 
 
 def _finalize_at_multiprocessing_exit(printer) -> None:
+    """Registers ``printer`` as the last of multiprocessing's exit finalizers."""
     sys.modules["multiprocessing.util"].Finalize(None, printer, exitpriority=-sys.maxsize)
 
 
