@@ -260,20 +260,19 @@ void launch(const LaunchRecord& record, const LaunchGrid& grid, CUstream stream,
   for (size_t i = 0; i < n; ++i) {
     const PackSlot slot = plan[i];
     const ArgValue& v = args[slot.arg_index];
+    // The common exact matches point the driver at the argument's own value, which lives until
+    // the call returns (the driver copies the parameters before cuLaunchKernel returns): a
+    // tensor's address, an i64 or u64 as is, an i32 as the low 4 bytes of its i64 value
+    // (little-endian). Every other combination (conversions, range checks, errors) is packed
+    // into `storage` by pack_other.
+    if ((slot.type == ParamType::Pointer && v.kind == ArgKind::Tensor) ||
+        (v.kind == ArgKind::Int && ((slot.type == ParamType::I32 && v.width == IntWidth::I32) ||
+                                    (slot.type == ParamType::I64 && v.width != IntWidth::U64) ||
+                                    (slot.type == ParamType::U64 && v.width == IntWidth::U64)))) {
+      params[i] = const_cast<uint64_t*>(&v.u);
+      continue;
+    }
     params[i] = &storage[i];
-    // The common exact matches inline; every other combination (conversions, range checks,
-    // errors) goes through pack_param.
-    if (slot.type == ParamType::Pointer && v.kind == ArgKind::Tensor) {
-      storage[i] = v.u;
-      continue;
-    }
-    if (v.kind == ArgKind::Int && ((slot.type == ParamType::I32 && v.width == IntWidth::I32) ||
-                                   (slot.type == ParamType::I64 && v.width != IntWidth::U64) ||
-                                   (slot.type == ParamType::U64 && v.width == IntWidth::U64))) {
-      // Little-endian: the low 4 bytes of the 8-byte slot are the i32 value.
-      storage[i] = slot.type == ParamType::I32 ? uint64_t(uint32_t(int32_t(v.i))) : v.u;
-      continue;
-    }
     pack_other(record, slot, v, &storage[i], &params[i], &num_tensor_maps);
   }
   // Triton's launcher converts every argument, then launches nothing for an empty grid: a bad
