@@ -237,7 +237,10 @@ extern thread_local int t_launch_nesting;
 /// forced unwind) must not touch its thread state again, which a destructor would.
 template <typename Call>
 PyObject* call_from_launch(Call&& call) {
-  if (t_launch_nesting >= kMaxLaunchNesting) {
+  // The thread-local's address, looked up once (each access from a shared library otherwise
+  // calls __tls_get_addr); `call()` runs on this thread, so it stays this thread's counter.
+  int& nesting = t_launch_nesting;
+  if (nesting >= kMaxLaunchNesting) {
     PyErr_Format(PyExc_RecursionError,
                  "kernel launches nested more than %d deep (each through a grid function, "
                  "launch hook or compile of the launch outside it)",
@@ -247,9 +250,9 @@ PyObject* call_from_launch(Call&& call) {
   if (Py_EnterRecursiveCall(" in a kernel launch") != 0) {
     return nullptr;
   }
-  ++t_launch_nesting;
+  ++nesting;
   PyObject* result = call();
-  --t_launch_nesting;
+  --nesting;
   Py_LeaveRecursiveCall();
   return result;
 }
