@@ -40,7 +40,7 @@ fi
 # functions (tests/test_libraries.py). Pinned, and installed without their dependencies (torch,
 # triton, numpy, einops: all installed above or here): resolving them would re-resolve torch's
 # own triton pin and replace the Triton this environment was asked for.
-"${pip[@]}" install --no-deps liger-kernel==0.8.5 fla-core==0.6.0 einops conch-triton-kernels==1.3
+"${pip[@]}" install --no-deps liger-kernel==0.8.5 fla-core==0.6.0 einops==0.8.2 conch-triton-kernels==1.3
 # The hygiene tools `lint` runs, pinned so that their verdicts do not drift.
 "${pip[@]}" install ruff==0.17.6 mypy==2.4.1 clang-format==18.1.8
 # The Python fuzzers' engine (scripts/fuzz.sh); a Python it has no wheel for skips it here and

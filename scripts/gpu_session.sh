@@ -21,14 +21,14 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
-# The kernel libraries the tests call (Liger-Kernel, fla-core, conch-triton-kernels) are not on
-# the GPU machines and nothing can be fetched there: download their wheels here first with
+# The kernel libraries the tests call (Liger-Kernel, fla-core and its einops,
+# conch-triton-kernels) are not on the GPU machines and nothing can be fetched there: download their wheels here first with
 #   scripts/gpu_session.sh wheels      (into .whl/, which .gitignore keeps out of commits)
 # and name .whl in the device call's carry; they are installed beside the image's packages.
 if [ "$step" = wheels ]; then
   "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 -d .whl \
-    liger-kernel==0.8.5 fla-core==0.6.0 conch-triton-kernels==1.3
+    liger-kernel==0.8.5 fla-core==0.6.0 einops==0.8.2 conch-triton-kernels==1.3
   ls .whl
   exit 0
 fi
@@ -44,9 +44,13 @@ fi
 
 case "$step" in
   test)
+    # Both runs always, so one device call gives both logs; the step fails if either did.
     set -o pipefail
-    "$py" -m pytest -q -m gpu tests -p no:cacheprovider -rs "$@" 2>&1 | tee "$OUT/pytest-gpu.log"
-    "$py" -m pytest -q tests -p no:cacheprovider -x "$@" 2>&1 | tee "$OUT/pytest-all.log"
+    status=0
+    "$py" -m pytest -q -m gpu tests -p no:cacheprovider -rs "$@" 2>&1 | tee "$OUT/pytest-gpu.log" ||
+      status=$?
+    "$py" -m pytest -q tests -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest-all.log" || status=$?
+    exit "$status"
     ;;
   gpu)
     set -o pipefail

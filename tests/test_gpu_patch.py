@@ -108,7 +108,7 @@ def test_patched_heuristics_launch_natively_and_compute_what_triton_computes(n):
         for _ in range(2):
             _heuristic_scale[grid](x, out, n, BLOCK=1024)
         torch.cuda.synchronize()
-        stats = _dispatch_stats(_heuristic_scale.fn)
+        stats = _dispatch_stats(_heuristic_scale)
     assert torch.equal(out, x * 2)
     assert stats["hits"] >= 1 and stats["fallbacks"] == 0, stats
 
