@@ -858,10 +858,13 @@ def triton_heuristics_call(shape, device: str) -> tuple[Any, tuple] | None:
 
     if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
         return None
+    # The heuristic reads only the argument mapping and a constant default, as library
+    # heuristics do; one reading a closure variable would be computed by Triton's own
+    # Heuristics.run on every call (fastkernel/_heuristic_code.py).
     block = shape.make_args(device)[-1]
-    kernel = triton.heuristics({"BLOCK": lambda args: block if args["n"] >= block else 2 * block})(
-        JITFunction(shape.kernel.fn)
-    )
+    kernel = triton.heuristics(
+        {"BLOCK": lambda args, block=block: block if args["n"] >= block else 2 * block}
+    )(JITFunction(shape.kernel.fn))
     return kernel, shape.make_args(device)[:-1]
 
 
@@ -898,4 +901,26 @@ def time_patched(
             systems["patched_heuristics"] = Timed(
                 call_loop(triton_heuristics[0], shape.grid, triton_heuristics[1])
             )
-        return time_systems(systems, iterations, repeats, sync, before_repeat=reset)
+        timings = time_systems(systems, iterations, repeats, sync, before_repeat=reset)
+        kernels = {"patched": jit}
+        if triton_tuned is not None:
+            kernels["patched_autotuned"] = triton_tuned[0]
+        if triton_heuristics is not None:
+            kernels["patched_heuristics"] = triton_heuristics[0]
+        _warn_unless_native(shape, kernels)
+        return timings
+
+
+def _warn_unless_native(shape, kernels: dict[str, Any]) -> None:
+    """Warns for each patched kernel whose timed calls were not all native hits (a row timing
+    Triton's own path would otherwise pass for a patched hit)."""
+    from fastkernel.kernel import PATCH_ATTR
+
+    for name, kernel in kernels.items():
+        dispatch = kernel.__dict__.get(PATCH_ATTR)
+        stats = dispatch.stats() if dispatch is not None else None
+        if stats is None or stats["hits"] == 0 or stats["fallbacks"]:
+            print(
+                f"WARNING: {shape.name}: {name}: the patched calls were not all native hits "
+                f"({stats})"
+            )
