@@ -301,29 +301,54 @@ def callgrind_child(argv: list[str]) -> int:
             )
         _host_helpers.uninstall()
         _clear_enter_hook()
-        # The same kernel as a plain Triton JITFunction under fastkernel.patch(), tuple grid.
+        # The same kernel as a plain Triton JITFunction under fastkernel.patch(), tuple grid;
+        # then under Triton's own autotune and heuristics, patched.
         with patched():
-            shape.kernel[shape.grid](*args)  # its dispatch's miss (warm index and disk cache)
-            dispatch = shape.kernel.__dict__[PATCH_ATTR]
-            for _ in range(_CALLGRIND_WARMUP):
-                shape.kernel[shape.grid](*args)
-            drv.reset()
-            hits_before = dispatch.stats()["hits"]
-            _C.bench_call_loop(shape.kernel, shape.grid, args, opts.hits)
-            loops.append(
-                {
-                    "shape": shape.name,
-                    "grid": "patched",
-                    "num_args": shape.num_args,
-                    "num_tensors": shape.num_tensors,
-                    "hits": dispatch.stats()["hits"] - hits_before,
-                    "launches": drv.launch_count(),
-                }
-            )
+            patched_calls = [("patched", shape.kernel, args), *_patched_tuned_calls(shape)]
+            for grid_kind, kernel, call_args in patched_calls:
+                kernel[shape.grid](*call_args)  # the miss (warm index and disk cache)
+                dispatch = kernel.__dict__[PATCH_ATTR]
+                for _ in range(_CALLGRIND_WARMUP):
+                    kernel[shape.grid](*call_args)
+                drv.reset()
+                before = dispatch.stats()
+                _C.bench_call_loop(kernel, shape.grid, call_args, opts.hits)
+                after = dispatch.stats()
+                loops.append(
+                    {
+                        "shape": shape.name,
+                        "grid": grid_kind,
+                        "num_args": shape.num_args,
+                        "num_tensors": shape.num_tensors,
+                        # A tuned or heuristics call that Triton's own run served is no hit.
+                        "hits": after["hits"] - before["hits"]
+                        if after["fallbacks"] == before["fallbacks"]
+                        else 0,
+                        "launches": drv.launch_count(),
+                    }
+                )
     _C._testing.set_host_testing(False, 0, 0)
     with open(opts.manifest, "w") as f:
         json.dump({"loops": loops, "hits_requested": opts.hits}, f)
     return 0
+
+
+def _patched_tuned_calls(shape) -> list[tuple[str, Any, tuple]]:
+    """The shape's kernel under Triton's own ``triton.autotune`` (tuned by its first call,
+    the first config winning: there is no GPU to time them on) and ``triton.heuristics``, with
+    their call arguments: (grid kind, kernel, arguments). Empty for shapes without BLOCK. Call
+    under ``fastkernel.patch()``."""
+    from . import common
+    from .host import _first_config_wins
+
+    calls = []
+    tuned = common.triton_autotuned_call(shape, "cpu", _first_config_wins)
+    if tuned is not None:
+        calls.append(("patched autotune", *tuned))
+    heuristics = common.triton_heuristics_call(shape, "cpu")
+    if heuristics is not None:
+        calls.append(("patched heuristics", *heuristics))
+    return calls
 
 
 def _dump_index(path: pathlib.Path) -> int:
@@ -357,9 +382,15 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # Compiling under valgrind would take minutes: fill Triton's disk cache natively first.
+    # Compiling under valgrind would take minutes: fill Triton's disk cache natively first,
+    # the autotuned kernels' configs included.
+    from fastkernel.patch import patched
+
     for shape in SHAPES:
         FastKernel(shape.kernel)[shape.grid](*shape.make_args("cpu"))
+        with patched():
+            for _, kernel, call_args in _patched_tuned_calls(shape):
+                kernel[shape.grid](*call_args)
     drv.reset()
 
     with tempfile.TemporaryDirectory(prefix="fastkernel-callgrind-") as tmp:
@@ -481,14 +512,17 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
         print(f"  {loop['shape']:<12}{loop['grid']:<18}{cells}")
     own = {(lp["shape"], lp["grid"]): lp["instructions_per_hit"]["fastkernel"] for lp in loops}
 
-    def against_tuple(kind: str, value: Callable[[float, float], str]) -> str:
-        """'shape: value(count of the `kind` loop, count of the tuple-grid loop)' for each shape
+    def against(kind: str, base: str, value: Callable[[float, float], str]) -> str:
+        """'shape: value(count of the `kind` loop, count of the `base` loop)' for each shape
         that has both loops."""
         return "  ".join(
-            f"{shape}: {value(own[(shape, kind)], own[(shape, 'tuple')])}"
+            f"{shape}: {value(own[(shape, kind)], own[(shape, base)])}"
             for shape, grid in own
-            if grid == "tuple" and (shape, kind) in own
+            if grid == base and (shape, kind) in own
         )
+
+    def against_tuple(kind: str, value: Callable[[float, float], str]) -> str:
+        return against(kind, "tuple", value)
 
     options = ", ".join(f"{k}={v}" for k, v in CALL_SITE_OPTIONS.items())
     lines = [
@@ -518,6 +552,16 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
             "patched Triton kernel / @fastkernel kernel (fastkernel's own instructions per hit, "
             "tuple grid; the stand-in driver's share varies run to run): ",
             against_tuple("patched", lambda k, t: f"{k / t:.3f}"),
+        ),
+        (
+            "patched triton.autotune tuned hit / patched plain hit (fastkernel's own "
+            "instructions per hit, tuple grid): ",
+            against("patched autotune", "patched", lambda k, t: f"{k / t:.3f}"),
+        ),
+        (
+            "patched triton.heuristics hit / patched plain hit (fastkernel's own instructions "
+            "per hit, tuple grid): ",
+            against("patched heuristics", "patched", lambda k, t: f"{k / t:.3f}"),
         ),
         (
             "a no-op launch_enter_hook adds (fastkernel's instructions per hit, over the "

@@ -389,8 +389,9 @@ bool run_pre_run_hooks(KernelObject* kernel, PyObject* const* args, Py_ssize_t n
 // Gives the parameters a tuned config provides (absent from the call) the record's values, so
 // the callable grid and the hooks see them as Triton's autotuner passes them.
 void fill_tuned_args(const KernelState& st, const LaunchRecord& rec, BoundCall* call) {
+  // Only a parameter a tuned config provides can be left unbound by a call that bound.
   PyObject* tuned = static_cast<PyObject*>(rec.tuned_args);
-  for (size_t i = 0; i < st.params.size(); ++i) {
+  for (const int i : st.config_params) {
     if (call->args[i] == nullptr) {
       call->args[i] = tuned != nullptr ? PyTuple_GET_ITEM(tuned, Py_ssize_t(i)) : Py_None;
     }
@@ -407,7 +408,13 @@ bool still_published(KernelObject* kernel, PyObject* value) {
     PyErr_Clear();  // an owner without a __dict__: set the attribute on every hit
     return false;
   }
-  const bool same = PyDict_CheckExact(dict) && PyDict_GetItem(dict, kernel->publish_name) == value;
+  // An exact dict looked up with an exact str raises nothing; PyDict_GetItem would still save
+  // and restore the error state around the lookup (about 30 instructions a hit).
+  const bool same =
+      PyDict_CheckExact(dict) && PyDict_GetItemWithError(dict, kernel->publish_name) == value;
+  if (PyErr_Occurred()) {
+    PyErr_Clear();  // never for the dict and name above; the attribute is then set again
+  }
   Py_DECREF(dict);
   return same;
 }

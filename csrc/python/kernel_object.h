@@ -72,6 +72,7 @@ struct KernelState {
   GridPrograms* grid_programs = nullptr;  ///< native programs of grid functions (grid_program.h)
   uint64_t grid_program_epoch = 0;        ///< advanced when grid_programs is cleared
   bool has_config_params = false;         ///< some parameter is kTuneConfigProvided
+  std::vector<int> config_params;         ///< the indices of those parameters, in order
   /// has_config_params, or a publish owner is set: a hit has more to do than launch (one test
   /// on the hot path for both).
   bool hit_extras = false;

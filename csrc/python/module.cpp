@@ -90,10 +90,13 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
     st.params.push_back(p);
     st.param_names.push_back(p.name);  // borrowed: owned by the ParamSpec
   }
-  st.has_config_params = false;
-  for (const ParamSpec& p : st.params) {
-    st.has_config_params |= (p.tune & kTuneConfigProvided) != 0;
+  st.config_params.clear();
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    if (st.params[i].tune & kTuneConfigProvided) {
+      st.config_params.push_back(int(i));
+    }
   }
+  st.has_config_params = !st.config_params.empty();
   st.hit_extras = st.has_config_params || kernel->publish_owner != nullptr;
   for (const std::string& o : option_names) {
     st.option_names.push_back(interned(o));
