@@ -71,6 +71,11 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   Py_CLEAR(st.keywords.kwnames);  // its binding names the old parameters
   st.keywords.nargs = -1;
   clear_option_words(&st.keywords);  // and so do its option words
+  // The config parameters index the old parameters too: none until the loop below completes
+  // (a bad tuple throws from it and leaves the kernel with the parameters read so far).
+  st.config_params.clear();
+  st.has_config_params = false;
+  st.hit_extras = kernel->publish_owner != nullptr;
   for (py::handle item : params) {
     // (name, is_constexpr, specialize, align, tune flags (TuneFlag bits), has_default, default)
     py::tuple t = py::reinterpret_borrow<py::tuple>(item);
@@ -90,7 +95,6 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
     st.params.push_back(p);
     st.param_names.push_back(p.name);  // borrowed: owned by the ParamSpec
   }
-  st.config_params.clear();
   for (size_t i = 0; i < st.params.size(); ++i) {
     if (st.params[i].tune & kTuneConfigProvided) {
       st.config_params.push_back(int(i));
