@@ -131,6 +131,8 @@ def _memoized_digest(kind: str, signature: str, compute, memo_dir: str | None) -
     input (the way ccache's direct mode trusts file stats): a changed input changes a stat and
     the digest is computed again. The memo is local; entries carry the digest itself."""
     digest = _digests.get((kind, signature))
+    if digest is not None and (not memo_dir or (memo_dir, kind, signature) in memos_written):
+        return digest  # the usual case after the first call: no path is built
     memo = pathlib.Path(memo_dir) / f"{kind}-{signature[:40]}.txt" if memo_dir else None
     if digest is None and memo is not None:
         try:
@@ -176,11 +178,21 @@ def _backend_stat_signature(target) -> str:
         str(target.backend),
         repr(getattr(getattr(knobs, "nvidia", None), "mock_ptx_version", None)),
     ]
-    bin_dir = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    for tool in ("ptxas", "ptxas-blackwell"):
-        env = os.environ.get(f"TRITON_{tool.upper().replace('-', '_')}_PATH")
-        parts += [_stat_part(path) for path in ([env] if env else []) + [str(bin_dir / tool)]]
+    for env_var, bundled in _ptxas_paths():
+        env = os.environ.get(env_var)
+        parts += [_stat_part(path) for path in ([env] if env else []) + [bundled]]
     return _sha256("\n".join(parts))
+
+
+@functools.cache
+def _ptxas_paths() -> tuple[tuple[str, str], ...]:
+    """Per ptxas Triton may run: the environment variable naming another binary, and the one
+    Triton bundles (triton/knobs.py ``env_nvidia_tool``). Fixed for the process's Triton."""
+    bin_dir = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return tuple(
+        (f"TRITON_{tool.upper().replace('-', '_')}_PATH", str(bin_dir / tool))
+        for tool in ("ptxas", "ptxas-blackwell")
+    )
 
 
 def _backend_digest(target, memo_dir: str | None) -> str:
