@@ -817,7 +817,7 @@ struct Scratch {
     return false;
   }
   const KernelState& st = *kernel->state;
-  if (st.hit_extras && st.has_config_params) {
+  if (st.hit_extras && !st.config_params.empty()) {
     fill_tuned_args(st, rec, call);
   }
   return true;
@@ -880,7 +880,7 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       return unbound_slots_error(kernel, *rec, call);
     }
     if (C10_UNLIKELY(st.hit_extras)) {
-      if (st.has_config_params) {
+      if (!st.config_params.empty()) {
         fill_tuned_args(st, *rec, &call);
       }
       if (kernel->publish_owner != nullptr && !publish(kernel, *rec)) {

@@ -71,10 +71,9 @@ struct KernelState {
   PyObject* param_name_tuple = nullptr;   ///< the parameter names as a tuple, owned
   GridPrograms* grid_programs = nullptr;  ///< native programs of grid functions (grid_program.h)
   uint64_t grid_program_epoch = 0;        ///< advanced when grid_programs is cleared
-  bool has_config_params = false;         ///< some parameter is kTuneConfigProvided
-  std::vector<int> config_params;         ///< the indices of those parameters, in order
-  /// has_config_params, or a publish owner is set: a hit has more to do than launch (one test
-  /// on the hot path for both).
+  std::vector<int> config_params;         ///< the kTuneConfigProvided parameters' indices, in order
+  /// config_params is not empty, or a publish owner is set: a hit has more to do than launch
+  /// (one test on the hot path for both).
   bool hit_extras = false;
   uint64_t hits = 0, misses = 0, fallbacks = 0;
   /// The launch hooks' metadata dict of the last hooked launch (owned; copied per launch) and

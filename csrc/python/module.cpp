@@ -40,6 +40,12 @@ PyObject* interned(const std::string& s) {
   return o;
 }
 
+// Whether a hit has more to do than launch: config values to fill, or an owner to publish to.
+void refresh_hit_extras(KernelObject* kernel) {
+  kernel->state->hit_extras =
+      !kernel->state->config_params.empty() || kernel->publish_owner != nullptr;
+}
+
 void configure(py::handle kernel_obj, const std::string& name, const py::list& params,
                const std::vector<std::string>& option_names, py::object miss_handler,
                py::object scratch_allocator, py::object pre_run_hooks) {
@@ -74,8 +80,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   // The config parameters index the old parameters too: none until the loop below completes
   // (a bad tuple throws from it and leaves the kernel with the parameters read so far).
   st.config_params.clear();
-  st.has_config_params = false;
-  st.hit_extras = kernel->publish_owner != nullptr;
+  refresh_hit_extras(kernel);
   for (py::handle item : params) {
     // (name, is_constexpr, specialize, align, tune flags (TuneFlag bits), has_default, default)
     py::tuple t = py::reinterpret_borrow<py::tuple>(item);
@@ -100,8 +105,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
       st.config_params.push_back(int(i));
     }
   }
-  st.has_config_params = !st.config_params.empty();
-  st.hit_extras = st.has_config_params || kernel->publish_owner != nullptr;
+  refresh_hit_extras(kernel);
   for (const std::string& o : option_names) {
     st.option_names.push_back(interned(o));
   }
@@ -164,7 +168,7 @@ void register_kernel_methods() {
         Py_XSETREF(kernel->publish_name, interned);
         Py_XSETREF(kernel->last_published, nullptr);
         Py_XSETREF(kernel->publish_owner, owner.is_none() ? nullptr : owner.inc_ref().ptr());
-        kernel->state->hit_extras = kernel->state->has_config_params || !owner.is_none();
+        refresh_hit_extras(kernel);
       },
       py::arg("owner"), py::arg("name"),
       "A hit sets `owner.<name>` to its record's `published` object when that differs from the\n"
