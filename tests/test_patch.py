@@ -1842,6 +1842,32 @@ def test_best_config_set_by_user_code_is_set_again_by_the_next_hit(stand_in):
         assert _stats_of(tuned)["hits"] == 3
 
 
+def test_best_config_changed_in_the_instance_dict_is_set_again_by_the_next_hit(stand_in):
+    """A hit skips reading the autotuner's instance dict while the dict is the one it last read,
+    at the same version (PEP 509): a store straight into the dict, and a new ``__dict__``, both
+    change that, so the next hit sets ``best_config`` again."""
+    tuned = _autotuned([3.0, 1.0])
+    x, y, out = _tensors()
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        for _ in range(3):  # tunes, then hits that find best_config in place and keep the dict
+            tuned[(4,)](x, y, out, N)
+            assert tuned.best_config is CONFIGS[1]
+        vars(tuned)["best_config"] = CONFIGS[0]
+        tuned[(4,)](x, y, out, N)
+        assert tuned.best_config is CONFIGS[1]
+        tuned[(4,)](x, y, out, N)
+        vars(tuned).pop("best_config")
+        tuned[(4,)](x, y, out, N)
+        assert tuned.best_config is CONFIGS[1]
+        tuned[(4,)](x, y, out, N)
+        tuned.__dict__ = {**vars(tuned), "best_config": None}
+        tuned[(4,)](x, y, out, N)
+        assert tuned.best_config is CONFIGS[1]
+        tuned[(4,)](x, y, out, N)
+        assert tuned.best_config is CONFIGS[1]
+        assert _stats_of(tuned)["hits"] == 8
+
+
 def test_a_run_assigned_on_the_instance_is_what_a_launch_calls(stand_in):
     """``kernel[grid]`` is Triton's ``self.run(...)``: a ``run`` set on the instance (a tracing
     wrapper) is called, on an autotuner and on a plain kernel."""

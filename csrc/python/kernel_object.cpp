@@ -398,11 +398,34 @@ void fill_tuned_args(const KernelState& st, const LaunchRecord& rec, BoundCall* 
   }
 }
 
-// Whether the owner's instance dict still maps the published name to `value`: user code can
-// set or delete the attribute between hits (`autotuner.best_config = None`), where Triton's
-// Autotuner.run sets it again on every call. Read from the dict itself, so no descriptor or
-// __getattr__ of the owner runs on a hit.
-bool still_published(KernelObject* kernel, PyObject* value) {
+// A hit's check that the owner's instance dict still maps the published name to the value it
+// published last. Its dict's version (PEP 509) changes with every store through the dict and is
+// never reused, so while the owner has the dict a hit last read, at the version it had then,
+// nothing changed the mapping and the lookup is skipped. Not on CPython 3.13 and later, whose
+// instance dicts can change without their version through the object's inline values
+// (knob_watch.h dict_version), where every hit reads the dict.
+#if PY_VERSION_HEX < 0x030D0000
+constexpr bool kVersionedInstanceDicts = true;
+
+// The owner's instance dict (borrowed), made if the owner has none yet, or nullptr (no dict
+// slot, or an allocation failed: cleared, the caller then reads the dict the general way).
+PyObject* owner_dict(PyObject* owner) {
+  PyObject** slot = _PyObject_GetDictPtr(owner);
+  if (slot == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  return *slot;
+}
+#else
+constexpr bool kVersionedInstanceDicts = false;
+PyObject* owner_dict(PyObject*) { return nullptr; }
+#endif
+
+// Whether the owner's instance dict maps the published name to `value`, read from the dict
+// itself, so no descriptor or __getattr__ of the owner runs on a hit. When it does, the dict
+// and its version are kept for the next hit's check.
+bool dict_maps_published(KernelObject* kernel, PyObject* value) {
   PyObject* dict = PyObject_GenericGetDict(kernel->publish_owner, nullptr);
   if (dict == nullptr) {
     PyErr_Clear();  // an owner without a __dict__: set the attribute on every hit
@@ -415,8 +438,24 @@ bool still_published(KernelObject* kernel, PyObject* value) {
   if (PyErr_Occurred()) {
     PyErr_Clear();  // never for the dict and name above; the attribute is then set again
   }
+  if (same && kVersionedInstanceDicts && owner_dict(kernel->publish_owner) == dict) {
+    kernel->published_dict = dict;
+    kernel->published_version = dict_version(dict);
+  }
   Py_DECREF(dict);
   return same;
+}
+
+// Whether the owner still holds `value` under the published name: user code can set or
+// delete the attribute between hits (`autotuner.best_config = None`), where Triton's
+// Autotuner.run sets it again on every call.
+bool still_published(KernelObject* kernel, PyObject* value) {
+  if (kVersionedInstanceDicts && kernel->published_dict != nullptr &&
+      owner_dict(kernel->publish_owner) == kernel->published_dict &&
+      dict_version(kernel->published_dict) == kernel->published_version) {
+    return true;
+  }
+  return dict_maps_published(kernel, value);
 }
 
 // Sets the owner's attribute to the record's published object, unless it already holds it.
@@ -425,9 +464,12 @@ bool publish(KernelObject* kernel, const LaunchRecord& rec) {
   if (value == nullptr || (value == kernel->last_published && still_published(kernel, value))) {
     return true;
   }
+  kernel->published_dict = nullptr;
   if (PyObject_SetAttr(kernel->publish_owner, kernel->publish_name, value) != 0) {
     return false;
   }
+  // The next hit with this value reads the dict (a descriptor or __setattr__ may have stored
+  // the value elsewhere) and, finding it there, keeps the dict's version for the hits after.
   Py_XSETREF(kernel->last_published, Py_NewRef(value));
   return true;
 }

@@ -103,6 +103,12 @@ struct KernelObject {
   PyObject* publish_owner;
   PyObject* publish_name;
   PyObject* last_published;
+  /// The owner's instance dict and its version (PEP 509) when a hit last found or made it map
+  /// publish_name to last_published: while the owner has this dict at this version, the
+  /// mapping holds without a lookup. Not owned: read only once the owner's current dict is
+  /// found to be this very object.
+  PyObject* published_dict;
+  uint64_t published_version;
   /// The `jit_function` attribute (the wrapped JITFunction), in a slot so that a hooked launch
   /// reads it without an attribute lookup; nullptr while unset.
   PyObject* jit_function;

@@ -167,6 +167,7 @@ void register_kernel_methods() {
         PyUnicode_InternInPlace(&interned);
         Py_XSETREF(kernel->publish_name, interned);
         Py_XSETREF(kernel->last_published, nullptr);
+        kernel->published_dict = nullptr;
         Py_XSETREF(kernel->publish_owner, owner.is_none() ? nullptr : owner.inc_ref().ptr());
         refresh_hit_extras(kernel);
       },
