@@ -11,6 +11,12 @@
 #                                    racecheck, synccheck or initcheck; default memcheck) over
 #                                    the pytest args (default tests/test_gpu.py)
 #   scripts/gpu_session.sh example   build, then the C++ torch op example (examples/torch_op)
+#   scripts/gpu_session.sh all       build, then in one device call, most valuable first, each
+#                                    under its own time limit so that what finished comes back:
+#                                    the GPU tests, the benchmark (--quick), memcheck over the
+#                                    GPU tests, the corpus and the patch tests, racecheck over
+#                                    the GPU tests; $OUT/summary.txt has each part's exit status
+#                                    and seconds (124: it ran past its limit)
 #   scripts/gpu_session.sh wheels    (here, not there) download the test libraries' wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,5 +83,32 @@ case "$step" in
     cmake --build "$build" >> "$OUT/example-cmake.log" 2>&1
     "$py" examples/torch_op/add_kernel.py "$build" 2>&1 | tee "$OUT/example.log"
     ;;
-  *) echo "usage: scripts/gpu_session.sh test|gpu|bench|sanitize|example|wheels [args]" >&2; exit 2 ;;
+  all)
+    # A drawn task gets about 15 minutes of device time, machine start included: one call of at
+    # most 10 minutes. The limits (seconds; FASTKERNEL_GPU_LIMITS="tests bench memcheck
+    # racecheck") add up to about 9 minutes after the build.
+    read -r t_tests t_bench t_memcheck t_racecheck <<<"${FASTKERNEL_GPU_LIMITS:-120 180 150 60}"
+    : >"$OUT/summary.txt"
+    status=0
+    part() {  # part NAME LIMIT COMMAND...: the command's output in $OUT/NAME.log
+      local name=$1 limit=$2 start rc=0
+      shift 2
+      start=$SECONDS
+      timeout --signal=INT --kill-after=15 "$limit" "$@" >"$OUT/$name.log" 2>&1 || rc=$?
+      echo "$name exit=$rc seconds=$((SECONDS - start)) limit=$limit" | tee -a "$OUT/summary.txt"
+      [ "$rc" = 0 ] || status=1
+    }
+    part pytest-gpu "$t_tests" "$py" -m pytest -q -m gpu tests -p no:cacheprovider -rs
+    stamp=$(mktemp)
+    part bench "$t_bench" "$py" benchmarks/dispatch.py --quick --out benchmarks/results
+    find benchmarks/results -type f -newer "$stamp" -exec cp {} "$OUT/" \;  # this run's only
+    rm -f "$stamp"
+    part memcheck "$t_memcheck" compute-sanitizer --tool memcheck --error-exitcode 1 \
+      "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_corpus.py \
+      tests/test_gpu_patch.py
+    part racecheck "$t_racecheck" compute-sanitizer --tool racecheck --error-exitcode 1 \
+      "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
+    exit "$status"
+    ;;
+  *) echo "usage: scripts/gpu_session.sh test|gpu|bench|sanitize|example|all|wheels [args]" >&2; exit 2 ;;
 esac
