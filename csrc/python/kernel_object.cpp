@@ -438,7 +438,7 @@ bool dict_maps_published(KernelObject* kernel, PyObject* value) {
   if (PyErr_Occurred()) {
     PyErr_Clear();  // never for the dict and name above; the attribute is then set again
   }
-  if (same && kVersionedInstanceDicts && owner_dict(kernel->publish_owner) == dict) {
+  if (same && kVersionedInstanceDicts) {  // `dict` is the owner's slot's (owner_dict)
     kernel->published_dict = dict;
     kernel->published_version = dict_version(dict);
   }
