@@ -10,6 +10,7 @@
 #   FASTKERNEL_TORCH_INCLUDE_DIRS  torch.utils.cpp_extension.include_paths()
 #   FASTKERNEL_TORCH_LIBRARY_DIR   torch.utils.cpp_extension.library_paths()[0] (torch/lib)
 #   FASTKERNEL_TORCH_CXX11_ABI     int(torch._C._GLIBCXX_USE_CXX11_ABI)
+#   FASTKERNEL_TORCH_VERSION       torch.__version__ (it picks the C++ standard, below)
 # Defines fastkernel::torch (headers, c10, torch_cpu) and fastkernel::torch_python (also
 # torch_python, for extension modules that take Python tensors).
 if(TARGET fastkernel::torch)
@@ -31,7 +32,21 @@ target_compile_definitions(fastkernel::torch INTERFACE
   _GLIBCXX_USE_CXX11_ABI=${FASTKERNEL_TORCH_CXX11_ABI})
 target_link_libraries(fastkernel::torch INTERFACE
   "${FASTKERNEL_TORCH_c10_LIBRARY}" "${FASTKERNEL_TORCH_torch_cpu_LIBRARY}")
-target_compile_features(fastkernel::torch INTERFACE cxx_std_17)
+# The C++ standard torch.utils.cpp_extension compiles this torch's extensions with: C++20 from
+# torch 2.13 (pytorch/pytorch#176659), whose headers require it from 2.14 (std::strong_ordering in
+# c10/util/intrusive_ptr.h, requires-clauses in ATen/core/TensorBase.h); C++17 before. Whatever
+# links fastkernel::torch is compiled with at least that standard.
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" _fk_torch_release "${FASTKERNEL_TORCH_VERSION}")
+if(NOT _fk_torch_release)
+  message(FATAL_ERROR "fastkernel: cannot read a torch release from FASTKERNEL_TORCH_VERSION "
+                      "'${FASTKERNEL_TORCH_VERSION}'")
+endif()
+if(_fk_torch_release VERSION_GREATER_EQUAL 2.13)
+  set(FASTKERNEL_TORCH_CXX_STANDARD 20)
+else()
+  set(FASTKERNEL_TORCH_CXX_STANDARD 17)
+endif()
+target_compile_features(fastkernel::torch INTERFACE cxx_std_${FASTKERNEL_TORCH_CXX_STANDARD})
 add_library(fastkernel::torch_python INTERFACE IMPORTED)
 target_link_libraries(fastkernel::torch_python INTERFACE
   fastkernel::torch "${FASTKERNEL_TORCH_torch_python_LIBRARY}")

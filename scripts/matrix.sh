@@ -24,6 +24,7 @@ gpu     3.12  torch==2.11.0  triton==3.6.0
 oldest  3.10  torch==2.11.0  triton==3.5.1
 newest  3.13  torch==2.11.0  triton==3.8.0
 t37     3.11  torch==2.13.0  triton==3.7.1
+torch214 3.12 torch==2.14.1  triton==3.8.0
 "
 
 want=("$@")
