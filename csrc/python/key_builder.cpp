@@ -186,7 +186,9 @@ bool push_object_constexpr(PyObject* v, SpecializationKey* key, int depth);
 // Tuples nest at most this deep on the native path (deeper ones take Triton's own).
 constexpr int kMaxTupleDepth = 4;
 
-bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
+// Out of line: inlined into push_constexpr_param, its registers' saves would move onto the
+// common path there.
+[[gnu::noinline]] bool push_constexpr(PyObject* v, SpecializationKey* key, int depth = 0) {
   if (v == Py_None) {
     key->push(uint64_t(ArgKind::ConstexprNone));
     return true;
