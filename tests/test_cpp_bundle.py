@@ -417,3 +417,47 @@ def test_the_launch_table_keeps_a_pinned_record_when_an_allocation_fails(cpp_pro
         result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.splitlines() == expected
+
+
+@pytest.mark.parametrize(
+    "version, standard",
+    [
+        ("2.9.1+cu128", "cxx_std_17"),
+        ("2.12.1", "cxx_std_17"),
+        ("2.13.0+cpu", "cxx_std_20"),
+        ("2.14.1+cu130", "cxx_std_20"),
+        ("3.0.0a0+git1234", "cxx_std_20"),
+        ("unknown", None),
+    ],
+)
+def test_fastkernel_torch_carries_the_standard_torchs_extension_builder_uses(
+    tmp_path, version, standard
+):
+    """fastkernel::torch requires C++20 from torch 2.13 (torch 2.14's headers do not compile as
+    C++17), C++17 before; a version it cannot read stops the configure with the value."""
+    from torch.utils import cpp_extension
+
+    paths = ";".join(cpp_extension.include_paths())
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\n"
+        "project(standard_probe LANGUAGES CXX)\n"
+        f'set(FASTKERNEL_TORCH_INCLUDE_DIRS "{paths}")\n'
+        f'set(FASTKERNEL_TORCH_LIBRARY_DIR "{cpp_extension.library_paths()[0]}")\n'
+        f"set(FASTKERNEL_TORCH_CXX11_ABI {int(torch._C._GLIBCXX_USE_CXX11_ABI)})\n"
+        f'set(FASTKERNEL_TORCH_VERSION "{version}")\n'
+        f'include("{pathlib.Path(fastkernel.get_cmake_dir()) / "fastkernelTorch.cmake"}")\n'
+        "get_target_property(features fastkernel::torch INTERFACE_COMPILE_FEATURES)\n"
+        'message(STATUS "features=${features}")\n'
+    )
+    result = subprocess.run(
+        [_tool("cmake"), "-S", str(tmp_path), "-B", str(tmp_path / "build")],
+        capture_output=True,
+        text=True,
+    )
+    if standard is None:
+        assert result.returncode != 0
+        message = " ".join(result.stderr.split())  # CMake wraps its messages
+        assert f"cannot read a torch release from FASTKERNEL_TORCH_VERSION '{version}'" in message
+    else:
+        assert result.returncode == 0, result.stderr
+        assert f"features={standard}\n" in result.stdout
