@@ -10,6 +10,10 @@
 # Each cell's summary line goes to build/matrix/results.tsv (cell, python, torch, triton,
 # result, date) and its log to build/matrix/<cell>.log; the table at the end is the README's.
 #
+# The torch214 and torch215 cells are the newest torch releases, each with the Triton it pins. A
+# pip configuration that caps torch below a cell's version (a pip constraints file) stops that
+# cell at install; PIP_CONSTRAINT=/dev/null lifts the cap for the run.
+#
 # The gpu cell is the GPU machines' own combination (Python 3.12, torch 2.11.0 CUDA build,
 # Triton 3.6.0). It builds with no CUDA toolkit visible: CUDA_HOME and CUDA_PATH unset, no nvcc
 # on PATH, and, where `unshare` may make a mount namespace (root), the toolkit directories
@@ -25,6 +29,7 @@ oldest  3.10  torch==2.11.0  triton==3.5.1
 newest  3.13  torch==2.11.0  triton==3.8.0
 t37     3.11  torch==2.13.0  triton==3.7.1
 torch214 3.12 torch==2.14.1  triton==3.8.0
+torch215 3.12 torch==2.15.0  triton==3.9.0
 "
 
 want=("$@")
