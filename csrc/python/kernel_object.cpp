@@ -401,25 +401,26 @@ void fill_tuned_args(const KernelState& st, const LaunchRecord& rec, BoundCall* 
 // A hit's check that the owner's instance dict still maps the published name to the value it
 // published last. Its dict's version (PEP 509) changes with every store through the dict and is
 // never reused, so while the owner has the dict a hit last read, at the version it had then,
-// nothing changed the mapping and the lookup is skipped. Not on CPython 3.13 and later, whose
-// instance dicts can change without their version through the object's inline values
-// (knob_watch.h dict_version), where every hit reads the dict.
+// nothing changed the mapping and the lookup is skipped; the dict is read from the owner's dict
+// slot, found once. Not on CPython 3.13 and later, whose instance dicts can change without
+// their version through the object's inline values (knob_watch.h dict_version), where every hit
+// reads the dict.
 #if PY_VERSION_HEX < 0x030D0000
 constexpr bool kVersionedInstanceDicts = true;
 
-// The owner's instance dict (borrowed), made if the owner has none yet, or nullptr (no dict
-// slot, or an allocation failed: cleared, the caller then reads the dict the general way).
-PyObject* owner_dict(PyObject* owner) {
+// Where the owner keeps its instance dict, the dict made if the owner has none yet, or nullptr
+// (no dict slot, or an allocation failed: cleared, the caller then reads the dict the general
+// way).
+PyObject** owner_dict_slot(PyObject* owner) {
   PyObject** slot = _PyObject_GetDictPtr(owner);
   if (slot == nullptr) {
     PyErr_Clear();
-    return nullptr;
   }
-  return *slot;
+  return slot;
 }
 #else
 constexpr bool kVersionedInstanceDicts = false;
-PyObject* owner_dict(PyObject*) { return nullptr; }
+PyObject** owner_dict_slot(PyObject*) { return nullptr; }
 #endif
 
 // Whether the owner's instance dict maps the published name to `value`, read from the dict
@@ -438,9 +439,13 @@ bool dict_maps_published(KernelObject* kernel, PyObject* value) {
   if (PyErr_Occurred()) {
     PyErr_Clear();  // never for the dict and name above; the attribute is then set again
   }
-  if (same && kVersionedInstanceDicts) {  // `dict` is the owner's slot's (owner_dict)
-    kernel->published_dict = dict;
-    kernel->published_version = dict_version(dict);
+  if (same && kVersionedInstanceDicts) {
+    PyObject** slot = owner_dict_slot(kernel->publish_owner);
+    if (slot != nullptr && *slot == dict) {
+      kernel->published_dict = dict;
+      kernel->published_version = dict_version(dict);
+      kernel->published_slot = slot;
+    }
   }
   Py_DECREF(dict);
   return same;
@@ -451,7 +456,7 @@ bool dict_maps_published(KernelObject* kernel, PyObject* value) {
 // Autotuner.run sets it again on every call.
 bool still_published(KernelObject* kernel, PyObject* value) {
   if (kVersionedInstanceDicts && kernel->published_dict != nullptr &&
-      owner_dict(kernel->publish_owner) == kernel->published_dict &&
+      *kernel->published_slot == kernel->published_dict &&
       dict_version(kernel->published_dict) == kernel->published_version) {
     return true;
   }

@@ -109,6 +109,9 @@ struct KernelObject {
   /// found to be this very object.
   PyObject* published_dict;
   uint64_t published_version;
+  /// Where the owner keeps its instance dict (_PyObject_GetDictPtr), taken with published_dict:
+  /// an object's dict slot does not move while it lives, and publish_owner is held.
+  PyObject** published_slot;
   /// The `jit_function` attribute (the wrapped JITFunction), in a slot so that a hooked launch
   /// reads it without an attribute lookup; nullptr while unset.
   PyObject* jit_function;
