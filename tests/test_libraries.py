@@ -118,7 +118,34 @@ def _x(*shape, dtype=torch.float32):
     return torch.randn(*shape, dtype=dtype, device=DEVICE)
 
 
-# Liger-Kernel: the autograd functions its nn.Modules and model patches call (forward).
+def _leaf(*shape):
+    """An fp32 input that requires grad, for a training step."""
+    return _x(*shape).requires_grad_()
+
+
+def _ints(high: int, *shape, dtype=torch.int64):
+    return torch.randint(0, high, shape, dtype=dtype, device=DEVICE)
+
+
+def _step(forward: Callable[..., object], *inputs: torch.Tensor) -> Callable[[], object]:
+    """A training step of an op: ``forward(*inputs)``, then the backward pass of the sum of its
+    first output, which runs the op's backward kernels. Returns that output and the gradients
+    of the inputs that require grad (each call starts with none, so every call makes the same
+    launches)."""
+
+    def call():
+        for t in inputs:
+            t.grad = None
+        out = forward(*inputs)
+        first = out[0] if isinstance(out, tuple) else out
+        first.float().sum().backward()
+        return (first, *[t.grad for t in inputs if t.requires_grad])
+
+    return call
+
+
+# Liger-Kernel: the autograd functions its nn.Modules and model patches call, forward and (the
+# training steps) backward.
 LIGER_CASES: dict[str, Callable[[], Callable[[], object]]] = {
     "rms_norm": lambda: (
         lambda X=_x(4, 256), W=_x(256): liger_ops.LigerRMSNormFunction.apply(X, W, 1e-6)
@@ -157,14 +184,115 @@ LIGER_CASES: dict[str, Callable[[], Callable[[], object]]] = {
             liger_ops.LigerCrossEntropyFunction.apply(x, t, None)
         )
     ),
+    "sparsemax": lambda: lambda x=_x(4, 128): liger_ops.LigerSparsemaxFunction.apply(x, -1),
+    # Training steps: forward, then backward through the op's own backward kernels.
+    "rms_norm training": lambda: _step(
+        lambda X, W: liger_ops.LigerRMSNormFunction.apply(X, W, 1e-6), _leaf(4, 256), _leaf(256)
+    ),
+    "fused_add_rms_norm training": lambda: _step(
+        lambda X, R, W: liger_ops.LigerFusedAddRMSNormFunction.apply(X, R, W, 1e-6),
+        _leaf(4, 256),
+        _leaf(4, 256),
+        _leaf(256),
+    ),
+    "layer_norm training": lambda: _step(
+        lambda X, W, B: liger_ops.LigerLayerNormFunction.apply(X, W, B, 1e-6),
+        _leaf(4, 256),
+        _leaf(256),
+        _leaf(256),
+    ),
+    "modulated_rms_norm training": lambda: _step(
+        lambda X, W, scale, shift: liger_ops.LigerModulatedRMSNormFunction.apply(
+            X, W, scale, shift, 1e-6, 0.0, "llama", False
+        ),
+        _leaf(4, 256),
+        _leaf(256),
+        _leaf(4, 256),
+        _leaf(4, 256),
+    ),
+    "group_norm training": lambda: _step(
+        lambda X, W, B: liger_ops.LigerGroupNormFunction.apply(X, W, B, 8, 2, 1e-6),
+        _leaf(2, 8, 64),
+        _leaf(8),
+        _leaf(8),
+    ),
+    "swiglu training": lambda: _step(
+        liger_ops.LigerSiLUMulFunction.apply, _leaf(4, 512), _leaf(4, 512)
+    ),
+    "fused_gate_up_silu_mul training": lambda: _step(
+        liger_ops.LigerFusedGateUpSiLUMulFunction.apply, _leaf(4, 512)
+    ),
+    "geglu training": lambda: _step(
+        liger_ops.LigerGELUMulFunction.apply, _leaf(4, 512), _leaf(4, 512)
+    ),
+    "relu_squared training": lambda: _step(liger_ops.LigerReLUSquaredFunction.apply, _leaf(4, 512)),
+    "softmax training": lambda: _step(liger_ops.LigerSoftmaxFunction.apply, _leaf(4, 1000)),
+    "rope training": lambda: _step(
+        liger_ops.LigerRopeFunction.apply,
+        _leaf(1, 8, 16, 64),
+        _leaf(1, 2, 16, 64),
+        _x(1, 16, 64),
+        _x(1, 16, 64),
+    ),
+    "qwen2vl_mrope training": lambda: _step(
+        lambda q, k, cos, sin: liger_ops.LigerQwen2VLMRopeFunction.apply(
+            q, k, cos, sin, [8, 12, 12]
+        ),
+        _leaf(1, 8, 16, 64),
+        _leaf(1, 2, 16, 64),
+        _x(3, 1, 16, 64),
+        _x(3, 1, 16, 64),
+    ),
+    "llama4_rope training": lambda: _step(
+        liger_ops.LigerLlama4RopeFunction.apply,
+        _leaf(1, 16, 8, 64),
+        _leaf(1, 16, 2, 64),
+        torch.randn(16, 32, dtype=torch.complex64, device=DEVICE),
+    ),
+    "embedding training": lambda: _step(
+        liger_ops.LigerEmbeddingFunction.apply, _leaf(100, 64), _ints(100, 4, 8)
+    ),
+    "cross_entropy training": lambda: _step(
+        lambda x, t: liger_ops.LigerCrossEntropyFunction.apply(x, t, None),
+        _leaf(4, 1000),
+        _ints(1000, 4),
+    ),
+    "kl_div training": lambda: _step(
+        lambda p, t: liger_ops.LigerKLDivLossFunction.apply(p, t, "batchmean", False, 1e-10),
+        _leaf(4, 1000),
+        _x(4, 1000).softmax(-1),
+    ),
+    "jsd training": lambda: _step(
+        lambda x, t: liger_ops.LigerJSDFunction.apply(x.log_softmax(-1), t, None, 0.5, -100),
+        _leaf(4, 1000),
+        _x(4, 1000).log_softmax(-1),
+    ),
+    "tvd training": lambda: _step(
+        lambda p, q: liger_ops.LigerTVDLossFunction.apply(p.softmax(-1), q),
+        _leaf(4, 1000),
+        _x(4, 1000).softmax(-1),
+    ),
 }
 
 
 # flash-linear-attention (fla-core): its norms, activations and chunk utilities, most of them
 # under triton.autotune.
 def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
-    from fla.modules import activations, l2norm
-    from fla.ops.utils import cumsum, softmax
+    from fla.modules import activations, l2norm, rotary, token_shift
+    from fla.modules.norm import layernorm
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    from fla.ops.simple_gla import chunk_simple_gla
+    from fla.ops.utils import cumsum, softmax, solve_tril
+
+    def linear_attention(op, seq_len, beta=True):
+        """q, k, v (batch, time, heads, head dim), the log-space decay g (batch, time, heads),
+        and for the delta rules the write strength beta; one sequence."""
+        q, k, v = (_x(1, seq_len, 2, 64) for _ in range(3))
+        g = torch.nn.functional.logsigmoid(_x(1, seq_len, 2))
+        if beta:
+            b = _x(1, seq_len, 2).sigmoid()
+            return lambda: op(q, k, v, g, b)
+        return lambda: op(q, k, v, g)
 
     return {
         "l2norm": lambda: lambda x=_x(4, 256): l2norm.l2norm(x),
@@ -176,6 +304,28 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         ),
         "chunk_global_cumsum": lambda: lambda g=_x(1, 128, 4): cumsum.chunk_global_cumsum(g),
         "softmax": lambda: lambda x=_x(1, 64, 4, 64): softmax.softmax_fwd(x),
+        "rms_norm": lambda: lambda x=_x(4, 256), w=_x(256): layernorm.rms_norm(x, w, None),
+        "layer_norm prenorm": lambda: (
+            lambda x=_x(4, 256), w=_x(256), b=_x(256), r=_x(4, 256): layernorm.layer_norm(
+                x, w, b, r, prenorm=True
+            )
+        ),
+        "rotary_embedding": lambda: (
+            lambda x=_x(1, 16, 4, 64), cos=_x(16, 32), sin=_x(16, 32): rotary.rotary_embedding(
+                x, cos, sin
+            )
+        ),
+        "token_shift": lambda: lambda x=_x(1, 16, 64): token_shift.token_shift(x),
+        "solve_tril": lambda: lambda A=_x(1, 128, 2, 64): solve_tril(A),
+        "fused_recurrent_gated_delta_rule": lambda: linear_attention(
+            fused_recurrent_gated_delta_rule, 16
+        ),
+        "chunk_gated_delta_rule": lambda: linear_attention(chunk_gated_delta_rule, 128),
+        "chunk_simple_gla": lambda: linear_attention(chunk_simple_gla, 128, beta=False),
+        "rms_norm training": lambda: _step(
+            lambda x, w: layernorm.rms_norm(x, w, None), _leaf(4, 256), _leaf(256)
+        ),
+        "l2norm training": lambda: _step(l2norm.l2norm, _leaf(4, 256)),
     }
 
 
@@ -187,6 +337,16 @@ FLA_CASES = [
     "chunk_local_cumsum",
     "chunk_global_cumsum",
     "softmax",
+    "rms_norm",
+    "layer_norm prenorm",
+    "rotary_embedding",
+    "token_shift",
+    "solve_tril",
+    "fused_recurrent_gated_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_simple_gla",
+    "rms_norm training",
+    "l2norm training",
 ]
 
 
@@ -211,15 +371,40 @@ CONCH_CASES = [
     "fused_add_rms_norm",
     "gemma_rms_norm",
     "rotary_embedding",
+    "paged_attention",
+    "varlen_attention",
+    "reshape_and_cache",
+    "static_scaled_int8_quant",
+    "scaled_gemm",
 ]
 
 
 def _conch_cases() -> dict[str, Callable[[], Callable[[], object]]]:
     from conch.ops.activation.gelu_tanh_and_mul import gelu_tanh_and_mul
     from conch.ops.activation.silu_and_mul import silu_and_mul
+    from conch.ops.attention.paged_attention import paged_attention
+    from conch.ops.attention.varlen_attention import varlen_attention
     from conch.ops.embedding.rotary_embedding import rotary_embedding
     from conch.ops.normalization.gemma_rms_norm import gemma_rms_norm
     from conch.ops.normalization.rms_norm import fused_add_rms_norm, rms_norm
+    from conch.ops.quantization.gemm import scaled_gemm
+    from conch.ops.quantization.int8 import static_scaled_int8_quant
+    from conch.ops.vllm.reshape_and_cache import reshape_and_cache
+
+    # Two sequences of 50 and 33 tokens, in a cache of 8 blocks of 16 tokens (4 blocks each).
+    def block_table():
+        return torch.arange(8, dtype=torch.int32, device=DEVICE).reshape(2, 4)
+
+    def seq_lens():
+        return torch.tensor([50, 33], dtype=torch.int32, device=DEVICE)
+
+    def cu_seqlens_q():  # a prefill of 3 query tokens per sequence
+        return torch.tensor([0, 3, 6], dtype=torch.int32, device=DEVICE)
+
+    def attention(op, num_tokens):  # fp16 queries (tokens, heads, head dim) and the KV cache
+        q = _x(num_tokens, 8, 64, dtype=torch.float16)
+        kc, vc = (_x(8, 16, 2, 64, dtype=torch.float16) for _ in range(2))
+        return lambda: op(q, kc, vc)
 
     return {
         "silu_and_mul": lambda: lambda x=_x(8, 128): silu_and_mul(x),
@@ -232,6 +417,31 @@ def _conch_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         "rotary_embedding": lambda: (
             lambda pos=torch.arange(4, device=DEVICE), q=_x(4, 128), k=_x(4, 128), cache=_x(16, 64): (
                 rotary_embedding(pos, q, k, 64, cache)
+            )
+        ),
+        # A decode step of vLLM-style paged attention, and a prefill over variable lengths.
+        "paged_attention": lambda: attention(
+            lambda q, kc, vc: paged_attention(q, kc, vc, block_table(), seq_lens()), 2
+        ),
+        "varlen_attention": lambda: attention(
+            lambda q, kc, vc: varlen_attention(
+                q, kc, vc, cu_seqlens_q(), 3, seq_lens(), 50, block_table(), causal=True
+            ),
+            6,
+        ),
+        "reshape_and_cache": lambda: (
+            lambda k=_x(4, 2, 64), v=_x(4, 2, 64), kc=_x(8, 16, 2, 64), vc=_x(8, 16, 2, 64): (
+                reshape_and_cache(k, v, kc, vc, torch.tensor([0, 5, 17, 40], device=DEVICE))
+            )
+        ),
+        "static_scaled_int8_quant": lambda: (
+            lambda out=torch.empty(8, 128, dtype=torch.int8, device=DEVICE), x=_x(8, 128): (
+                static_scaled_int8_quant(out, x, torch.tensor([0.05], device=DEVICE))
+            )
+        ),
+        "scaled_gemm": lambda: (
+            lambda a=_ints(10, 16, 64, dtype=torch.int8), b=_ints(10, 64, 32, dtype=torch.int8): (
+                scaled_gemm(a, b, _x(16, 1).abs(), _x(32, 1).abs(), torch.float16)
             )
         ),
     }
