@@ -13,10 +13,12 @@
 #   scripts/gpu_session.sh example   build, then the C++ torch op example (examples/torch_op)
 #   scripts/gpu_session.sh all       build, then in one device call, most valuable first, each
 #                                    under its own time limit so that what finished comes back:
-#                                    the GPU tests, the benchmark (--quick), memcheck over the
-#                                    GPU tests, the corpus and the patch tests, racecheck over
-#                                    the GPU tests; $OUT/summary.txt has each part's exit status
-#                                    and seconds (124: it ran past its limit)
+#                                    the GPU tests but the libraries', the benchmark (--quick),
+#                                    memcheck over the GPU tests, the corpus and the patch tests,
+#                                    the libraries' GPU tests (if carried; their autotuned kernels
+#                                    compile every config), racecheck over the GPU tests;
+#                                    $OUT/summary.txt has each part's exit status and seconds
+#                                    (124: it ran past its limit)
 #   scripts/gpu_session.sh wheels    (here, not there) download the test libraries' wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,8 +88,9 @@ case "$step" in
   all)
     # A drawn task gets about 15 minutes of device time, machine start included: one call of at
     # most 10 minutes. The limits (seconds; FASTKERNEL_GPU_LIMITS="tests bench memcheck
-    # racecheck") add up to about 9 minutes after the build.
-    read -r t_tests t_bench t_memcheck t_racecheck <<<"${FASTKERNEL_GPU_LIMITS:-120 180 150 60}"
+    # libraries racecheck") add up to about 9 minutes after the build.
+    read -r t_tests t_bench t_memcheck t_libraries t_racecheck \
+      <<<"${FASTKERNEL_GPU_LIMITS:-110 170 140 60 40}"
     : >"$OUT/summary.txt"
     status=0
     part() {  # part NAME LIMIT COMMAND...: the command's output in $OUT/NAME.log
@@ -98,7 +101,8 @@ case "$step" in
       echo "$name exit=$rc seconds=$((SECONDS - start)) limit=$limit" | tee -a "$OUT/summary.txt"
       [ "$rc" = 0 ] || status=1
     }
-    part pytest-gpu "$t_tests" "$py" -m pytest -q -m gpu tests -p no:cacheprovider -rs
+    part pytest-gpu "$t_tests" "$py" -m pytest -q -m gpu tests -p no:cacheprovider -rs \
+      --ignore=tests/test_gpu_libraries.py
     stamp=$(mktemp)
     part bench "$t_bench" "$py" benchmarks/dispatch.py --quick --out benchmarks/results
     find benchmarks/results -type f -newer "$stamp" -exec cp {} "$OUT/" \;  # this run's only
@@ -106,6 +110,8 @@ case "$step" in
     part memcheck "$t_memcheck" compute-sanitizer --tool memcheck --error-exitcode 1 \
       "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_corpus.py \
       tests/test_gpu_patch.py
+    part libraries "$t_libraries" "$py" -m pytest -q -m gpu -p no:cacheprovider -rs \
+      tests/test_gpu_libraries.py
     part racecheck "$t_racecheck" compute-sanitizer --tool racecheck --error-exitcode 1 \
       "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
     exit "$status"

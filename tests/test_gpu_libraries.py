@@ -18,9 +18,11 @@ pytestmark = pytest.mark.gpu
 
 
 def _cases():
+    # flash-linear-attention last: its autotuned kernels compile and time every config first,
+    # the slowest part under a time limit (scripts/gpu_session.sh all).
     cases = [("liger", name) for name in libraries.LIGER_CASES]
-    cases += [("fla", name) for name in libraries.FLA_CASES]
     cases += [("conch", name) for name in libraries.CONCH_CASES]
+    cases += [("fla", name) for name in libraries.FLA_CASES]
     return cases
 
 
