@@ -180,8 +180,8 @@ LIGER_CASES: dict[str, Callable[[], Callable[[], object]]] = {
         )
     ),
     "cross_entropy": lambda: (
-        lambda x=_x(4, 1000), t=torch.randint(0, 1000, (4,), device=DEVICE): (
-            liger_ops.LigerCrossEntropyFunction.apply(x, t, None)
+        lambda x=_x(4, 1000), t=_ints(1000, 4): liger_ops.LigerCrossEntropyFunction.apply(
+            x, t, None
         )
     ),
     "sparsemax": lambda: lambda x=_x(4, 128): liger_ops.LigerSparsemaxFunction.apply(x, -1),
@@ -406,6 +406,22 @@ def _conch_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         kc, vc = (_x(8, 16, 2, 64, dtype=torch.float16) for _ in range(2))
         return lambda: op(q, kc, vc)
 
+    def write_kv_cache():  # 4 tokens' keys and values into cache slots
+        k, v = _x(4, 2, 64), _x(4, 2, 64)
+        kc, vc = _x(8, 16, 2, 64), _x(8, 16, 2, 64)
+        slots = torch.tensor([0, 5, 17, 40], device=DEVICE)
+        return lambda: reshape_and_cache(k, v, kc, vc, slots)
+
+    def int8_quant():  # into a preallocated int8 output, with a static scale
+        out = torch.empty(8, 128, dtype=torch.int8, device=DEVICE)
+        x, scale = _x(8, 128), torch.tensor([0.05], device=DEVICE)
+        return lambda: static_scaled_int8_quant(out, x, scale)
+
+    def int8_gemm():  # int8 (16, 64) @ (64, 32), per-row and per-column scales, fp16 out
+        a, b = _ints(10, 16, 64, dtype=torch.int8), _ints(10, 64, 32, dtype=torch.int8)
+        scale_a, scale_b = _x(16, 1).abs(), _x(32, 1).abs()
+        return lambda: scaled_gemm(a, b, scale_a, scale_b, torch.float16)
+
     return {
         "silu_and_mul": lambda: lambda x=_x(8, 128): silu_and_mul(x),
         "gelu_tanh_and_mul": lambda: lambda x=_x(8, 128): gelu_tanh_and_mul(x),
@@ -421,29 +437,20 @@ def _conch_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         ),
         # A decode step of vLLM-style paged attention, and a prefill over variable lengths.
         "paged_attention": lambda: attention(
-            lambda q, kc, vc: paged_attention(q, kc, vc, block_table(), seq_lens()), 2
+            lambda q, kc, vc, bt=block_table(), lens=seq_lens(): paged_attention(
+                q, kc, vc, bt, lens
+            ),
+            2,
         ),
         "varlen_attention": lambda: attention(
-            lambda q, kc, vc: varlen_attention(
-                q, kc, vc, cu_seqlens_q(), 3, seq_lens(), 50, block_table(), causal=True
+            lambda q, kc, vc, cu_q=cu_seqlens_q(), lens=seq_lens(), bt=block_table(): (
+                varlen_attention(q, kc, vc, cu_q, 3, lens, 50, bt, causal=True)
             ),
             6,
         ),
-        "reshape_and_cache": lambda: (
-            lambda k=_x(4, 2, 64), v=_x(4, 2, 64), kc=_x(8, 16, 2, 64), vc=_x(8, 16, 2, 64): (
-                reshape_and_cache(k, v, kc, vc, torch.tensor([0, 5, 17, 40], device=DEVICE))
-            )
-        ),
-        "static_scaled_int8_quant": lambda: (
-            lambda out=torch.empty(8, 128, dtype=torch.int8, device=DEVICE), x=_x(8, 128): (
-                static_scaled_int8_quant(out, x, torch.tensor([0.05], device=DEVICE))
-            )
-        ),
-        "scaled_gemm": lambda: (
-            lambda a=_ints(10, 16, 64, dtype=torch.int8), b=_ints(10, 64, 32, dtype=torch.int8): (
-                scaled_gemm(a, b, _x(16, 1).abs(), _x(32, 1).abs(), torch.float16)
-            )
-        ),
+        "reshape_and_cache": write_kv_cache,
+        "static_scaled_int8_quant": int8_quant,
+        "scaled_gemm": int8_gemm,
     }
 
 
