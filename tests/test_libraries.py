@@ -4,8 +4,11 @@
 For each call: Triton's own launcher runs it first (TritonReference), then the patched process
 runs it twice. Every patched launch must be the launch Triton made, byte for byte, except for
 the addresses of the tensors the host function allocates itself (they differ from call to call
-with or without fastkernel): those may differ only as one consistent renaming across the call's
-launches. The second patched call must be all native hits, and nothing may fall back.
+with or without fastkernel, and the host allocator may reuse a freed block in one run and not
+in another): each run records, through a TorchDispatchMode, every storage its ops make and how
+many launches preceded it, and an 8-byte parameter inside a storage made before its launch is
+compared as (which storage of the run, offset). The second patched call must be all native
+hits, and nothing may fall back.
 
 The libraries are test dependencies (scripts/dev.sh installs them); a machine without them
 (the GPU machine has no package registry) skips this module.
@@ -21,6 +24,8 @@ import pytest
 import torch
 from conftest import TEST_STREAM
 from stand_in_driver.recording import Launch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from triton_reference import TritonReference
 
 import fastkernel
@@ -29,11 +34,47 @@ from fastkernel.kernel import PATCH_ATTR
 liger_ops = pytest.importorskip("liger_kernel.ops", reason="liger-kernel is a test dependency")
 
 
-def assert_same_launches(ours: list[Launch], theirs: list[Launch]) -> None:
-    """The launches are Triton's, parameter for parameter, up to one consistent renaming of the
-    8-byte parameters that differ (device addresses of tensors allocated inside the call)."""
+class Allocations(TorchDispatchMode):
+    """The storages the ops of a call make, in order: (launches the stand-in had recorded when
+    the storage was made, first address, end address)."""
+
+    def __init__(self, stand_in):
+        super().__init__()
+        self.stand_in = stand_in
+        self.made: list[tuple[int, int, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                storage = t.untyped_storage()
+                start = storage.data_ptr()
+                self.made.append((self.stand_in.launch_count(), start, start + storage.nbytes()))
+        return out
+
+
+def canonical_params(launch: Launch, k: int, made: list[tuple[int, int, int]]) -> list[object]:
+    """Launch ``k``'s parameters, an 8-byte one that points into a storage made before the launch
+    (the latest such, as the allocator may have reused the block) written as (the storage's index
+    among those the run made, offset); every other parameter as its bytes."""
+    params: list[object] = []
+    for p in launch.params:
+        if len(p) == 8:
+            address = int.from_bytes(p, "little")
+            for j in range(len(made) - 1, -1, -1):
+                launches_before, start, end = made[j]
+                if launches_before <= k and start <= address < max(end, start + 1):
+                    p = ("made", j, address - start)
+                    break
+        params.append(p)
+    return params
+
+
+def assert_same_launches(ours: list[Launch], our_made, theirs: list[Launch], their_made) -> None:
+    """The launches are Triton's, parameter for parameter, addresses inside the storages each run
+    made compared as (storage, offset) (``canonical_params``)."""
     assert len(ours) == len(theirs), f"fastkernel made {len(ours)} launches, Triton {len(theirs)}"
-    renamed: dict[bytes, bytes] = {}
+    assert len(our_made) == len(their_made), "the runs made different numbers of storages"
     for k, (mine, triton_launch) in enumerate(zip(ours, theirs)):
         where = f"launch {k} ({triton_launch.name})"
         assert mine.name == triton_launch.name, where
@@ -42,14 +83,10 @@ def assert_same_launches(ours: list[Launch], theirs: list[Launch]) -> None:
         assert (mine.stream, mine.device) == (triton_launch.stream, triton_launch.device), where
         assert sorted(mine.attrs) == sorted(triton_launch.attrs), where
         assert mine.param_layout == triton_launch.param_layout, where
-        for i, (a, b) in enumerate(zip(mine.params, triton_launch.params)):
-            if a == b:
-                continue
-            assert len(a) == 8, (
-                f"{where}, parameter {i}: fastkernel sent {a.hex()}, Triton {b.hex()}"
-            )
-            assert renamed.setdefault(b, a) == a, f"{where}, parameter {i}: inconsistent address"
-    assert len(set(renamed.values())) == len(renamed), "two of Triton's addresses became one"
+        a_params = canonical_params(mine, k, our_made)
+        b_params = canonical_params(triton_launch, k, their_made)
+        for i, (a, b) in enumerate(zip(a_params, b_params)):
+            assert a == b, f"{where}, parameter {i}: fastkernel sent {a!r}, Triton {b!r}"
 
 
 def _benchmarker(kernel_call, quantiles=None, **_):
@@ -75,24 +112,26 @@ def _benchmarking_with(driver):
 def run_case(stand_in, call: Callable[[], object]) -> tuple[int, int]:
     """Runs ``call`` through Triton (a first time to tune autotuned kernels, then recorded), then
     twice patched; returns (kernels served, launches per call)."""
+
+    def recorded() -> tuple[list[Launch], list[tuple[int, int, int]]]:
+        stand_in.reset()
+        with Allocations(stand_in) as allocations:
+            call()
+        return stand_in.launches(), allocations.made
+
     with TritonReference(stand_in, TEST_STREAM) as reference, _benchmarking_with(reference.driver):
         call()
-        stand_in.reset()
-        call()
-        theirs = stand_in.launches()
+        theirs, their_made = recorded()
         stand_in.reset()
         at_start = fastkernel.stats()
         with fastkernel.patched():
-            call()
-            first = stand_in.launches()
-            stand_in.reset()
+            first, first_made = recorded()
             before = fastkernel.stats()
-            call()
-            second = stand_in.launches()
+            second, second_made = recorded()
             after = fastkernel.stats()
     assert theirs, "the host function launched nothing"
-    assert_same_launches(first, theirs)
-    assert_same_launches(second, theirs)
+    assert_same_launches(first, first_made, theirs, their_made)
+    assert_same_launches(second, second_made, theirs, their_made)
     served = {
         name: {k: s[k] - before.get(name, {}).get(k, 0) for k in ("hits", "misses")}
         for name, s in after.items()
@@ -272,6 +311,23 @@ LIGER_CASES: dict[str, Callable[[], Callable[[], object]]] = {
         _leaf(4, 1000),
         _x(4, 1000).softmax(-1),
     ),
+    "sparsemax training": lambda: _step(
+        lambda x: liger_ops.LigerSparsemaxFunction.apply(x, -1), _leaf(4, 128)
+    ),
+    # 8 tokens of hidden size 64 through a (vocabulary 128, 64) head, in chunks.
+    "fused_linear_cross_entropy training": lambda: _step(
+        lambda x, w, t: liger_ops.LigerFusedLinearCrossEntropyFunction.apply(x, w, t),
+        _leaf(8, 64),
+        _leaf(128, 64),
+        _ints(128, 8),
+    ),
+    "fused_linear_jsd training": lambda: _step(
+        lambda x, w, tx, tw: liger_ops.LigerFusedLinearJSDFunction.apply(x, w, tx, tw),
+        _leaf(8, 64),
+        _leaf(128, 64),
+        _x(8, 64),
+        _x(128, 64),
+    ),
 }
 
 
@@ -293,6 +349,20 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
             b = _x(1, seq_len, 2).sigmoid()
             return lambda: op(q, k, v, g, b)
         return lambda: op(q, k, v, g)
+
+    def linear_attention_training(op, seq_len, beta=True):
+        """A training step of ``linear_attention``: every input requires grad (the decay and
+        beta through their activations), q and k L2-normalized inside the op."""
+        qkv = [_leaf(1, seq_len, 2, 64) for _ in range(3)]
+        gates = [_leaf(1, seq_len, 2) for _ in range(2 if beta else 1)]
+
+        def forward(q, k, v, g, *b):
+            g = torch.nn.functional.logsigmoid(g)
+            if beta:
+                return op(q, k, v, g, b[0].sigmoid(), use_qk_l2norm_in_kernel=True)
+            return op(q, k, v, g)
+
+        return _step(forward, *qkv, *gates)
 
     return {
         "l2norm": lambda: lambda x=_x(4, 256): l2norm.l2norm(x),
@@ -326,6 +396,12 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
             lambda x, w: layernorm.rms_norm(x, w, None), _leaf(4, 256), _leaf(256)
         ),
         "l2norm training": lambda: _step(l2norm.l2norm, _leaf(4, 256)),
+        "chunk_gated_delta_rule training": lambda: linear_attention_training(
+            chunk_gated_delta_rule, 128
+        ),
+        "chunk_simple_gla training": lambda: linear_attention_training(
+            chunk_simple_gla, 128, beta=False
+        ),
     }
 
 
@@ -347,6 +423,8 @@ FLA_CASES = [
     "chunk_simple_gla",
     "rms_norm training",
     "l2norm training",
+    "chunk_gated_delta_rule training",
+    "chunk_simple_gla training",
 ]
 
 
@@ -463,6 +541,40 @@ def test_conch_ops_launch_as_triton_does_and_hit_natively(case, stand_in):
 @pytest.mark.parametrize("case", list(LIGER_CASES))
 def test_liger_kernel_ops_launch_as_triton_does_and_hit_natively(case, stand_in):
     run_case(stand_in, LIGER_CASES[case]())
+
+
+def _launch(*addresses: int) -> Launch:
+    return Launch(
+        name="k",
+        device=0,
+        grid=(1, 1, 1),
+        block=(32, 1, 1),
+        shared_mem=0,
+        stream=0,
+        is_ex=False,
+        attrs=[],
+        params=[a.to_bytes(8, "little") for a in addresses],
+        param_layout=[(8 * i, 8) for i in range(len(addresses))],
+        raw=b"",
+    )
+
+
+def test_the_launch_comparison_tells_storages_apart():
+    # Storage 2 reuses storage 0's block, freed after the first launch.
+    made = [(0, 0x1000, 0x1100), (0, 0x2000, 0x2100), (1, 0x1000, 0x1080)]
+    assert canonical_params(_launch(0x1010, 0x2000), 0, made) == [("made", 0, 16), ("made", 1, 0)]
+    assert canonical_params(_launch(0x1010), 1, made) == [("made", 2, 16)]
+    assert canonical_params(_launch(0x3000), 1, made) == [(0x3000).to_bytes(8, "little")]
+    other = [(0, 0x7000, 0x7100), (0, 0x8000, 0x8100), (1, 0x9000, 0x9080)]
+    # The same storages at other addresses are the same launches ...
+    assert_same_launches(
+        [_launch(0x1010), _launch(0x1010)], made, [_launch(0x7010), _launch(0x9010)], other
+    )
+    # ... but a pointer into another storage, at another offset, or outside every storage made
+    # at another address is not.
+    for ours, theirs in ((0x2000, 0x7000), (0x1020, 0x7010), (0x3000, 0x3008)):
+        with pytest.raises(AssertionError):
+            assert_same_launches([_launch(ours)], made, [_launch(theirs)], other)
 
 
 def test_a_patched_liger_kernel_keeps_its_kernels_as_jit_functions(stand_in):
