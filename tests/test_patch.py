@@ -36,7 +36,13 @@ from triton_reference import TritonReference, assert_same_launch
 import fastkernel
 from fastkernel import _C
 from fastkernel import fastkernel as fk
-from fastkernel.kernel import COMPILED_LAUNCH_REASON, PATCH_ATTR, WarmupHandle
+from fastkernel.kernel import (
+    COMPILED_GETITEM,
+    COMPILED_KEYWORDS_REASON,
+    COMPILED_LAUNCH_REASON,
+    PATCH_ATTR,
+    WarmupHandle,
+)
 
 patch_module = importlib.import_module("fastkernel.patch")  # fastkernel.patch is the function
 
@@ -516,50 +522,121 @@ def test_warmup_compiles_without_launching(stand_in, patch_on):
     assert stand_in.launches() == []
 
 
-def test_a_launch_of_the_handle_warmup_returns_is_a_counted_fallback(stand_in, patch_on, caplog):
+def _handle_stats(jit_fn) -> dict:
+    return fastkernel.stats().get(
+        f"{jit_fn.fn.__module__}.{jit_fn.fn.__qualname__} [compiled handle]"
+    )
+
+
+def test_a_launch_of_the_handle_warmup_returns_is_native(stand_in, patch_on):
+    """Triton's fused-softmax tutorial launches ``kernel.warmup(...)[(n, 1, 1)](...)``, every
+    argument passed, constexprs included: the binary the handle holds, launched natively, byte
+    for byte as Triton's runner launches it; a repeat is a native hit."""
     x, y, out = _tensors()
-    with (
-        TritonReference(stand_in, TEST_STREAM) as reference,
-        caplog.at_level("INFO", logger="fastkernel"),
-    ):
-        theirs = reference.launch(kernels.add_kernel, (4,), x, y, out, N, BLOCK=1024)
+    args = (x, y, out, N, 1024)
+    with TritonReference(stand_in, TEST_STREAM):
         compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
-        before = _stats_of(kernels.add_kernel)
-        # As Triton's fused-softmax tutorial does: every argument, constexprs included.
-        compiled[(4, 1, 1)](x, y, out, N, 1024)
-        compiled[(4, 1, 1)](x, y, out, N, 1024)
-        after = _stats_of(kernels.add_kernel)
-    assert after["fallbacks"] - before["fallbacks"] == 2
-    assert after["fallback_reasons"][COMPILED_LAUNCH_REASON] == 2
-    assert "CompiledKernel that warmup() returned" in caplog.text
+        COMPILED_GETITEM(compiled, (4, 1, 1))(*args)  # Triton's own runner
+        theirs = stand_in.last_launch()
+        assert compiled[(4, 1, 1)](*args) is None  # as Triton's runner returns
+        compiled[(4, 1, 1)](*args)
+    stats = _handle_stats(kernels.add_kernel)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 1, 0)
     launches = stand_in.launches()
     assert len(launches) == 3
-    assert_same_launch(launches[-1], theirs)
+    for launch in launches[1:]:
+        assert_same_launch(launch, theirs)
+
+
+def test_a_handle_launches_its_own_binary_whatever_the_arguments_specialization(stand_in, patch_on):
+    """Triton's runner launches the handle's binary (here compiled for 16-byte aligned pointers
+    and BLOCK=1024) with whatever arguments it is given, constexprs ignored; so does the native
+    launch, where the kernel's own launch would pick another binary."""
+    x, y, out = (torch.zeros(N + 4) for _ in range(3))
+    aligned = (x[:N], y[:N], out[:N])
+    shifted = (x[1 : N + 1], y[1 : N + 1], out[1 : N + 1])  # 4 bytes off: not 16-byte aligned
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.add_kernel.warmup(*aligned, N, BLOCK=1024, grid=(4,))
+        theirs = []
+        for tensors, block in ((aligned, 1024), (shifted, 1024), (shifted, 64)):
+            COMPILED_GETITEM(compiled, (4, 1, 1))(*tensors, N, block)
+            theirs.append(stand_in.last_launch())
+            compiled[(4, 1, 1)](*tensors, N, block)
+            assert_same_launch(stand_in.last_launch(), theirs[-1])
+    assert theirs[1].params[0] != theirs[0].params[0]  # the shifted pointer, same binary
+    assert len({launch.name for launch in theirs}) == 1
+    stats = _handle_stats(kernels.add_kernel)
+    assert stats["fallbacks"] == 0 and stats["specializations"] == 3  # three keys, one binary
+
+
+def test_handle_launches_native_launch_does_not_take_go_to_tritons_runner_counted(
+    stand_in, patch_on, caplog
+):
+    """A grid of four dims (Triton's runner reads the first three), ``stream=``, a launch hook:
+    Triton's runner, counted as a fallback with the reason logged; a grid Triton's runner
+    rejects raises its error, and a call with an argument missing raises TypeError, none of
+    them counted. A list of three dims is native, as a tuple is."""
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)
+    with (
+        TritonReference(stand_in, TEST_STREAM),
+        caplog.at_level("INFO", logger="fastkernel"),
+    ):
+        compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
+        COMPILED_GETITEM(compiled, (4, 1, 1))(*args)
+        theirs = stand_in.last_launch()
+        compiled[[4, 1, 1]](*args)
+        assert_same_launch(stand_in.last_launch(), theirs)
+        assert _handle_stats(kernels.add_kernel)["fallbacks"] == 0
+        compiled[(4, 1, 1, 1)](*args)
+        assert_same_launch(stand_in.last_launch(), theirs)
+        compiled[(4, 1, 1)](*args, stream=TEST_STREAM)
+        assert_same_launch(stand_in.last_launch(), theirs)
+        seen = []
+        saved_hook = triton.knobs.runtime.launch_enter_hook
+        triton.knobs.runtime.launch_enter_hook = lambda metadata: seen.append(metadata)
+        try:
+            compiled[(4, 1, 1)](*args)
+        finally:
+            triton.knobs.runtime.launch_enter_hook = saved_hook
+        assert len(seen) == 1
+        assert_same_launch(stand_in.last_launch(), theirs)
+        launches = stand_in.launch_count()
+        with pytest.raises(IndexError):
+            compiled[(4, 1)](*args)  # Triton's runner reads grid[1] and grid[2]
+        with pytest.raises(TypeError):
+            compiled[(4, 1, 1)](x, y, out, N)
+        assert stand_in.launch_count() == launches
+    stats = _handle_stats(kernels.add_kernel)
+    plain = _stats_of(kernels.add_kernel)
+    assert plain["fallbacks"] + stats["fallbacks"] == 3
+    assert stats["fallback_reasons"].get(COMPILED_KEYWORDS_REASON) == 1
+    assert COMPILED_KEYWORDS_REASON in caplog.text and COMPILED_LAUNCH_REASON in caplog.text
 
 
 @pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "patched"])
-def test_a_fastkernel_warmup_handle_counts_each_launch_once(stand_in, patched, caplog):
-    """@fastkernel's warmup() handle, with or without the patch: Triton's own launch of the
-    binary it holds, each launch one counted fallback of the @fastkernel kernel."""
+def test_a_fastkernel_warmup_handle_launches_natively(stand_in, patched):
+    """@fastkernel's warmup() handle, with or without the patch: the binary it holds, launched
+    natively as Triton's runner launches it, counted once (as the handle's, not the kernel's)."""
     k = fk(kernels.add_kernel)
     x, y, out = _tensors()
     with (
-        TritonReference(stand_in, TEST_STREAM) as reference,
-        caplog.at_level("INFO", logger="fastkernel"),
+        TritonReference(stand_in, TEST_STREAM),
         fastkernel.patched() if patched else contextlib.nullcontext(),
     ):
-        theirs = reference.launch(kernels.add_kernel, (4,), x, y, out, N, BLOCK=1024)
         handle = k.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
         assert isinstance(handle, WarmupHandle) and isinstance(handle.compiled, CompiledKernel)
         assert handle.metadata is handle.compiled.metadata  # the CompiledKernel's attributes
+        COMPILED_GETITEM(handle.compiled, (4, 1, 1))(x, y, out, N, 1024)
+        theirs = stand_in.last_launch()
         handle[(4, 1, 1)](x, y, out, N, 1024)
         handle[(4, 1, 1)](x, y, out, N, 1024)
         plain = kernels.add_kernel.__dict__.get(PATCH_ATTR)
     stats = k.stats()
-    assert stats["fallbacks"] == 2 and stats["fallback_reasons"] == {COMPILED_LAUNCH_REASON: 2}
-    assert stats["hits"] == stats["misses"] == 0
-    assert not plain or plain.stats()["fallbacks"] == 0  # not counted twice under the patch
-    assert caplog.text.count("CompiledKernel that warmup() returned") == 1
+    assert stats["fallbacks"] == stats["hits"] == stats["misses"] == 0
+    assert not plain or plain.stats()["fallbacks"] == 0
+    handle_stats = _handle_stats(kernels.add_kernel)
+    assert (handle_stats["misses"], handle_stats["hits"], handle_stats["fallbacks"]) == (1, 1, 0)
     launches = stand_in.launches()
     assert len(launches) == 3
     for launch in launches[1:]:
@@ -2045,10 +2122,15 @@ def test_what_a_warm_launch_returns_launches_through_tritons_launcher_as_triton_
         assert [m["function"] for m in seen] == [reference.function, cached.function]
         assert [m["stream"] for m in seen] == [TEST_STREAM, TEST_STREAM]
         launches.clear()
-        for handle in (reference, cached):  # CompiledKernel.__getitem__'s runner
-            handle[(4, 1, 1)](*args)
-            launches.append(stand_in.launches()[-1])
+        before = _handle_stats(kernels.add_kernel) or {"misses": 0, "fallbacks": 0}
+        COMPILED_GETITEM(reference, (4, 1, 1))(*args)  # CompiledKernel.__getitem__'s runner
+        launches.append(stand_in.launches()[-1])
+        cached[(4, 1, 1)](*args)  # under the patch: the native launch of its binary
+        launches.append(stand_in.launches()[-1])
         assert_same_launch(launches[1], launches[0])
+        after = _handle_stats(kernels.add_kernel)
+        assert after["misses"] == before["misses"] + 1
+        assert after["fallbacks"] == before["fallbacks"]
     assert cached.packed_metadata == reference.packed_metadata
     with pytest.raises(TypeError):
         iter(cached)  # not a sequence, although it has __getitem__

@@ -33,6 +33,8 @@ SYSTEM_LABELS: dict[str, str] = {
     "fastkernel_tutorial_helpers": "fastkernel, tutorial grid, host helpers on",
     "fastkernel_autotuned": "fastkernel.autotune, tuned hit",
     "fastkernel_cpp": "fastkernel C++ Bundle::launch",
+    "triton_handle": "Triton CompiledKernel[grid]: a kept handle's launch",
+    "fastkernel_handle": "fastkernel, a kept handle's launch (handle[grid])",
     "inductor_static": "Inductor static CUDA launcher",
     "cuda_graph": "CUDA graph replay, per launch",
     "triton_autotuned": "Triton's triton.autotune, tuned call",
@@ -340,8 +342,10 @@ def call_loop(launcher, grid, args: tuple) -> Callable[[int], None]:
 
 
 def triton_systems(jit, compiled, grid, args: tuple, stream: int) -> dict[str, Timed]:
-    """Triton's own dispatch: ``kernel[grid](*args)`` (``triton``) and the compiled kernel's
-    ``run`` with the launch facts already in hand (``triton_run``), for a kernel ``jit`` whose
+    """Triton's own dispatch: ``kernel[grid](*args)`` (``triton``), the compiled kernel's
+    ``run`` with the launch facts already in hand (``triton_run``) and the compiled kernel's own
+    launch ``compiled[(g0, g1, g2)](*args)`` (``triton_handle``, Triton's runner: what the
+    fused-softmax tutorial and libraries' launch caches call), for a kernel ``jit`` whose
     ``compiled`` specialization a first ``jit[grid](*args)`` returned."""
     g = (tuple(grid) + (1, 1))[:3]
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
@@ -352,7 +356,18 @@ def triton_systems(jit, compiled, grid, args: tuple, stream: int) -> dict[str, T
         for _ in range(n):
             run(g0, g1, g2, stream, function, packed, None, None, None, *args)
 
-    return {"triton_run": Timed(triton_run_loop), "triton": Timed(call_loop(jit, grid, args))}
+    return {
+        "triton_run": Timed(triton_run_loop),
+        "triton": Timed(call_loop(jit, grid, args)),
+        "triton_handle": Timed(call_loop(compiled, g, args)),
+    }
+
+
+def handle_timed(fk, grid, args: tuple) -> Timed:
+    """``handle[(g0, g1, g2)](*args)`` for the handle ``fk.warmup(*args, grid=grid)`` returns:
+    the native launch of a kept handle's binary (``fastkernel_handle``)."""
+    handle = fk.warmup(*args, grid=grid)
+    return Timed(call_loop(handle, (tuple(grid) + (1, 1))[:3], args))
 
 
 # ---- environment ------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ def run_gpu(opts: argparse.Namespace, repo: pathlib.Path | None) -> int:
                 ),
                 "fastkernel_called": common.Timed(common.call_loop(fk, called_grid(shape), args)),
                 **common.tutorial_grid_systems(fk, shape, args),
+                "fastkernel_handle": common.handle_timed(fk, grid, args),
             }
             tuned = autotuned_call(shape, "cuda")
             if tuned is not None:

@@ -31,7 +31,14 @@ from . import library as library_calls
 HOST_STREAM = 0x1234
 
 #: Systems Triton's launcher or the floor loop launch through the stand-in here.
-_THROUGH_STAND_IN = {"floor", "triton_run", "triton", "triton_autotuned", "triton_heuristics"}
+_THROUGH_STAND_IN = {
+    "floor",
+    "triton_run",
+    "triton",
+    "triton_handle",
+    "triton_autotuned",
+    "triton_heuristics",
+}
 
 #: The systems a host-side run times, with their labels: the GPU run's (common.SYSTEM_LABELS),
 #: less what needs a GPU, those launched through the stand-in marked so, and the hook rows.
@@ -185,6 +192,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 systems.update(
                     common.triton_systems(shape.kernel, triton_compiled, grid, args, HOST_STREAM)
                 )
+                systems["fastkernel_handle"] = common.handle_timed(fk, grid, args)
             systems.update(
                 {
                     "fastkernel": common.Timed(common.call_loop(fk, grid, args)),
@@ -330,6 +338,18 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
         print(
             "  "
             + "  ".join(f"{s}: {us[(s, 'triton')] / us[(s, 'fastkernel')]:.1f}x" for s in plain)
+        )
+    handles = [s for s in plain if (s, "triton_handle") in us and (s, "fastkernel_handle") in us]
+    if handles:
+        print(
+            "a kept CompiledKernel's own launch, handle[(g, 1, 1)](*args): Triton's runner / fastkernel:"
+        )
+        print(
+            "  "
+            + "  ".join(
+                f"{s}: {us[(s, 'triton_handle')] / us[(s, 'fastkernel_handle')]:.1f}x"
+                for s in handles
+            )
         )
     print("C++ Bundle::launch minus the floor, ns:")
     print(

@@ -250,6 +250,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("mark_knobs_dirty", &mark_knobs_dirty,
         "Note that a Triton knob was assigned (called by the knob classes' __setattr__).");
   m.def(
+      "launch_hooks_active",
+      [] {
+        const KnobState* knobs = current_knobs();
+        if (knobs == nullptr) {
+          throw py::error_already_set();
+        }
+        return hooks_active(*knobs);
+      },
+      "Whether knobs.runtime.launch_enter_hook or launch_exit_hook holds a hook (a callable, "
+      "or a HookChain holding one), from the watched knob state: what a native launch reads.");
+  m.def(
       "set_grid_program_support",
       [](py::object compiler, py::object cdiv, py::object next_power_of_2, py::object max,
          py::object min) {

@@ -301,11 +301,18 @@ PATCH_ATTR = "_fastkernel_dispatch"
 #: Triton's own ``CompiledKernel.__getitem__``, as it was when fastkernel was imported.
 COMPILED_GETITEM = CompiledKernel.__getitem__
 
-#: The fallback reason of a launch of the ``CompiledKernel`` that ``warmup()`` returned.
+#: The fallback reason of a launch of a ``CompiledKernel`` (what ``warmup()`` returns, what a
+#: library's launch cache keeps) that the native launch of its binary does not take.
 COMPILED_LAUNCH_REASON = (
-    "a launch of the CompiledKernel that warmup() returned: it launches "
-    "the binary given, through Triton's own launcher; launch the kernel "
-    "itself (kernel[grid](...)) for the native path"
+    "a launch of a CompiledKernel that the native launch of its binary does not take (a grid "
+    "other than three dims, launch hooks set, or a binary it cannot load): it launches through "
+    "Triton's own launcher"
+)
+
+#: The fallback reason of a ``CompiledKernel`` launch given keywords (``stream=``).
+COMPILED_KEYWORDS_REASON = (
+    "a launch of a CompiledKernel given keywords (stream=): it launches through Triton's own "
+    "launcher"
 )
 
 #: Specializations each kernel keeps registered (FASTKERNEL_MAX_SPECIALIZATIONS; 0 = no limit).
@@ -415,7 +422,9 @@ class NativeDispatch(_C.Kernel):
     #: Whether the kernel exists only while :func:`fastkernel.patch` is in effect.
     _serves_patch = False
 
-    def _init_native(self, jit_fn: JITFunction, params_spec, pre_run_hooks) -> None:
+    def _init_native(
+        self, jit_fn: JITFunction, params_spec, pre_run_hooks, options: list[str] | None = None
+    ) -> None:
         install_triton_watch(keep=not self._serves_patch)
         #: The wrapped ``triton.jit`` function; ``jit_function[grid](...)`` is Triton's own launch.
         self.jit_function = jit_fn
@@ -434,9 +443,13 @@ class NativeDispatch(_C.Kernel):
         self._miss_fallbacks = 0
         self._refused_keys: dict[bytes, str] = {}  # keys whose cubin the driver would not load
         self._targets: dict[int, Any] = {}
-        # Option names come from the backend's options dataclass; they are the same for every
-        # CUDA target, so any target serves to list them.
-        options = abi.option_names(abi.cuda_target(9, 0))
+        # The native launchers of this kernel's CompiledKernels (their binaries), by the id of
+        # the live handle: (a weak reference to it, its launcher or why it has none).
+        self._handle_launchers: dict[int, tuple[weakref.ref, CompiledLaunch | str]] = {}
+        if options is None:
+            # Option names come from the backend's options dataclass; they are the same for
+            # every CUDA target, so any target serves to list them.
+            options = abi.option_names(abi.cuda_target(9, 0))
         self._configure(
             jit_fn.__name__,
             params_spec,
@@ -697,17 +710,48 @@ class NativeDispatch(_C.Kernel):
         """
         return _cache.load_or_compile(self.jit_function, target, spec)
 
-    def _counted_handle_launch(self, runner: Callable) -> Callable:
-        """``runner`` (a launcher that Triton's ``CompiledKernel.__getitem__`` returned), with
-        each launch counted as a fallback for :data:`COMPILED_LAUNCH_REASON`."""
+    def _handle_launch(self, compiled: Any, grid: Any) -> Callable:
+        """``compiled[grid]`` for a ``CompiledKernel`` of this kernel (Triton's fused-softmax
+        tutorial launches ``kernel.warmup(...)[(n, 1, 1)](...)``; FlagGems' ``LibEntry`` and
+        other launch caches keep what a launch returns and launch it so): the native launch of
+        its binary (:class:`CompiledLaunch`) for a grid of three dims (a tuple or list) with
+        no launch hook set; else
+        Triton's runner (``CompiledKernel.__getitem__``), each launch counted as a fallback for
+        :data:`COMPILED_LAUNCH_REASON`."""
+        entry = self._handle_launchers.get(id(compiled))
+        if entry is None or entry[0]() is not compiled:
+            entry = self._add_handle_launcher(compiled)
+        launcher = entry[1]
+        if (
+            type(grid) in (tuple, list)
+            and len(grid) == 3
+            and not isinstance(launcher, str)
+            and not _C.launch_hooks_active()
+        ):
+            return launcher[grid]
+        counter = self if isinstance(launcher, str) else launcher
+        runner = COMPILED_GETITEM(compiled, grid)
 
         def counted(*args, **kwargs):
             result = runner(*args, **kwargs)
-            self._miss_fallbacks += 1
-            self._count_fallback(COMPILED_LAUNCH_REASON, logging.INFO)
+            counter._miss_fallbacks += 1
+            counter._count_fallback(COMPILED_LAUNCH_REASON, logging.INFO)
             return result
 
         return counted
+
+    def _add_handle_launcher(self, compiled: Any) -> tuple[weakref.ref, CompiledLaunch | str]:
+        """Makes and keeps ``compiled``'s launcher (:class:`CompiledLaunch`) while it lives."""
+        key = id(compiled)
+        launchers = self._handle_launchers
+
+        def forget(ref: weakref.ref) -> None:
+            if launchers.get(key, (None,))[0] is ref:
+                del launchers[key]
+
+        entry = (weakref.ref(compiled, forget), CompiledLaunch.of(compiled, self))
+        launchers[key] = entry
+        return entry
 
     def _count_fallback(
         self,
@@ -872,6 +916,100 @@ class FastKernel(NativeDispatch, JITFunction):
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
 
 
+class CompiledLaunch(NativeDispatch):
+    """The native launch of one ``CompiledKernel``'s binary: what ``compiled[grid](*args)``
+    does (``CompiledKernel.__getitem__``'s runner, triton/compiler/compiler.py), as Triton's
+    launcher does it. Triton's runner passes every argument, constexprs included, to the
+    launcher made for the binary's signature, which packs the non-constexpr ones by that
+    signature whatever the arguments' own specialization, on the current device's current
+    stream, and returns None; so does this launch: the arguments are bound and keyed as for the
+    kernel itself (every parameter required, by position), and every key launches the one
+    binary, loaded per device. No pre-run hook runs and no global is checked, as Triton's runner
+    runs and checks none.
+
+    A call given keywords (``stream=``, which Triton's runner takes, or parameters by name,
+    which it rejects) goes to Triton's runner, counted as a fallback for
+    :data:`COMPILED_KEYWORDS_REASON`; so does a call whose arguments the native key does not
+    cover. Its counters are the kernel's name with `` [compiled handle]`` in :func:`stats`.
+    """
+
+    _stats_suffix = " [compiled handle]"
+
+    @classmethod
+    def of(cls, compiled: Any, kernel: NativeDispatch) -> CompiledLaunch | str:
+        """``compiled``'s launcher, or why its launches take Triton's runner (a kernel with a
+        parameter named ``stream``, which Triton's runner takes as its keyword)."""
+        if any(p.name == "stream" for p in kernel.jit_function.params):
+            return "a kernel with a parameter named 'stream', Triton's runner's own keyword"
+        return cls(compiled, kernel)
+
+    def __init__(self, compiled: Any, kernel: NativeDispatch):
+        self._serves_patch = kernel._serves_patch
+        self._handle = weakref.ref(compiled)
+        self._refusals: dict[int, str] = {}  # why the binary does not load, by device
+        jit_fn = kernel.jit_function
+        spec = [(n, c, s, a, 0, False, None) for n, c, s, a, *_ in _params_spec(jit_fn)]
+        self._init_native(jit_fn, spec, None, options=["stream"])
+
+    def _through_triton(self, grid, args: tuple, kwargs: dict, reason: str):
+        """Triton's runner for the handle's binary; the call was counted as a fallback."""
+        compiled = self._handle()
+        try:
+            if compiled is None:
+                raise ReferenceError("the CompiledKernel of this launch no longer exists")
+            result = COMPILED_GETITEM(compiled, grid)(*args, **kwargs)
+        except BaseException:
+            self._miss_fallbacks -= 1  # Triton rejected it: not a fallback
+            raise
+        self._count_fallback(reason, logging.INFO)
+        return result
+
+    def _on_miss(
+        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
+    ):
+        """A new key: the binary's record on ``device`` (the native entry inserts and launches
+        it), or the result of Triton's runner."""
+        if key is not None:
+            self._miss_fallbacks += 1
+            if kwargs:
+                reason = COMPILED_KEYWORDS_REASON
+            else:
+                # One record per key, as the table owns each (a module of its own); a binary
+                # the device refused once is not loaded again.
+                record = self._refusals.get(device) or self._load_binary(device)
+                if not isinstance(record, str):
+                    self._miss_fallbacks -= 1
+                    return record
+                reason = self._refusals[device] = record
+        return self._through_triton(grid, args, kwargs, reason or "unsupported call")
+
+    def _load_binary(self, device: int) -> _C.LaunchRecord | str:
+        """The handle's binary loaded on ``device`` as a launch record with the launch plan of
+        its signature (``compiled.src.signature``), else why not."""
+        compiled = self._handle()
+        if compiled is None:
+            return "the CompiledKernel of this launch no longer exists"
+        try:
+            meta = abi.launch_metadata(compiled)
+            plan, tensor_maps = abi.expand_descriptors(
+                abi.launch_plan(compiled.src.signature), meta.tensordesc_meta
+            )
+            facts = abi.launch_facts(
+                meta,
+                device=device,
+                plan=plan,
+                num_scratch_params=abi.num_scratch_params(),
+                tensor_maps=[_C.TensorMapFacts(*t) for t in tensor_maps],
+            )
+            return _C.LaunchRecord(facts, meta.cubin, None, None, None, global_checks=None)
+        except abi.UnsupportedByNativePath as exc:
+            return str(exc)
+        except _C.DriverUnavailableError:
+            raise
+        except (_C.CudaError, ValueError) as exc:
+            return f"loading the binary failed: {exc}"
+
+
 #: The CUresult the native loader gives a sound binary the device lacks the resources to run
 #: (more shared memory than it allows, a larger block than the function allows), as the driver
 #: answers such a launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, cuda.h).
@@ -903,11 +1041,11 @@ class WarmupHandle:
     ``CompiledKernel`` for that call, seen through a wrapper that counts its launches.
 
     ``handle[grid](*args)`` (Triton's fused-softmax tutorial launches so, passing every argument,
-    constexprs included) launches the binary the handle holds through Triton's own launcher, as
-    with Triton; each launch is counted as a fallback of the kernel, with the reason
-    :data:`COMPILED_LAUNCH_REASON` logged once, so none bypasses fastkernel silently. Every
-    other attribute (``metadata``, ``asm``, ``n_regs``, ``n_spills``, ...) is the
-    ``CompiledKernel``'s; :attr:`compiled` is the ``CompiledKernel`` itself.
+    constexprs included) launches the binary the handle holds, natively
+    (:class:`CompiledLaunch`) where it can and through Triton's own launcher, counted as a
+    fallback, where it cannot. Every other attribute (``metadata``, ``asm``, ``n_regs``,
+    ``n_spills``, ...) is the ``CompiledKernel``'s; :attr:`compiled` is the ``CompiledKernel``
+    itself.
     """
 
     __slots__ = ("compiled", "_kernel")
@@ -917,8 +1055,7 @@ class WarmupHandle:
         self._kernel = kernel
 
     def __getitem__(self, grid):
-        # Triton's own __getitem__ (not patch mode's, which would count the launch again).
-        return self._kernel._counted_handle_launch(COMPILED_GETITEM(self.compiled, grid))
+        return self._kernel._handle_launch(self.compiled, grid)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.compiled, name)

@@ -665,15 +665,15 @@ class _RunAttribute:
 
 
 def _patched_compiled_getitem(self, grid):
-    """``CompiledKernel.__getitem__`` under the patch: Triton's runner, with each launch counted
-    as a fallback of the kernel the binary was compiled from (Triton's fused-softmax tutorial
-    launches ``kernel.warmup(...)[(n, 1, 1)](...)``), so none bypasses fastkernel silently."""
-    runner = COMPILED_GETITEM(self, grid)
+    """``CompiledKernel.__getitem__`` under the patch, for a binary of a kernel the patch
+    serves: the native launch of the binary (``NativeDispatch._handle_launch``, kernel.py), or
+    Triton's runner with each launch counted as a fallback; Triton's own runner for any other
+    binary."""
     fn = getattr(getattr(self, "src", None), "fn", None)
     dispatch = _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
     if dispatch is None:
-        return runner
-    return dispatch._counted_handle_launch(runner)  # a NativeDispatch (kernel.py)
+        return COMPILED_GETITEM(self, grid)
+    return dispatch._handle_launch(self, grid)  # a NativeDispatch (kernel.py)
 
 
 _patched_run._fastkernel_patched = True  # type: ignore[attr-defined]

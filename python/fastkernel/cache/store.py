@@ -197,8 +197,10 @@ class CachedKernel:
         return self._triton_kernel().launch_metadata(grid, stream, *args)
 
     def __getitem__(self, grid: Any) -> Any:
-        """``CompiledKernel.__getitem__``: a runner launching this binary with Triton's launcher
-        on ``grid`` (three dims), every argument passed, constexprs included."""
+        """``CompiledKernel.__getitem__`` of Triton's ``CompiledKernel`` of this binary: a
+        runner launching it on ``grid`` (three dims), every argument passed, constexprs
+        included; the native launch of the binary when the patch serves its kernel
+        (``fastkernel.kernel.CompiledLaunch``), Triton's launcher otherwise."""
         return self._triton_kernel()[grid]
 
     #: Not iterable, although it has __getitem__ (iter() would call it with 0, 1, 2, ... and
