@@ -528,6 +528,17 @@ def _handle_stats(jit_fn) -> dict:
     )
 
 
+def _assert_two_native_handle_launches(stand_in, theirs) -> None:
+    """add_kernel's handle launched twice after Triton's runner launched ``theirs``: a miss,
+    then a hit, no fallback, both launches Triton's byte for byte."""
+    stats = _handle_stats(kernels.add_kernel)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 1, 0)
+    launches = stand_in.launches()
+    assert len(launches) == 3
+    for launch in launches[1:]:
+        assert_same_launch(launch, theirs)
+
+
 def test_a_launch_of_the_handle_warmup_returns_is_native(stand_in, patch_on):
     """Triton's fused-softmax tutorial launches ``kernel.warmup(...)[(n, 1, 1)](...)``, every
     argument passed, constexprs included: the binary the handle holds, launched natively, byte
@@ -540,12 +551,7 @@ def test_a_launch_of_the_handle_warmup_returns_is_native(stand_in, patch_on):
         theirs = stand_in.last_launch()
         assert compiled[(4, 1, 1)](*args) is None  # as Triton's runner returns
         compiled[(4, 1, 1)](*args)
-    stats = _handle_stats(kernels.add_kernel)
-    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 1, 0)
-    launches = stand_in.launches()
-    assert len(launches) == 3
-    for launch in launches[1:]:
-        assert_same_launch(launch, theirs)
+    _assert_two_native_handle_launches(stand_in, theirs)
 
 
 def test_a_handle_launches_its_own_binary_whatever_the_arguments_specialization(stand_in, patch_on):
@@ -635,12 +641,7 @@ def test_a_fastkernel_warmup_handle_launches_natively(stand_in, patched):
     stats = k.stats()
     assert stats["fallbacks"] == stats["hits"] == stats["misses"] == 0
     assert not plain or plain.stats()["fallbacks"] == 0
-    handle_stats = _handle_stats(kernels.add_kernel)
-    assert (handle_stats["misses"], handle_stats["hits"], handle_stats["fallbacks"]) == (1, 1, 0)
-    launches = stand_in.launches()
-    assert len(launches) == 3
-    for launch in launches[1:]:
-        assert_same_launch(launch, theirs)
+    _assert_two_native_handle_launches(stand_in, theirs)
 
 
 @pytest.mark.parametrize("variable", ["TRITON_INTERPRET", "FASTKERNEL_DISABLE"])

@@ -668,13 +668,7 @@ class NativeDispatch(_C.Kernel):
                 raise
             return f"its launch metadata does not fit the specialization: {exc!r}"
         try:
-            facts = abi.launch_facts(
-                meta,
-                device=device,
-                plan=plan,
-                num_scratch_params=abi.num_scratch_params(),
-                tensor_maps=[_C.TensorMapFacts(*t) for t in tensor_maps],
-            )
+            facts = _registration_facts(meta, device, plan, tensor_maps)
             # Compiling filled used_global_vals (jit.py DependenciesFinder); a hit re-checks them.
             record = _C.LaunchRecord(
                 facts,
@@ -994,13 +988,7 @@ class CompiledLaunch(NativeDispatch):
             plan, tensor_maps = abi.expand_descriptors(
                 abi.launch_plan(compiled.src.signature), meta.tensordesc_meta
             )
-            facts = abi.launch_facts(
-                meta,
-                device=device,
-                plan=plan,
-                num_scratch_params=abi.num_scratch_params(),
-                tensor_maps=[_C.TensorMapFacts(*t) for t in tensor_maps],
-            )
+            facts = _registration_facts(meta, device, plan, tensor_maps)
             return _C.LaunchRecord(facts, meta.cubin, None, None, None, global_checks=None)
         except abi.UnsupportedByNativePath as exc:
             return str(exc)
@@ -1020,6 +1008,18 @@ class _ResourceRefusal(str):
     """Why the native path cannot load a binary that is sound but needs more than the device
     offers: Triton raises OutOfResources for it (CompiledKernel._init_handles), and a disk cache
     entry holding it is not corrupt."""
+
+
+def _registration_facts(meta: abi.LaunchMetadata, device: int, plan, tensor_maps) -> Any:
+    """The ``_C.LaunchFacts`` of ``meta``'s binary registered on ``device`` with the launch
+    ``plan`` and tensor maps :func:`abi.expand_descriptors` gave."""
+    return abi.launch_facts(
+        meta,
+        device=device,
+        plan=plan,
+        num_scratch_params=abi.num_scratch_params(),
+        tensor_maps=[_C.TensorMapFacts(*t) for t in tensor_maps],
+    )
 
 
 def _set_function_attributes(compiled: Any, record: _C.LaunchRecord) -> None:
