@@ -19,6 +19,9 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   ``triton.jit`` function is one native hit when its functions read only scalars and
   constexprs, each named in their code (:class:`PatchedHeuristics`); other heuristics run in
   Python on every call and launch natively underneath.
+- ``CompiledKernel.__getitem__`` becomes :func:`_patched_compiled_getitem`: ``handle[grid]`` of
+  a ``CompiledKernel`` (what ``warmup`` returns, what launch caches keep) of a served kernel is
+  the native launch of the handle's own binary (``fastkernel.kernel.CompiledLaunch``).
 - Each kernel gets its dispatch at its first launch, kept in the kernel's ``__dict__`` under
   ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again.
 
