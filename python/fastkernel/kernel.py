@@ -708,10 +708,9 @@ class NativeDispatch(_C.Kernel):
         """``compiled[grid]`` for a ``CompiledKernel`` of this kernel (Triton's fused-softmax
         tutorial launches ``kernel.warmup(...)[(n, 1, 1)](...)``; FlagGems' ``LibEntry`` and
         other launch caches keep what a launch returns and launch it so): the native launch of
-        its binary (:class:`CompiledLaunch`) for a grid of three dims (a tuple or list) with
-        no launch hook set; else
-        Triton's runner (``CompiledKernel.__getitem__``), each launch counted as a fallback for
-        :data:`COMPILED_LAUNCH_REASON`."""
+        its binary (:class:`CompiledLaunch`) for a grid of three dims (a tuple or list) with no
+        launch hook set; else Triton's runner (``CompiledKernel.__getitem__``), each launch
+        counted as a fallback for :data:`COMPILED_LAUNCH_REASON`."""
         entry = self._handle_launchers.get(id(compiled))
         if entry is None or entry[0]() is not compiled:
             entry = self._add_handle_launcher(compiled)
@@ -945,26 +944,25 @@ class CompiledLaunch(NativeDispatch):
         spec = [(n, c, s, a, 0, False, None) for n, c, s, a, *_ in _params_spec(jit_fn)]
         self._init_native(jit_fn, spec, None, options=["stream"])
 
-    def _through_triton(self, grid, args: tuple, kwargs: dict, reason: str):
-        """Triton's runner for the handle's binary; the call was counted as a fallback."""
-        compiled = self._handle()
-        try:
+    def _through_triton(self, grid, args: tuple, kwargs: dict, reason: str) -> None:
+        """Triton's runner for the handle's binary; the call was counted as a fallback. Returns
+        None, as the runner does."""
+
+        def run() -> None:
+            compiled = self._handle()
             if compiled is None:
                 raise ReferenceError("the CompiledKernel of this launch no longer exists")
-            result = COMPILED_GETITEM(compiled, grid)(*args, **kwargs)
-        except BaseException:
-            self._miss_fallbacks -= 1  # Triton rejected it: not a fallback
-            raise
+            COMPILED_GETITEM(compiled, grid)(*args, **kwargs)
+
+        self._run_through_triton(run, counted=True)
         self._count_fallback(reason, logging.INFO)
-        return result
 
     def _on_miss(
         self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
     ):
         """A new key: the binary's record on ``device`` (the native entry inserts and launches
         it), or the result of Triton's runner."""
-        if key is not None:
-            self._miss_fallbacks += 1
+        if key is not None:  # else counted as a fallback by the native entry
             if kwargs:
                 reason = COMPILED_KEYWORDS_REASON
             else:
@@ -972,9 +970,9 @@ class CompiledLaunch(NativeDispatch):
                 # the device refused once is not loaded again.
                 record = self._refusals.get(device) or self._load_binary(device)
                 if not isinstance(record, str):
-                    self._miss_fallbacks -= 1
                     return record
                 reason = self._refusals[device] = record
+            self._miss_fallbacks += 1
         return self._through_triton(grid, args, kwargs, reason or "unsupported call")
 
     def _load_binary(self, device: int) -> _C.LaunchRecord | str:
