@@ -103,6 +103,9 @@ def stand_in():
     # collection when no Triton driver is.
     from triton_reference import TritonReference
 
+    # A kept handle's launcher lives as long as the handle, and Triton's kernel cache keeps
+    # handles for the session: forget them, so each test's handle launches start with a miss.
+    _C.forget_handle_launches()
     if TritonReference.entered:
         with TritonReference(driver, TEST_STREAM):
             gc.collect()

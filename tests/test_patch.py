@@ -41,6 +41,8 @@ from fastkernel.kernel import (
     COMPILED_KEYWORDS_REASON,
     COMPILED_LAUNCH_REASON,
     PATCH_ATTR,
+    CompiledLaunch,
+    NativeDispatch,
     WarmupHandle,
 )
 
@@ -641,6 +643,87 @@ def test_a_fastkernel_warmup_handle_launches_natively(stand_in, patched):
     assert stats["fallbacks"] == stats["hits"] == stats["misses"] == 0
     assert not plain or plain.stats()["fallbacks"] == 0
     _assert_two_native_handle_launches(stand_in, theirs)
+
+
+def test_a_handles_later_launches_run_no_python(stand_in, monkeypatch):
+    """After a handle's first native launch its launcher is remembered natively: the later
+    launches of a @fastkernel WarmupHandle, and of its CompiledKernel under the patch, go from
+    the handle's native subscript to the launcher without NativeDispatch._handle_launch (the
+    Python path), with Triton's bytes. unpatch() forgets the launchers."""
+    calls = []
+    handle_launch = NativeDispatch._handle_launch
+
+    def counted(self, compiled, grid):
+        calls.append(grid)
+        return handle_launch(self, compiled, grid)
+
+    monkeypatch.setattr(NativeDispatch, "_handle_launch", counted)
+    k = fk(kernels.add_kernel)
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)
+    with TritonReference(stand_in, TEST_STREAM):
+        handle = k.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
+        COMPILED_GETITEM(handle.compiled, (4, 1, 1))(*args)
+        theirs = stand_in.last_launch()
+        for _ in range(3):
+            handle[(4, 1, 1)](*args)
+            assert_same_launch(stand_in.last_launch(), theirs)
+        assert len(calls) == 1
+        with fastkernel.patched():
+            for grid in ((4, 1, 1), [4, 1, 1]):
+                handle.compiled[grid](*args)
+                assert_same_launch(stand_in.last_launch(), theirs)
+        assert len(calls) == 1 and _C.handle_launcher(handle.compiled) is None
+        handle[(4, 1, 1)](*args)  # forgotten at unpatch: the Python path makes another
+        assert_same_launch(stand_in.last_launch(), theirs)
+    assert len(calls) == 2 and isinstance(_C.handle_launcher(handle.compiled), CompiledLaunch)
+    assert stand_in.launch_count() == 7
+
+
+def test_every_dispatch_of_a_kernel_shares_a_handles_launcher(stand_in):
+    """Two @fastkernel wrappers of one kernel get the same CompiledKernel from Triton's cache;
+    its binary is loaded once, by the launcher the first launch made."""
+    k1, k2 = fk(kernels.add_kernel), fk(kernels.add_kernel)
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)
+    with TritonReference(stand_in, TEST_STREAM):
+        h1 = k1.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
+        h2 = k2.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
+        assert h1.compiled is h2.compiled
+        h1[(4, 1, 1)](*args)
+        h2[(4, 1, 1)](*args)
+    launcher = _C.handle_launcher(h1.compiled)
+    assert isinstance(launcher, CompiledLaunch)
+    assert (launcher.stats()["misses"], launcher.stats()["hits"]) == (1, 1)
+
+
+def test_a_freed_handle_forgets_its_launcher(stand_in):
+    """The native handle table holds a handle weakly: freeing the handle drops its entry and
+    releases the launcher. A launcher that is not a Kernel, or a handle that cannot be weakly
+    referenced, is refused with TypeError."""
+
+    class Handle:
+        pass
+
+    k = fk(kernels.add_kernel)
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = k.warmup(x, y, out, N, BLOCK=1024, grid=(4,)).compiled
+    launcher = CompiledLaunch.of(compiled, k)
+    handle = Handle()
+    before = _C.num_handle_launches()
+    _C.remember_handle_launch(handle, launcher)
+    assert _C.handle_launcher(handle) is launcher
+    assert _C.num_handle_launches() == before + 1
+    released = weakref.ref(launcher)
+    del launcher, handle
+    gc.collect()
+    assert _C.num_handle_launches() == before and released() is None
+    with pytest.raises(TypeError, match="must be a Kernel"):
+        _C.remember_handle_launch(Handle(), object())
+    with pytest.raises(TypeError, match="weak"):
+        _C.remember_handle_launch(1, CompiledLaunch.of(compiled, k))
+    assert _C.num_handle_launches() == before
 
 
 @pytest.mark.parametrize("variable", ["TRITON_INTERPRET", "FASTKERNEL_DISABLE"])

@@ -246,7 +246,7 @@ def callgrind_child(argv: list[str]) -> int:
     opts = parser.parse_args(argv)
 
     from fastkernel import _C, _host_helpers
-    from fastkernel.kernel import PATCH_ATTR, FastKernel
+    from fastkernel.kernel import FastKernel
     from fastkernel.patch import patched
 
     from .kernels import SHAPES, callable_grid, called_grid, tutorial_grid
@@ -256,7 +256,8 @@ def callgrind_child(argv: list[str]) -> int:
     for shape in SHAPES:
         args = shape.make_args("cpu")
         fk = FastKernel(shape.kernel)
-        fk[shape.grid](*args)  # the miss: registers from Triton's disk cache (warmed by the parent)
+        # The miss: registers from Triton's disk cache (warmed by the parent).
+        handle = fk[shape.grid](*args)
 
         grids = [
             ("tuple", shape.grid, None),
@@ -303,17 +304,23 @@ def callgrind_child(argv: list[str]) -> int:
         _clear_enter_hook()
         # The same kernel as a plain Triton JITFunction under fastkernel.patch(), tuple grid;
         # then under Triton's own autotune and heuristics, patched.
+        # Last, the CompiledKernel handle that Triton's warmup returns, launched as Triton's
+        # fused-softmax tutorial launches it (`compiled[(g0, g1, g2)](*args)`), patched.
         with patched():
-            patched_calls = [("patched", shape.kernel, args), *_patched_tuned_calls(shape)]
-            for grid_kind, kernel, call_args in patched_calls:
-                kernel[shape.grid](*call_args)  # the miss (warm index and disk cache)
-                dispatch = kernel.__dict__[PATCH_ATTR]
+            patched_calls = [
+                ("patched", shape.kernel, shape.grid, args, _patched_dispatch),
+                *_patched_tuned_calls(shape),
+                _patched_handle_call(shape, handle, args),
+            ]
+            for grid_kind, kernel, grid, call_args, counters_of in patched_calls:
+                kernel[grid](*call_args)  # the miss (warm index and disk cache)
+                counters = counters_of(kernel)
                 for _ in range(_CALLGRIND_WARMUP):
-                    kernel[shape.grid](*call_args)
+                    kernel[grid](*call_args)
                 drv.reset()
-                before = dispatch.stats()
-                _C.bench_call_loop(kernel, shape.grid, call_args, opts.hits)
-                after = dispatch.stats()
+                before = counters.stats()
+                _C.bench_call_loop(kernel, grid, call_args, opts.hits)
+                after = counters.stats()
                 loops.append(
                     {
                         "shape": shape.name,
@@ -333,22 +340,46 @@ def callgrind_child(argv: list[str]) -> int:
     return 0
 
 
-def _patched_tuned_calls(shape) -> list[tuple[str, Any, tuple]]:
+def _patched_dispatch(kernel) -> Any:
+    """The dispatch that serves ``kernel`` under ``fastkernel.patch()`` (it counts the hits)."""
+    from fastkernel.kernel import PATCH_ATTR
+
+    return kernel.__dict__[PATCH_ATTR]
+
+
+def _patched_tuned_calls(shape) -> list[tuple[str, Any, Any, tuple, Callable[[Any], Any]]]:
     """The shape's kernel under Triton's own ``triton.autotune`` (tuned by its first call,
-    the first config winning: there is no GPU to time them on) and ``triton.heuristics``, with
-    their call arguments: (grid kind, kernel, arguments). Empty for shapes without BLOCK. Call
-    under ``fastkernel.patch()``."""
+    the first config winning: there is no GPU to time them on) and ``triton.heuristics``, each
+    as (grid kind, kernel, grid, arguments, what counts its hits given the kernel). Empty for
+    shapes without BLOCK. Call under ``fastkernel.patch()``."""
     from . import common
     from .host import _first_config_wins
 
     calls = []
     tuned = common.triton_autotuned_call(shape, "cpu", _first_config_wins)
     if tuned is not None:
-        calls.append(("patched autotune", *tuned))
+        calls.append(("patched autotune", tuned[0], shape.grid, tuned[1], _patched_dispatch))
     heuristics = common.triton_heuristics_call(shape, "cpu")
     if heuristics is not None:
-        calls.append(("patched heuristics", *heuristics))
+        calls.append(
+            ("patched heuristics", heuristics[0], shape.grid, heuristics[1], _patched_dispatch)
+        )
     return calls
+
+
+def _patched_handle_call(shape, handle, args: tuple) -> tuple[str, Any, tuple, tuple, Callable]:
+    """The ``CompiledKernel`` of the shape's binary (what Triton's ``warmup`` returns; here
+    made, unloaded, from the disk-cache entry ``handle`` that the shape's first launch
+    returned, since no Triton driver runs here), launched on a grid of three dims with every
+    argument (constexprs included), as Triton's fused-softmax tutorial launches it; in the form
+    of :func:`_patched_tuned_calls`: its launcher, made by its first launch, counts the hits.
+    Call under ``fastkernel.patch()``."""
+    from fastkernel import _C
+    from fastkernel.cache import CachedKernel
+
+    if isinstance(handle, CachedKernel):
+        handle = handle._triton_kernel(load=False)
+    return ("patched handle", handle, (tuple(shape.grid) + (1, 1))[:3], args, _C.handle_launcher)
 
 
 def _dump_index(path: pathlib.Path) -> int:
@@ -389,8 +420,8 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     for shape in SHAPES:
         FastKernel(shape.kernel)[shape.grid](*shape.make_args("cpu"))
         with patched():
-            for _, kernel, call_args in _patched_tuned_calls(shape):
-                kernel[shape.grid](*call_args)
+            for _, kernel, grid, call_args, _ in _patched_tuned_calls(shape):
+                kernel[grid](*call_args)
     drv.reset()
 
     with tempfile.TemporaryDirectory(prefix="fastkernel-callgrind-") as tmp:
@@ -562,6 +593,11 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
             "patched triton.heuristics hit / patched plain hit (fastkernel's own instructions "
             "per hit, tuple grid): ",
             against("patched heuristics", "patched", lambda k, t: f"{k / t:.3f}"),
+        ),
+        (
+            "patched CompiledKernel handle launch / patched plain hit (fastkernel's own "
+            "instructions per hit, tuple grid): ",
+            against("patched handle", "patched", lambda k, t: f"{k / t:.3f}"),
         ),
         (
             "a no-op launch_enter_hook adds (fastkernel's instructions per hit, over the "

@@ -15,6 +15,7 @@
 #include "fastkernel/fastkernel.h"
 #include "grid_meta.h"
 #include "grid_program.h"
+#include "handle_launch.h"
 #include "host_helpers.h"
 #include "kernel_object.h"
 #include "knob_watch.h"
@@ -326,6 +327,41 @@ PYBIND11_MODULE(_C, m) {
       py::arg("constexpr_function_type"), py::arg("constexpr_type"), py::arg("triton_call"),
       py::arg("cdiv"), py::arg("next_power_of_2"),
       "Serve host calls of ConstexprFunction natively (the caller restores __call__ to undo).");
+  m.def(
+      "install_handle_subscript",
+      [](py::handle type, py::object attr, py::object slow) {
+        if (!install_handle_subscript(type.ptr(), attr.is_none() ? nullptr : attr.ptr(),
+                                      slow.ptr())) {
+          throw py::error_already_set();
+        }
+      },
+      py::arg("type"), py::arg("attr"), py::arg("slow"),
+      "Serve `type.__getitem__` natively for kept compiled-kernel handles: with attr None the\n"
+      "instances are the handles (CompiledKernel), else the instance's attribute `attr` is.\n"
+      "A handle with a remembered launcher, a grid of three dims and no launch hook set\n"
+      "launches through the launcher's subscript; slow(self, grid) serves the rest. The caller\n"
+      "restores the type's attribute to undo it.");
+  m.def(
+      "remember_handle_launch",
+      [](py::handle compiled, py::handle launcher) {
+        if (!remember_handle_launch(compiled.ptr(), launcher.ptr())) {
+          throw py::error_already_set();
+        }
+      },
+      py::arg("compiled"), py::arg("launcher"),
+      "Launch `compiled[grid]` through `launcher` (a Kernel) from the native handle subscript\n"
+      "while `compiled` lives. TypeError when launcher is not a Kernel or compiled cannot be\n"
+      "weakly referenced.");
+  m.def(
+      "handle_launcher",
+      [](py::handle compiled) {
+        return py::reinterpret_steal<py::object>(handle_launcher(compiled.ptr()));
+      },
+      py::arg("compiled"), "The launcher remembered for `compiled`, or None.");
+  m.def("forget_handle_launches", &forget_handle_launches,
+        "Forget every launcher remember_handle_launch gave.");
+  m.def("num_handle_launches", &num_handle_launches,
+        "How many launchers remember_handle_launch gave are remembered.");
   m.def("uninstall_patch", &uninstall_patch,
         "Forget every patched dispatch (the caller restores the type's __getitem__).");
   m.def(

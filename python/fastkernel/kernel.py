@@ -443,9 +443,6 @@ class NativeDispatch(_C.Kernel):
         self._miss_fallbacks = 0
         self._refused_keys: dict[bytes, str] = {}  # keys whose cubin the driver would not load
         self._targets: dict[int, Any] = {}
-        # The native launchers of this kernel's CompiledKernels (their binaries), by the id of
-        # the live handle: (a weak reference to it, its launcher or why it has none).
-        self._handle_launchers: dict[int, tuple[weakref.ref, CompiledLaunch | str]] = {}
         if options is None:
             # Option names come from the backend's options dataclass; they are the same for
             # every CUDA target, so any target serves to list them.
@@ -710,11 +707,17 @@ class NativeDispatch(_C.Kernel):
         other launch caches keep what a launch returns and launch it so): the native launch of
         its binary (:class:`CompiledLaunch`) for a grid of three dims (a tuple or list) with no
         launch hook set; else Triton's runner (``CompiledKernel.__getitem__``), each launch
-        counted as a fallback for :data:`COMPILED_LAUNCH_REASON`."""
-        entry = self._handle_launchers.get(id(compiled))
-        if entry is None or entry[0]() is not compiled:
-            entry = self._add_handle_launcher(compiled)
-        launcher = entry[1]
+        counted as a fallback for :data:`COMPILED_LAUNCH_REASON`.
+
+        A handle has one launcher, made on its first launch and remembered natively
+        (``_C.remember_handle_launch``, csrc/python/handle_launch.cpp) while the handle lives or
+        until :func:`fastkernel.unpatch`: its later launches of that kind go straight from the
+        handle's native subscript to the launcher, without this method, and every dispatch of
+        the kernel shares it (the binary is loaded once per device)."""
+        found = _C.handle_launcher(compiled)
+        launcher = found if isinstance(found, CompiledLaunch) else CompiledLaunch.of(compiled, self)
+        if launcher is not found and not isinstance(launcher, str):
+            _C.remember_handle_launch(compiled, launcher)
         if (
             type(grid) in (tuple, list)
             and len(grid) == 3
@@ -732,19 +735,6 @@ class NativeDispatch(_C.Kernel):
             return result
 
         return counted
-
-    def _add_handle_launcher(self, compiled: Any) -> tuple[weakref.ref, CompiledLaunch | str]:
-        """Makes and keeps ``compiled``'s launcher (:class:`CompiledLaunch`) while it lives."""
-        key = id(compiled)
-        launchers = self._handle_launchers
-
-        def forget(ref: weakref.ref) -> None:
-            if launchers.get(key, (None,))[0] is ref:
-                del launchers[key]
-
-        entry = (weakref.ref(compiled, forget), CompiledLaunch.of(compiled, self))
-        launchers[key] = entry
-        return entry
 
     def _count_fallback(
         self,
@@ -924,6 +914,10 @@ class CompiledLaunch(NativeDispatch):
     which it rejects) goes to Triton's runner, counted as a fallback for
     :data:`COMPILED_KEYWORDS_REASON`; so does a call whose arguments the native key does not
     cover. Its counters are the kernel's name with `` [compiled handle]`` in :func:`stats`.
+
+    One launcher serves a handle, whichever dispatch of its kernel made it, while the handle
+    lives (remembered natively: csrc/python/handle_launch.cpp) or until
+    :func:`fastkernel.unpatch`.
     """
 
     _stats_suffix = " [compiled handle]"
@@ -1052,7 +1046,9 @@ class WarmupHandle:
         self.compiled = compiled
         self._kernel = kernel
 
-    def __getitem__(self, grid):
+    def _launch(self, grid):
+        """``handle[grid]`` past the native subscript (a first launch, a grid of other than
+        three dims, a launch hook set): :meth:`NativeDispatch._handle_launch`."""
         return self._kernel._handle_launch(self.compiled, grid)
 
     def __getattr__(self, name: str) -> Any:
@@ -1060,6 +1056,11 @@ class WarmupHandle:
 
     def __repr__(self) -> str:
         return f"WarmupHandle({self.compiled!r})"
+
+
+# ``handle[grid]`` is native: the launcher of ``handle.compiled`` remembered on its first
+# launch, else WarmupHandle._launch (csrc/python/handle_launch.cpp).
+_C.install_handle_subscript(WarmupHandle, "compiled", WarmupHandle._launch)
 
 
 class _InterpretedKernel:

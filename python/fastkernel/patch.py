@@ -19,9 +19,11 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   ``triton.jit`` function is one native hit when its functions read only scalars and
   constexprs, each named in their code (:class:`PatchedHeuristics`); other heuristics run in
   Python on every call and launch natively underneath.
-- ``CompiledKernel.__getitem__`` becomes :func:`_patched_compiled_getitem`: ``handle[grid]`` of
-  a ``CompiledKernel`` (what ``warmup`` returns, what launch caches keep) of a served kernel is
-  the native launch of the handle's own binary (``fastkernel.kernel.CompiledLaunch``).
+- ``CompiledKernel.__getitem__`` becomes a slot wrapper of the native handle subscript
+  (``csrc/python/handle_launch.cpp``): ``handle[grid]`` of a ``CompiledKernel`` (what ``warmup``
+  returns, what launch caches keep) of a served kernel is the native launch of the handle's own
+  binary (``fastkernel.kernel.CompiledLaunch``). The handle's first launch, and any the native
+  subscript does not take, go through :func:`_patched_compiled_getitem`.
 - Each kernel gets its dispatch at its first launch, kept in the kernel's ``__dict__`` under
   ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again.
 
@@ -748,7 +750,7 @@ def patch() -> bool:
         JITFunction.run = _RunAttribute(_patched_run)
         Autotuner.run = _RunAttribute(_patched_autotuner_run)
         TritonHeuristics.run = _RunAttribute(HEURISTICS_RUN)
-        CompiledKernel.__getitem__ = _patched_compiled_getitem
+        _C.install_handle_subscript(CompiledKernel, None, _patched_compiled_getitem)
         _host_helpers.install()
         install_triton_watch(keep=False)
         _saved = saved
@@ -774,6 +776,7 @@ def unpatch() -> None:
                     delattr(cls, name)
         _host_helpers.uninstall()
         _C.uninstall_patch()
+        _C.forget_handle_launches()
         uninstall_triton_watch()
         for ref in list(_served.values()):
             jit_fn = ref()

@@ -1,0 +1,225 @@
+// Native subscripts for kept compiled-kernel handles (see handle_launch.h).
+//
+// A remembered launcher is keyed by the handle's address. The entry holds a weak reference to
+// the handle whose callback erases it while the handle is being freed, before its memory can be
+// reused by another object; a lookup also checks that the weak reference still points at the
+// handle, so an address is never matched to an entry made for an object that no longer exists.
+#include "handle_launch.h"
+
+#include <unordered_map>
+
+#include "kernel_object.h"
+#include "knob_watch.h"
+#include "patch_hook.h"
+
+namespace fastkernel {
+namespace {
+
+struct HandleLaunch {
+  PyObject* ref = nullptr;             // owned weak reference to the handle
+  KernelObject* launcher = nullptr;    // owned
+};
+
+// Handle address -> its launcher; the last one found is cached in front of the map.
+std::unordered_map<PyObject*, HandleLaunch>& handle_launches() {
+  static auto* map = new std::unordered_map<PyObject*, HandleLaunch>();
+  return *map;
+}
+PyObject* g_last_handle = nullptr;
+HandleLaunch g_last_launch;  // borrowed copies of the map's entry for g_last_handle
+
+PyObject* g_compiled_slow = nullptr;  // slow(compiled, grid) for Triton's CompiledKernel
+PyObject* g_holder_slow = nullptr;    // slow(holder, grid) for WarmupHandle
+PyObject* g_holder_attr = nullptr;    // the holder's attribute naming its handle
+
+// Whether the weak reference `ref` still refers to `obj` (an object that was freed leaves it
+// referring to None).
+inline bool refers_to(PyObject* ref, PyObject* obj) {
+  return reinterpret_cast<PyWeakReference*>(ref)->wr_object == obj;
+}
+
+void erase(std::unordered_map<PyObject*, HandleLaunch>::iterator it) {
+  const HandleLaunch entry = it->second;
+  if (g_last_handle == it->first) {
+    g_last_handle = nullptr;
+    g_last_launch = HandleLaunch{};
+  }
+  handle_launches().erase(it);
+  // Last: releasing the launcher releases its records, which may run Python.
+  Py_DECREF(entry.ref);
+  Py_DECREF(reinterpret_cast<PyObject*>(entry.launcher));
+}
+
+// The weak reference's callback: `key` is the handle's address (an int), `ref` the entry's weak
+// reference, whose handle is being freed.
+PyObject* forget_handle(PyObject* key, PyObject* ref) {
+  auto* handle = static_cast<PyObject*>(PyLong_AsVoidPtr(key));
+  if (handle == nullptr && PyErr_Occurred()) {
+    return nullptr;
+  }
+  auto& map = handle_launches();
+  auto it = map.find(handle);
+  if (it != map.end() && it->second.ref == ref) {
+    erase(it);
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_forget_def = {"forget_handle_launch", forget_handle, METH_O,
+                            "Drops the launcher of a freed compiled-kernel handle."};
+
+[[gnu::noinline]] KernelObject* find_launcher_slow(PyObject* handle) {
+  auto& map = handle_launches();
+  auto it = map.find(handle);
+  if (it == map.end() || !refers_to(it->second.ref, handle)) {
+    return nullptr;
+  }
+  g_last_handle = handle;
+  g_last_launch = it->second;
+  return it->second.launcher;
+}
+
+// The launcher remembered for `handle`, or nullptr.
+inline KernelObject* find_launcher(PyObject* handle) {
+  if (handle == g_last_handle && refers_to(g_last_launch.ref, handle)) {
+    return g_last_launch.launcher;
+  }
+  return find_launcher_slow(handle);
+}
+
+// The native launch of `handle` on `grid` (a new bound launch), Py_None (borrowed) when it takes
+// the Python path, or nullptr with an exception set.
+inline PyObject* native_handle_subscript(PyObject* handle, PyObject* grid) {
+  if (!((PyTuple_CheckExact(grid) || PyList_CheckExact(grid)) && Py_SIZE(grid) == 3)) {
+    return Py_None;
+  }
+  // The knobs first: reading them can run Python (a refresh), which may drop the launcher.
+  const KnobState* knobs = current_knobs();
+  if (knobs == nullptr) {
+    return nullptr;
+  }
+  if (hooks_active(*knobs)) {
+    return Py_None;  // Triton's runner, counted as a fallback by the Python path
+  }
+  KernelObject* launcher = find_launcher(handle);
+  if (launcher == nullptr) {
+    return Py_None;
+  }
+  // Held across the subscript, whose allocation can run the garbage collector.
+  PyObject* held = Py_NewRef(reinterpret_cast<PyObject*>(launcher));
+  PyObject* bound = kernel_subscript(launcher, grid);
+  Py_DECREF(held);
+  return bound;
+}
+
+PyObject* compiled_subscript(PyObject* compiled, PyObject* grid) {
+  PyObject* bound = native_handle_subscript(compiled, grid);
+  if (bound != Py_None) {
+    return bound;
+  }
+  if (g_compiled_slow == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "fastkernel: the handle subscript was never installed");
+    return nullptr;
+  }
+  return PyObject_CallFunctionObjArgs(g_compiled_slow, compiled, grid, nullptr);
+}
+
+PyObject* holder_subscript(PyObject* holder, PyObject* grid) {
+  if (g_holder_slow == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "fastkernel: the handle subscript was never installed");
+    return nullptr;
+  }
+  PyObject* handle = PyObject_GetAttr(holder, g_holder_attr);
+  if (handle == nullptr) {
+    return nullptr;
+  }
+  PyObject* bound = native_handle_subscript(handle, grid);
+  Py_DECREF(handle);  // the holder keeps it alive
+  if (bound != Py_None) {
+    return bound;
+  }
+  return PyObject_CallFunctionObjArgs(g_holder_slow, holder, grid, nullptr);
+}
+
+}  // namespace
+
+bool remember_handle_launch(PyObject* compiled, PyObject* launcher) {
+  if (!PyObject_TypeCheck(launcher, &KernelType)) {
+    PyErr_Format(PyExc_TypeError, "fastkernel: a handle's launcher must be a Kernel, not %s",
+                 Py_TYPE(launcher)->tp_name);
+    return false;
+  }
+  PyObject* key = PyLong_FromVoidPtr(compiled);
+  if (key == nullptr) {
+    return false;
+  }
+  PyObject* callback = PyCFunction_New(&g_forget_def, key);
+  Py_DECREF(key);
+  if (callback == nullptr) {
+    return false;
+  }
+  PyObject* ref = PyWeakref_NewRef(compiled, callback);
+  Py_DECREF(callback);
+  if (ref == nullptr) {
+    return false;
+  }
+  const HandleLaunch entry{ref, reinterpret_cast<KernelObject*>(Py_NewRef(launcher))};
+  auto [it, inserted] = handle_launches().try_emplace(compiled, entry);
+  if (!inserted) {  // replaced (the entry of a handle whose launcher was made again)
+    const HandleLaunch old = it->second;
+    it->second = entry;
+    if (g_last_handle == compiled) {
+      g_last_handle = nullptr;
+      g_last_launch = HandleLaunch{};
+    }
+    // Last: releasing the launcher releases its records, which may run Python.
+    Py_DECREF(old.ref);
+    Py_DECREF(reinterpret_cast<PyObject*>(old.launcher));
+  }
+  return true;
+}
+
+PyObject* handle_launcher(PyObject* compiled) {
+  KernelObject* launcher = find_launcher(compiled);
+  return Py_NewRef(launcher != nullptr ? reinterpret_cast<PyObject*>(launcher) : Py_None);
+}
+
+void forget_handle_launches() {
+  auto& map = handle_launches();
+  while (!map.empty()) {
+    erase(map.begin());  // one at a time: a released launcher may run Python that remembers
+  }
+}
+
+size_t num_handle_launches() { return handle_launches().size(); }
+
+bool install_handle_subscript(PyObject* type, PyObject* attr, PyObject* slow) {
+  if (attr != nullptr && !PyUnicode_Check(attr)) {
+    PyErr_SetString(PyExc_TypeError, "fastkernel: the handle attribute must be a str");
+    return false;
+  }
+  if (!PyCallable_Check(slow)) {
+    PyErr_SetString(PyExc_TypeError, "fastkernel: the handle subscript's slow path must be "
+                                     "callable");
+    return false;
+  }
+  void* fn = attr == nullptr ? reinterpret_cast<void*>(&compiled_subscript)
+                             : reinterpret_cast<void*>(&holder_subscript);
+  PyObject* descr = new_slot_wrapper(type, &KernelType, "__getitem__", fn);
+  if (descr == nullptr) {
+    return false;
+  }
+  if (attr == nullptr) {
+    Py_XSETREF(g_compiled_slow, Py_NewRef(slow));
+  } else {
+    Py_XSETREF(g_holder_slow, Py_NewRef(slow));
+    PyObject* name = Py_NewRef(attr);
+    PyUnicode_InternInPlace(&name);
+    Py_XSETREF(g_holder_attr, name);
+  }
+  const int rc = PyObject_SetAttrString(type, "__getitem__", descr);
+  Py_DECREF(descr);
+  return rc == 0;
+}
+
+}  // namespace fastkernel

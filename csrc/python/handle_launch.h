@@ -1,0 +1,38 @@
+// Native subscripts for kept compiled-kernel handles: `compiled[grid]` of a Triton CompiledKernel
+// under the patch, and `handle[grid]` of what a @fastkernel kernel's warmup returns
+// (fastkernel.kernel.WarmupHandle). The Python layer makes a handle's launcher (a Kernel:
+// fastkernel.kernel.CompiledLaunch) on the handle's first launch and gives it here; later
+// launches of the handle with a grid of three dims, while no launch hook is set, are one C call
+// into the launcher's own subscript, with no Python frame. Everything else (a first launch,
+// another grid, a launch hook set, a handle without a launcher) takes the Python path given at
+// install, which counts fallbacks and makes launchers.
+#pragma once
+
+#include <Python.h>
+
+namespace fastkernel {
+
+/// Remembers `launcher` (a Kernel) as the native launch of the binary `compiled` holds, until
+/// `compiled` is freed (a callback of a weak reference to it drops the entry) or
+/// forget_handle_launches(). False with an exception set when `launcher` is not a Kernel or
+/// `compiled` cannot be weakly referenced.
+bool remember_handle_launch(PyObject* compiled, PyObject* launcher);
+
+/// The launcher remembered for `compiled` (new reference), or Py_None (new reference).
+PyObject* handle_launcher(PyObject* compiled);
+
+/// Forgets every remembered launcher (their next launches take the Python path again).
+void forget_handle_launches();
+
+/// The number of remembered launchers.
+size_t num_handle_launches();
+
+/// Installs the native handle subscript as `type.__getitem__` (a slot wrapper). With `attr`
+/// nullptr the instances are the handles (Triton's CompiledKernel); else the handle is the
+/// instance's attribute `attr` (WarmupHandle.compiled). `slow(self, grid)` serves what the native
+/// path does not take. One type of each kind is served: a later install replaces the earlier
+/// one's `slow`. The caller restores the type's attribute to undo it. False with an exception set
+/// on failure.
+bool install_handle_subscript(PyObject* type, PyObject* attr, PyObject* slow);
+
+}  // namespace fastkernel
