@@ -751,22 +751,31 @@ def test_an_unsupported_triton_is_refused_and_nothing_is_patched(monkeypatch):
     assert all(_same_objects(before[k], after[k]) for k in before)
 
 
-def test_unpatch_while_other_threads_launch(stand_in):
+@pytest.mark.parametrize("through", ["kernel", "handle"])
+def test_unpatch_while_other_threads_launch(stand_in, through):
+    """Threads launch the kernel (``kernel[grid]``) or its kept CompiledKernel handle
+    (``compiled[grid]``, whose launchers unpatch() forgets) while the main thread patches and
+    unpatches: every launch completes, none fails."""
     x, y, out = _tensors()
     stop = threading.Event()
     errors: list = []
     counts = [0] * 4
+    compiled = None
 
     def launcher(i):
         try:
             while not stop.is_set():
-                kernels.add_kernel[(4,)](x, y, out, N, BLOCK=1024)
+                if through == "kernel":
+                    kernels.add_kernel[(4,)](x, y, out, N, BLOCK=1024)
+                else:
+                    compiled[(4, 1, 1)](x, y, out, N, 1024)
                 counts[i] += 1
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     with TritonReference(stand_in, TEST_STREAM):
-        kernels.add_kernel[(4,)](x, y, out, N, BLOCK=1024)  # compiled by Triton beforehand
+        # Compiled by Triton beforehand.
+        compiled = kernels.add_kernel[(4,)](x, y, out, N, BLOCK=1024)
         threads = [threading.Thread(target=launcher, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
