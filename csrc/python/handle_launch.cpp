@@ -16,8 +16,8 @@ namespace fastkernel {
 namespace {
 
 struct HandleLaunch {
-  PyObject* ref = nullptr;             // owned weak reference to the handle
-  KernelObject* launcher = nullptr;    // owned
+  PyObject* ref = nullptr;           // owned weak reference to the handle
+  KernelObject* launcher = nullptr;  // owned
 };
 
 // Handle address -> its launcher; the last one found is cached in front of the map.
@@ -199,8 +199,9 @@ bool install_handle_subscript(PyObject* type, PyObject* attr, PyObject* slow) {
     return false;
   }
   if (!PyCallable_Check(slow)) {
-    PyErr_SetString(PyExc_TypeError, "fastkernel: the handle subscript's slow path must be "
-                                     "callable");
+    PyErr_SetString(PyExc_TypeError,
+                    "fastkernel: the handle subscript's slow path must be "
+                    "callable");
     return false;
   }
   void* fn = attr == nullptr ? reinterpret_cast<void*>(&compiled_subscript)
