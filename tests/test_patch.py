@@ -2228,6 +2228,40 @@ def test_what_a_warm_launch_returns_launches_through_tritons_launcher_as_triton_
         iter(cached)  # not a sequence, although it has __getitem__
 
 
+def test_a_warm_launchs_cached_kernel_is_a_handle_of_its_own(stand_in, monkeypatch):
+    """Under the patch, ``cached[grid](*args)`` of the disk cache's CachedKernel (what a launch
+    returns in a process whose binary is cached; what launch caches keep) is the native launch
+    of its binary with no Triton CompiledKernel made or loaded for it; after the first, its
+    launches skip the Python path, as a CompiledKernel's do."""
+    calls = []
+    handle_launch = NativeDispatch._handle_launch
+
+    def counted(self, compiled, grid):
+        calls.append(grid)
+        return handle_launch(self, compiled, grid)
+
+    monkeypatch.setattr(NativeDispatch, "_handle_launch", counted)
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)
+    with _triton_on_stand_in(stand_in, patched=False):
+        reference = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        COMPILED_GETITEM(reference, (4, 1, 1))(*args)
+        theirs = stand_in.last_launch()
+    with _triton_on_stand_in(stand_in, patched=True):
+        _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)  # compiled, stored on disk
+        cached = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        assert isinstance(cached, fastkernel.cache.CachedKernel)
+        loads = stand_in.module_loads()
+        for _ in range(3):
+            cached[(4, 1, 1)](*args)
+            assert_same_launch(stand_in.last_launch(), theirs)
+        launcher = _C.handle_launcher(cached)
+    assert len(calls) == 1 and isinstance(launcher, CompiledLaunch)
+    assert (launcher.stats()["misses"], launcher.stats()["hits"]) == (1, 2)
+    assert stand_in.module_loads() == loads + 1  # the launcher's own, once
+    assert "_triton" not in cached.__dict__  # no Triton CompiledKernel was made for it
+
+
 def test_a_block_larger_than_the_function_allows_raises_tritons_out_of_resources(stand_in):
     """A function whose registers limit its block below the kernel's 32 * num_warps threads:
     Triton raises OutOfResources when it loads it (CompiledKernel._init_handles), which its

@@ -6,7 +6,10 @@
 // handle, so an address is never matched to an entry made for an object that no longer exists.
 #include "handle_launch.h"
 
+#include <algorithm>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "kernel_object.h"
 #include "knob_watch.h"
@@ -28,9 +31,14 @@ std::unordered_map<PyObject*, HandleLaunch>& handle_launches() {
 PyObject* g_last_handle = nullptr;
 HandleLaunch g_last_launch;  // borrowed copies of the map's entry for g_last_handle
 
-PyObject* g_compiled_slow = nullptr;  // slow(compiled, grid) for Triton's CompiledKernel
-PyObject* g_holder_slow = nullptr;    // slow(holder, grid) for WarmupHandle
-PyObject* g_holder_attr = nullptr;    // the holder's attribute naming its handle
+// The types whose instances are handles (Triton's CompiledKernel, fastkernel's CachedKernel),
+// each with its slow(handle, grid); owned.
+std::vector<std::pair<PyObject*, PyObject*>>& handle_types() {
+  static auto* types = new std::vector<std::pair<PyObject*, PyObject*>>();
+  return *types;
+}
+PyObject* g_holder_slow = nullptr;  // slow(holder, grid) for WarmupHandle
+PyObject* g_holder_attr = nullptr;  // the holder's attribute naming its handle
 
 // Whether the weak reference `ref` still refers to `obj` (an object that was freed leaves it
 // referring to None).
@@ -117,11 +125,14 @@ PyObject* compiled_subscript(PyObject* compiled, PyObject* grid) {
   if (bound != Py_None) {
     return bound;
   }
-  if (g_compiled_slow == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "fastkernel: the handle subscript was never installed");
-    return nullptr;
+  for (const auto& [type, slow] : handle_types()) {
+    if (PyObject_TypeCheck(compiled, reinterpret_cast<PyTypeObject*>(type))) {
+      return PyObject_CallFunctionObjArgs(slow, compiled, grid, nullptr);
+    }
   }
-  return PyObject_CallFunctionObjArgs(g_compiled_slow, compiled, grid, nullptr);
+  PyErr_Format(PyExc_RuntimeError, "fastkernel: no handle subscript was installed for %s",
+               Py_TYPE(compiled)->tp_name);
+  return nullptr;
 }
 
 PyObject* holder_subscript(PyObject* holder, PyObject* grid) {
@@ -211,7 +222,14 @@ bool install_handle_subscript(PyObject* type, PyObject* attr, PyObject* slow) {
     return false;
   }
   if (attr == nullptr) {
-    Py_XSETREF(g_compiled_slow, Py_NewRef(slow));
+    auto& types = handle_types();
+    auto it = std::find_if(types.begin(), types.end(),
+                           [type](const auto& entry) { return entry.first == type; });
+    if (it == types.end()) {
+      types.emplace_back(Py_NewRef(type), Py_NewRef(slow));
+    } else {
+      Py_SETREF(it->second, Py_NewRef(slow));
+    }
   } else {
     Py_XSETREF(g_holder_slow, Py_NewRef(slow));
     PyObject* name = Py_NewRef(attr);

@@ -28,11 +28,11 @@ void forget_handle_launches();
 size_t num_handle_launches();
 
 /// Installs the native handle subscript as `type.__getitem__` (a slot wrapper). With `attr`
-/// nullptr the instances are the handles (Triton's CompiledKernel); else the handle is the
-/// instance's attribute `attr` (WarmupHandle.compiled). `slow(self, grid)` serves what the native
-/// path does not take. One type of each kind is served: a later install replaces the earlier
-/// one's `slow`. The caller restores the type's attribute to undo it. False with an exception set
-/// on failure.
+/// nullptr the instances are the handles (Triton's CompiledKernel, fastkernel's CachedKernel);
+/// else the handle is the instance's attribute `attr` (WarmupHandle.compiled: one such type is
+/// served). `slow(self, grid)` serves what the native path does not take; installing on a type
+/// again replaces its `slow`. The caller restores the type's attribute to undo it. False with an
+/// exception set on failure.
 bool install_handle_subscript(PyObject* type, PyObject* attr, PyObject* slow);
 
 }  // namespace fastkernel

@@ -19,11 +19,12 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   ``triton.jit`` function is one native hit when its functions read only scalars and
   constexprs, each named in their code (:class:`PatchedHeuristics`); other heuristics run in
   Python on every call and launch natively underneath.
-- ``CompiledKernel.__getitem__`` becomes a slot wrapper of the native handle subscript
-  (``csrc/python/handle_launch.cpp``): ``handle[grid]`` of a ``CompiledKernel`` (what ``warmup``
-  returns, what launch caches keep) of a served kernel is the native launch of the handle's own
-  binary (``fastkernel.kernel.CompiledLaunch``). The handle's first launch, and any the native
-  subscript does not take, go through :func:`_patched_compiled_getitem`.
+- ``CompiledKernel.__getitem__`` and ``fastkernel.cache.CachedKernel.__getitem__`` (what a
+  launch returns in a process that read the binary from the disk cache) become slot wrappers of
+  the native handle subscript (``csrc/python/handle_launch.cpp``): ``handle[grid]`` of a handle
+  (what ``warmup`` returns, what launch caches keep) of a served kernel is the native launch of
+  the handle's own binary (``fastkernel.kernel.CompiledLaunch``). The handle's first launch,
+  and any the native subscript does not take, go through :func:`_patched_handle_getitem`.
 - Each kernel gets its dispatch at its first launch, kept in the kernel's ``__dict__`` under
   ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again.
 
@@ -52,6 +53,7 @@ from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C, SUPPORTED_TRITON, _env, _heuristic_code
 from . import _triton_abi as abi
+from . import cache as _cache
 from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_MAY_BE_PROVIDED, TUNE_VALUE
 from .kernel import (
     _KERNELS,
@@ -669,16 +671,23 @@ class _RunAttribute:
         _C.drop_patched_dispatch(obj)
 
 
-def _patched_compiled_getitem(self, grid):
-    """``CompiledKernel.__getitem__`` under the patch, for a binary of a kernel the patch
-    serves: the native launch of the binary (``NativeDispatch._handle_launch``, kernel.py), or
-    Triton's runner with each launch counted as a fallback; Triton's own runner for any other
-    binary."""
+def _patched_handle_getitem(self, grid, own_getitem=COMPILED_GETITEM):
+    """``handle[grid]`` under the patch past the native handle subscript, for a
+    ``CompiledKernel`` (or a disk-cache ``CachedKernel``) of a kernel the patch serves: the
+    native launch of the binary (``NativeDispatch._handle_launch``, kernel.py), or Triton's
+    runner with each launch counted as a fallback; the handle type's own ``__getitem__``
+    (``own_getitem``) for any other binary."""
     fn = getattr(getattr(self, "src", None), "fn", None)
     dispatch = _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
     if dispatch is None:
-        return COMPILED_GETITEM(self, grid)
+        return own_getitem(self, grid)
     return dispatch._handle_launch(self, grid)  # a NativeDispatch (kernel.py)
+
+
+#: ``CachedKernel.__getitem__`` past the native handle subscript under the patch.
+_patched_cached_getitem = functools.partial(
+    _patched_handle_getitem, own_getitem=_cache.CachedKernel.__getitem__
+)
 
 
 _patched_run._fastkernel_patched = True  # type: ignore[attr-defined]
@@ -739,7 +748,13 @@ def patch() -> bool:
 
         saved = {
             (cls, name): cls.__dict__[name]
-            for cls in (JITFunction, Autotuner, TritonHeuristics, CompiledKernel)
+            for cls in (
+                JITFunction,
+                Autotuner,
+                TritonHeuristics,
+                CompiledKernel,
+                _cache.CachedKernel,
+            )
             for name in ("__getitem__", "run")
             if name in cls.__dict__
         }
@@ -750,7 +765,8 @@ def patch() -> bool:
         JITFunction.run = _RunAttribute(_patched_run)
         Autotuner.run = _RunAttribute(_patched_autotuner_run)
         TritonHeuristics.run = _RunAttribute(HEURISTICS_RUN)
-        _C.install_handle_subscript(CompiledKernel, None, _patched_compiled_getitem)
+        _C.install_handle_subscript(CompiledKernel, None, _patched_handle_getitem)
+        _C.install_handle_subscript(_cache.CachedKernel, None, _patched_cached_getitem)
         _host_helpers.install()
         install_triton_watch(keep=False)
         _saved = saved
@@ -768,7 +784,7 @@ def unpatch() -> None:
             return
         from . import _host_helpers
 
-        for cls in (JITFunction, Autotuner, TritonHeuristics, CompiledKernel):
+        for cls in (JITFunction, Autotuner, TritonHeuristics, CompiledKernel, _cache.CachedKernel):
             for name in ("__getitem__", "run"):
                 if (cls, name) in _saved:
                     setattr(cls, name, _saved[(cls, name)])
