@@ -44,6 +44,7 @@ from fastkernel.kernel import (
     CompiledLaunch,
     NativeDispatch,
     WarmupHandle,
+    tritons_own_launches,
 )
 
 patch_module = importlib.import_module("fastkernel.patch")  # fastkernel.patch is the function
@@ -524,6 +525,17 @@ def test_warmup_compiles_without_launching(stand_in, patch_on):
     assert stand_in.launches() == []
 
 
+def _tritons_runner(compiled, grid):
+    """Triton's own runner of ``compiled`` (``CompiledKernel.__getitem__``), launching through
+    Triton's own launcher object even under the patch, whose ``run`` is otherwise native."""
+
+    def runner(*args, **kwargs):
+        with tritons_own_launches():
+            return COMPILED_GETITEM(compiled, grid)(*args, **kwargs)
+
+    return runner
+
+
 def _handle_stats(jit_fn) -> dict:
     return fastkernel.stats().get(
         f"{jit_fn.fn.__module__}.{jit_fn.fn.__qualname__} [compiled handle]"
@@ -549,7 +561,7 @@ def test_a_launch_of_the_handle_warmup_returns_is_native(stand_in, patch_on):
     args = (x, y, out, N, 1024)
     with TritonReference(stand_in, TEST_STREAM):
         compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
-        COMPILED_GETITEM(compiled, (4, 1, 1))(*args)  # Triton's own runner
+        _tritons_runner(compiled, (4, 1, 1))(*args)  # Triton's own runner
         theirs = stand_in.last_launch()
         assert compiled[(4, 1, 1)](*args) is None  # as Triton's runner returns
         compiled[(4, 1, 1)](*args)
@@ -567,7 +579,7 @@ def test_a_handle_launches_its_own_binary_whatever_the_arguments_specialization(
         compiled = kernels.add_kernel.warmup(*aligned, N, BLOCK=1024, grid=(4,))
         theirs = []
         for tensors, block in ((aligned, 1024), (shifted, 1024), (shifted, 64)):
-            COMPILED_GETITEM(compiled, (4, 1, 1))(*tensors, N, block)
+            _tritons_runner(compiled, (4, 1, 1))(*tensors, N, block)
             theirs.append(stand_in.last_launch())
             compiled[(4, 1, 1)](*tensors, N, block)
             assert_same_launch(stand_in.last_launch(), theirs[-1])
@@ -591,7 +603,7 @@ def test_handle_launches_native_launch_does_not_take_go_to_tritons_runner_counte
         caplog.at_level("INFO", logger="fastkernel"),
     ):
         compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
-        COMPILED_GETITEM(compiled, (4, 1, 1))(*args)
+        _tritons_runner(compiled, (4, 1, 1))(*args)
         theirs = stand_in.last_launch()
         compiled[[4, 1, 1]](*args)
         assert_same_launch(stand_in.last_launch(), theirs)
@@ -634,7 +646,7 @@ def test_a_fastkernel_warmup_handle_launches_natively(stand_in, patched):
         handle = k.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
         assert isinstance(handle, WarmupHandle) and isinstance(handle.compiled, CompiledKernel)
         assert handle.metadata is handle.compiled.metadata  # the CompiledKernel's attributes
-        COMPILED_GETITEM(handle.compiled, (4, 1, 1))(x, y, out, N, 1024)
+        _tritons_runner(handle.compiled, (4, 1, 1))(x, y, out, N, 1024)
         theirs = stand_in.last_launch()
         handle[(4, 1, 1)](x, y, out, N, 1024)
         handle[(4, 1, 1)](x, y, out, N, 1024)
@@ -663,7 +675,7 @@ def test_a_handles_later_launches_run_no_python(stand_in, monkeypatch):
     args = (x, y, out, N, 1024)
     with TritonReference(stand_in, TEST_STREAM):
         handle = k.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
-        COMPILED_GETITEM(handle.compiled, (4, 1, 1))(*args)
+        _tritons_runner(handle.compiled, (4, 1, 1))(*args)
         theirs = stand_in.last_launch()
         for _ in range(3):
             handle[(4, 1, 1)](*args)
@@ -2215,7 +2227,7 @@ def test_what_a_warm_launch_returns_launches_through_tritons_launcher_as_triton_
         assert [m["stream"] for m in seen] == [TEST_STREAM, TEST_STREAM]
         launches.clear()
         before = _handle_stats(kernels.add_kernel) or {"misses": 0, "fallbacks": 0}
-        COMPILED_GETITEM(reference, (4, 1, 1))(*args)  # CompiledKernel.__getitem__'s runner
+        _tritons_runner(reference, (4, 1, 1))(*args)  # CompiledKernel.__getitem__'s runner
         launches.append(stand_in.launches()[-1])
         cached[(4, 1, 1)](*args)  # under the patch: the native launch of its binary
         launches.append(stand_in.launches()[-1])
@@ -2245,7 +2257,7 @@ def test_a_warm_launchs_cached_kernel_is_a_handle_of_its_own(stand_in, monkeypat
     args = (x, y, out, N, 1024)
     with _triton_on_stand_in(stand_in, patched=False):
         reference = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
-        COMPILED_GETITEM(reference, (4, 1, 1))(*args)
+        _tritons_runner(reference, (4, 1, 1))(*args)
         theirs = stand_in.last_launch()
     with _triton_on_stand_in(stand_in, patched=True):
         _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)  # compiled, stored on disk
@@ -2260,6 +2272,101 @@ def test_a_warm_launchs_cached_kernel_is_a_handle_of_its_own(stand_in, monkeypat
     assert (launcher.stats()["misses"], launcher.stats()["hits"]) == (1, 2)
     assert stand_in.module_loads() == loads + 1  # the launcher's own, once
     assert "_triton" not in cached.__dict__  # no Triton CompiledKernel was made for it
+
+
+def _run_args(handle, stream=TEST_STREAM, enter=None, exit_=None, function=None):
+    """The leading arguments of Triton's launcher object, as vLLM's ``CachedKernel`` passes
+    them: grid, stream, the handle's function and packed metadata, no launch metadata, hooks."""
+    function = handle.function if function is None else function
+    return (4, 1, 1, stream, function, handle.packed_metadata, None, enter, exit_)
+
+
+@pytest.mark.parametrize("handle_kind", ["compiled", "cached"])
+def test_a_handles_run_launches_natively_as_tritons_launcher_does(stand_in, handle_kind):
+    """Launch caches keep ``compiled.run`` (Triton's launcher object) and call it directly
+    (vLLM's ``CachedKernel``). Under the patch ``run`` of a served kernel's handle (Triton's
+    CompiledKernel, or the disk cache's CachedKernel) is a native launcher object: the same
+    bytes as Triton's launcher, a miss then native hits on the handle's launcher, no fallback."""
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)  # every argument, the constexpr too, as JITFunction.run passes
+    with _triton_on_stand_in(stand_in, patched=False):
+        reference = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        reference.run(*_run_args(reference), *args)
+        theirs = stand_in.last_launch()
+    with _triton_on_stand_in(stand_in, patched=True):
+        handle = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        if handle_kind == "cached":
+            handle = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+            assert isinstance(handle, fastkernel.cache.CachedKernel)
+        run = handle.run
+        assert type(run) is _C.RunLauncher
+        for _ in range(3):
+            assert run(*_run_args(handle), *args) is None
+            assert_same_launch(stand_in.last_launch(), theirs)
+        stats = _C.handle_launcher(handle).stats()
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0), stats
+    assert type(handle.run) is not _C.RunLauncher  # unpatched: Triton's own again
+
+
+def test_a_handles_run_gives_what_the_native_launch_does_not_take_to_tritons_launcher(stand_in):
+    """A call of a handle's native ``run`` that Triton's launcher would launch otherwise (another
+    stream, another function, a launch hook given or set) or whose arguments the native key does
+    not cover (a tensor subclass) goes to Triton's own launcher object, launching what it
+    launches, counted as a fallback with the reason; none recurses into the native path."""
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)
+    seen: list = []
+    with _triton_on_stand_in(stand_in, patched=True):
+        handle = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        other = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=64)  # another binary
+        run = handle.run
+        with tritons_own_launches():
+            triton_run = handle.run
+            other.run  # noqa: B018 - loads it through Triton, which sets its function
+        assert type(run) is _C.RunLauncher and type(triton_run) is not _C.RunLauncher
+        assert other.function not in (None, handle.function)
+
+        class DataPtr:  # what Triton's launcher takes for a pointer, not a tensor
+            def data_ptr(self):
+                return x.data_ptr()
+
+        cases = {
+            "a stream other than torch's current stream": (
+                *_run_args(handle, stream=TEST_STREAM + 16),
+                *args,
+            ),
+            "launch hooks given to Triton's launcher": (
+                *_run_args(handle, enter=seen.append),
+                *args,
+            ),
+            "a function other than the handle's": (
+                *_run_args(handle, function=other.function),
+                *args,
+            ),
+            "an argument of a kind the native key does not cover": (
+                *_run_args(handle),
+                DataPtr(),
+                *args[1:],
+            ),
+        }
+        for call_args in cases.values():
+            triton_run(*call_args)
+            theirs = stand_in.last_launch()
+            assert run(*call_args) is None
+            assert_same_launch(stand_in.last_launch(), theirs)
+        assert seen == [None, None]  # the hook given runs, with the launch metadata given
+        saved_hook = triton.knobs.runtime.launch_enter_hook
+        triton.knobs.runtime.launch_enter_hook = seen.append
+        try:
+            run(*_run_args(handle), *args)  # the hook set is not given: Triton runs none
+        finally:
+            triton.knobs.runtime.launch_enter_hook = saved_hook
+        assert seen == [None, None]
+        stats = _C.handle_launcher(handle).stats()
+    reasons = stats["fallback_reasons"]
+    for reason in (*cases, "a launch hook set"):
+        assert sum(n for r, n in reasons.items() if reason in r) == 1, (reason, list(reasons))
+    assert stats["fallbacks"] == 5
 
 
 def test_a_block_larger_than_the_function_allows_raises_tritons_out_of_resources(stand_in):

@@ -42,6 +42,8 @@ SYSTEM_LABELS: dict[str, str] = {
     "patched": "fastkernel.patch(): Triton kernel[grid]",
     "patched_autotuned": "fastkernel.patch(): Triton's triton.autotune, tuned hit",
     "patched_heuristics": "fastkernel.patch(): Triton's triton.heuristics, hit",
+    "patched_triton_run": "Triton CompiledKernel.run, kept as launch caches keep it",
+    "patched_run": "fastkernel.patch(): the same kept CompiledKernel.run",
 }
 
 #: Launches captured in one CUDA graph for the amortized reference.
@@ -916,6 +918,7 @@ def time_patched(
             systems["patched_heuristics"] = Timed(
                 call_loop(triton_heuristics[0], shape.grid, triton_heuristics[1])
             )
+        systems.update(_kept_run_systems(jit, shape, args))
         timings = time_systems(systems, iterations, repeats, sync, before_repeat=reset)
         kernels = {"patched": jit}
         if triton_tuned is not None:
@@ -924,6 +927,40 @@ def time_patched(
             kernels["patched_heuristics"] = triton_heuristics[0]
         _warn_unless_native(shape, kernels)
         return timings
+
+
+def _kept_run_systems(jit, shape, args: tuple) -> dict[str, Timed]:
+    """A kept handle's launcher object called as launch caches call it (vLLM's ``CachedKernel``
+    keeps ``compiled.run`` and calls ``run(gx, gy, gz, stream, function, packed_metadata,
+    None, enter_hook, exit_hook, *args)``, the stream read per call through Triton's driver):
+    Triton's own (``patched_triton_run``) and, under the patch, fastkernel's native one
+    (``patched_run``). Call under ``fastkernel.patch()``."""
+    import triton
+
+    from fastkernel import _C
+    from fastkernel.kernel import tritons_own_launches
+
+    compiled = jit[shape.grid](*args)
+    with tritons_own_launches():
+        triton_run = compiled.run
+    native_run = compiled.run
+    if type(native_run) is not _C.RunLauncher:
+        print(f"warning: {shape.name}: the kept run is not native ({type(native_run)})")
+    function, packed = compiled.function, compiled.packed_metadata
+    knobs = triton.knobs.runtime
+    enter, exit_ = knobs.launch_enter_hook, knobs.launch_exit_hook
+    drv = triton.runtime.driver.active
+    device, get_stream = drv.get_current_device(), drv.get_current_stream
+    g0, g1, g2 = (tuple(shape.grid) + (1, 1))[:3]
+
+    def kept(run):
+        def loop(n: int) -> None:
+            for _ in range(n):
+                run(g0, g1, g2, get_stream(device), function, packed, None, enter, exit_, *args)
+
+        return loop
+
+    return {"patched_triton_run": Timed(kept(triton_run)), "patched_run": Timed(kept(native_run))}
 
 
 def _warn_unless_native(shape, kernels: dict[str, Any]) -> None:

@@ -395,6 +395,16 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
                 if (s, theirs) in us and (s + common.PATCHED_GROUP, ours) in us
             ]
             print(f"Triton's own {wrapper} / the same call patched:\n  " + "  ".join(ratios))
+        print(
+            "a kept CompiledKernel.run called directly (launch caches), Triton's launcher / "
+            "fastkernel's under the patch:\n  "
+            + "  ".join(
+                f"{s[: -len(common.PATCHED_GROUP)]}: "
+                f"{us[(s, 'patched_triton_run')] / us[(s, 'patched_run')]:.1f}x"
+                for s in patched_rows
+                if (s, "patched_run") in us
+            )
+        )
     library_calls.print_library_calls(library)
     print(
         "host calls, ns (median; Triton's ConstexprFunction.__call__ / fastkernel's host helpers):"

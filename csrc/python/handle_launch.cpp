@@ -7,12 +7,14 @@
 #include "handle_launch.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "kernel_object.h"
 #include "knob_watch.h"
+#include "launch_context.h"
 #include "patch_hook.h"
 
 namespace fastkernel {
@@ -239,6 +241,208 @@ bool install_handle_subscript(PyObject* type, PyObject* attr, PyObject* slow) {
   const int rc = PyObject_SetAttrString(type, "__getitem__", descr);
   Py_DECREF(descr);
   return rc == 0;
+}
+
+}  // namespace fastkernel
+
+// ---------------------------------------------------------------------------------------------
+// Native launcher objects: what `compiled.run` gives under the patch (see handle_launch.h).
+
+namespace fastkernel {
+namespace {
+
+struct RunLauncherObject {
+  PyObject_HEAD vectorcallfunc vectorcall;
+  KernelObject* launcher;       // owned: the handle's CompiledLaunch
+  PyObject* triton_run;         // owned: Triton's own launcher object of the handle
+  PyObject* packed_metadata;    // owned: the handle's packed_metadata
+  PyObject* hook_chain_type;    // owned: triton.knobs.HookChain, or None
+  PyObject* on_fallback;        // owned: on_fallback(reason) counts a call given to triton_run
+  unsigned long long function;  // the handle's CUfunction, as Triton's `compiled.function`
+};
+
+// The leading arguments of Triton's launcher (CudaLauncher.__call__, triton/backends/nvidia/
+// driver.py): gridX, gridY, gridZ, stream, function, kernel_metadata (packed), launch_metadata,
+// launch_enter_hook, launch_exit_hook; the kernel's arguments follow.
+constexpr Py_ssize_t kRunLeadingArgs = 9;
+
+// Whether a hook given to the launcher would run anything: None and an empty HookChain (what
+// Triton's knobs hold by default from 3.9) run nothing.
+bool hook_runs(const RunLauncherObject* self, PyObject* hook, bool* error) {
+  if (hook == Py_None) {
+    return false;
+  }
+  if (self->hook_chain_type == Py_None ||
+      !PyObject_TypeCheck(hook, reinterpret_cast<PyTypeObject*>(self->hook_chain_type))) {
+    return true;
+  }
+  PyObject* calls = PyObject_GetAttrString(hook, "calls");
+  if (calls == nullptr) {
+    *error = true;
+    return true;
+  }
+  const bool runs = !PyList_Check(calls) || PyList_GET_SIZE(calls) != 0;
+  Py_DECREF(calls);
+  return runs;
+}
+
+// Why this call goes to Triton's own launcher, or nullptr when the native launch of the
+// handle's binary is what Triton's launcher would do: the handle's own function and packed
+// metadata, no launch hook given or set, int grid dims, and torch's current stream (the native
+// launch runs on it; another stream goes to Triton's launcher). `*error` with an exception set.
+const char* run_refusal(const RunLauncherObject* self, PyObject* const* args, Py_ssize_t nargs,
+                        PyObject* kwnames, bool* error) {
+  if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
+    return "keyword arguments to Triton's launcher";
+  }
+  if (nargs < kRunLeadingArgs) {
+    return "fewer arguments than Triton's launcher takes";
+  }
+  for (int i = 0; i < 5; ++i) {
+    if (!PyLong_CheckExact(args[i])) {
+      return "a grid dim, stream or function that is not an int";
+    }
+  }
+  const unsigned long long function = PyLong_AsUnsignedLongLong(args[4]);
+  if (function != self->function) {
+    PyErr_Clear();  // a negative or oversized value: not the handle's function either
+    return "a function other than the handle's";
+  }
+  if (args[5] != self->packed_metadata) {
+    const int same = PyObject_RichCompareBool(args[5], self->packed_metadata, Py_EQ);
+    if (same != 1) {
+      PyErr_Clear();
+      return "kernel metadata other than the handle's";
+    }
+  }
+  if (hook_runs(self, args[7], error) || hook_runs(self, args[8], error)) {
+    return "launch hooks given to Triton's launcher";
+  }
+  const KnobState* knobs = current_knobs();
+  if (knobs == nullptr) {
+    *error = true;
+    return "";
+  }
+  if (hooks_active(*knobs)) {
+    return "a launch hook set";
+  }
+  const unsigned long long stream = PyLong_AsUnsignedLongLong(args[3]);
+  if (stream == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    return "a stream that is not a CUstream";
+  }
+  LaunchContext ctx{};
+  try {
+    ctx = current_launch_context();
+  } catch (const std::exception&) {
+    return "no current CUDA stream";  // Triton's launcher reports what is wrong
+  }
+  if (reinterpret_cast<uintptr_t>(ctx.stream) != stream) {
+    return "a stream other than torch's current stream";
+  }
+  return nullptr;
+}
+
+PyObject* run_launcher_call(PyObject* obj, PyObject* const* args, size_t nargsf,
+                            PyObject* kwnames) {
+  auto* self = reinterpret_cast<RunLauncherObject*>(obj);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  bool error = false;
+  const char* refusal = run_refusal(self, args, nargs, kwnames, &error);
+  if (error) {
+    return nullptr;
+  }
+  if (refusal != nullptr) {
+    // Counted once Triton's launcher has launched: a call it rejects is no fallback.
+    PyObject* result = PyObject_Vectorcall(self->triton_run, args, nargsf, kwnames);
+    if (result == nullptr) {
+      return nullptr;
+    }
+    PyObject* reason = PyUnicode_FromString(refusal);
+    PyObject* counted = reason ? PyObject_CallOneArg(self->on_fallback, reason) : nullptr;
+    Py_XDECREF(reason);
+    if (counted == nullptr) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+    Py_DECREF(counted);
+    return result;
+  }
+  PyObject* grid = PyTuple_Pack(3, args[0], args[1], args[2]);
+  if (grid == nullptr) {
+    return nullptr;
+  }
+  PyObject* held = Py_NewRef(reinterpret_cast<PyObject*>(self->launcher));
+  PyObject* bound = kernel_subscript(self->launcher, grid);
+  Py_DECREF(grid);
+  PyObject* result = nullptr;
+  if (bound != nullptr) {
+    result = PyObject_Vectorcall(bound, args + kRunLeadingArgs, nargs - kRunLeadingArgs, nullptr);
+    Py_DECREF(bound);
+  }
+  Py_DECREF(held);
+  return result;
+}
+
+void run_launcher_dealloc(PyObject* obj) {
+  auto* self = reinterpret_cast<RunLauncherObject*>(obj);
+  Py_XDECREF(reinterpret_cast<PyObject*>(self->launcher));
+  Py_XDECREF(self->triton_run);
+  Py_XDECREF(self->packed_metadata);
+  Py_XDECREF(self->hook_chain_type);
+  Py_XDECREF(self->on_fallback);
+  PyObject_Free(obj);
+}
+
+}  // namespace
+
+PyTypeObject RunLauncherType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "fastkernel._C.RunLauncher";
+  t.tp_doc =
+      "A kept handle's launcher object under the patch: called as Triton's launcher is\n"
+      "(gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, enter_hook,\n"
+      "exit_hook, *args), it launches the handle's binary natively, or calls Triton's own.";
+  t.tp_basicsize = sizeof(RunLauncherObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_vectorcall_offset = offsetof(RunLauncherObject, vectorcall);
+  t.tp_call = PyVectorcall_Call;
+  t.tp_dealloc = run_launcher_dealloc;
+  return t;
+}();
+
+PyObject* new_run_launcher(PyObject* launcher, PyObject* triton_run, PyObject* function,
+                           PyObject* packed_metadata, PyObject* hook_chain_type,
+                           PyObject* on_fallback) {
+  if (!PyObject_TypeCheck(launcher, &KernelType)) {
+    PyErr_SetString(PyExc_TypeError, "fastkernel: a run launcher's launcher must be a Kernel");
+    return nullptr;
+  }
+  if (!PyCallable_Check(triton_run) || !PyCallable_Check(on_fallback)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "fastkernel: a run launcher needs Triton's launcher and on_fallback callables");
+    return nullptr;
+  }
+  if (hook_chain_type != Py_None && !PyType_Check(hook_chain_type)) {
+    PyErr_SetString(PyExc_TypeError, "fastkernel: hook_chain_type must be a type or None");
+    return nullptr;
+  }
+  const unsigned long long fn = PyLong_AsUnsignedLongLong(function);
+  if (fn == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    return nullptr;
+  }
+  auto* self = PyObject_New(RunLauncherObject, &RunLauncherType);
+  if (self == nullptr) {
+    return nullptr;
+  }
+  self->vectorcall = run_launcher_call;
+  self->launcher = reinterpret_cast<KernelObject*>(Py_NewRef(launcher));
+  self->triton_run = Py_NewRef(triton_run);
+  self->packed_metadata = Py_NewRef(packed_metadata);
+  self->hook_chain_type = Py_NewRef(hook_chain_type);
+  self->on_fallback = Py_NewRef(on_fallback);
+  self->function = fn;
+  return reinterpret_cast<PyObject*>(self);
 }
 
 }  // namespace fastkernel

@@ -35,4 +35,20 @@ size_t num_handle_launches();
 /// exception set on failure.
 bool install_handle_subscript(PyObject* type, PyObject* attr, PyObject* slow);
 
+/// The type of new_run_launcher's objects (readied by the module).
+extern PyTypeObject RunLauncherType;
+
+/// What `compiled.run` gives under the patch for a handle with a launcher: an object called as
+/// Triton's launcher is (`run(gridX, gridY, gridZ, stream, function, kernel_metadata,
+/// launch_metadata, enter_hook, exit_hook, *args)`: CudaLauncher.__call__,
+/// triton/backends/nvidia/driver.py) that launches the handle's binary through `launcher` (its
+/// CompiledLaunch) when Triton's launcher would launch exactly that: the handle's `function`
+/// and `packed_metadata`, no launch hook given (None or an empty `hook_chain_type`) or set in
+/// the knobs, on torch's current stream. Any other call goes to `triton_run` (Triton's own
+/// launcher object of the handle), counted through `on_fallback(reason)`. New reference, or
+/// nullptr with TypeError for arguments of the wrong kind.
+PyObject* new_run_launcher(PyObject* launcher, PyObject* triton_run, PyObject* function,
+                           PyObject* packed_metadata, PyObject* hook_chain_type,
+                           PyObject* on_fallback);
+
 }  // namespace fastkernel

@@ -214,7 +214,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("TORCH_VERSION") = FASTKERNEL_TORCH_VERSION;
 
   if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&BoundLaunchType) < 0 ||
-      PyType_Ready(&GridMetaType) < 0) {
+      PyType_Ready(&GridMetaType) < 0 || PyType_Ready(&RunLauncherType) < 0) {
     throw py::error_already_set();
   }
   m.add_object("GridMeta",
@@ -223,6 +223,8 @@ PYBIND11_MODULE(_C, m) {
                py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&KernelType)));
   m.add_object("BoundLaunch",
                py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&BoundLaunchType)));
+  m.add_object("RunLauncher",
+               py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&RunLauncherType)));
 
   g_cuda_error_type = PyErr_NewExceptionWithDoc(
       "fastkernel.CudaError",
@@ -358,6 +360,25 @@ PYBIND11_MODULE(_C, m) {
         return py::reinterpret_steal<py::object>(handle_launcher(compiled.ptr()));
       },
       py::arg("compiled"), "The launcher remembered for `compiled`, or None.");
+  m.def(
+      "run_launcher",
+      [](py::handle launcher, py::handle triton_run, py::handle function,
+         py::handle packed_metadata, py::handle hook_chain_type, py::handle on_fallback) {
+        PyObject* r =
+            new_run_launcher(launcher.ptr(), triton_run.ptr(), function.ptr(),
+                             packed_metadata.ptr(), hook_chain_type.ptr(), on_fallback.ptr());
+        if (r == nullptr) {
+          throw py::error_already_set();
+        }
+        return py::reinterpret_steal<py::object>(r);
+      },
+      py::arg("launcher"), py::arg("triton_run"), py::arg("function"), py::arg("packed_metadata"),
+      py::arg("hook_chain_type"), py::arg("on_fallback"),
+      "A kept handle's launcher object under the patch (`compiled.run`): called as Triton's\n"
+      "launcher is, it launches the handle's binary through `launcher` (its CompiledLaunch)\n"
+      "when Triton's launcher would launch exactly that (the handle's function and packed\n"
+      "metadata, no launch hook given or set, torch's current stream), else calls\n"
+      "`triton_run` and counts the call through on_fallback(reason).");
   m.def("forget_handle_launches", &forget_handle_launches,
         "Forget every launcher remember_handle_launch gave.");
   m.def("num_handle_launches", &num_handle_launches,

@@ -13,11 +13,12 @@ from __future__ import annotations
 import builtins
 import collections
 import collections.abc
+import contextlib
 import inspect
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import triton
@@ -301,6 +302,27 @@ PATCH_ATTR = "_fastkernel_dispatch"
 #: Triton's own ``CompiledKernel.__getitem__``, as it was when fastkernel was imported.
 COMPILED_GETITEM = CompiledKernel.__getitem__
 
+# How many launches this thread has handed to Triton's own path (its runner, JITFunction.run)
+# and not finished: while one is, a handle's `run` under the patch gives Triton's own launcher
+# object (fastkernel.patch), so a launch handed to Triton is Triton's to the end.
+_TRITON_LAUNCHES = threading.local()
+
+
+@contextlib.contextmanager
+def tritons_own_launches() -> Iterator[None]:
+    """Within the block this thread's launches are Triton's own down to its launcher object."""
+    _TRITON_LAUNCHES.depth = getattr(_TRITON_LAUNCHES, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _TRITON_LAUNCHES.depth -= 1
+
+
+def in_tritons_own_launch() -> bool:
+    """Whether this thread is inside :func:`tritons_own_launches`."""
+    return getattr(_TRITON_LAUNCHES, "depth", 0) > 0
+
+
 #: The fallback reason of a launch of a ``CompiledKernel`` (what ``warmup()`` returns, what a
 #: library's launch cache keeps) that the native launch of its binary does not take.
 COMPILED_LAUNCH_REASON = (
@@ -313,6 +335,12 @@ COMPILED_LAUNCH_REASON = (
 COMPILED_KEYWORDS_REASON = (
     "a launch of a CompiledKernel given keywords (stream=): it launches through Triton's own "
     "launcher"
+)
+
+#: Why a call of a kept handle's ``run`` (its launcher object, under the patch) went to Triton's
+#: own launcher object; the particular reason follows after a colon.
+COMPILED_RUN_REASON = (
+    "a call of a CompiledKernel's launcher object that the native launch does not take"
 )
 
 #: Specializations each kernel keeps registered (FASTKERNEL_MAX_SPECIALIZATIONS; 0 = no limit).
@@ -714,10 +742,7 @@ class NativeDispatch(_C.Kernel):
         until :func:`fastkernel.unpatch`: its later launches of that kind go straight from the
         handle's native subscript to the launcher, without this method, and every dispatch of
         the kernel shares it (the binary is loaded once per device)."""
-        found = _C.handle_launcher(compiled)
-        launcher = found if isinstance(found, CompiledLaunch) else CompiledLaunch.of(compiled, self)
-        if launcher is not found and not isinstance(launcher, str):
-            _C.remember_handle_launch(compiled, launcher)
+        launcher = self._handle_launcher(compiled)
         if (
             type(grid) in (tuple, list)
             and len(grid) == 3
@@ -729,7 +754,8 @@ class NativeDispatch(_C.Kernel):
         runner = COMPILED_GETITEM(compiled, grid)
 
         def counted(*args, **kwargs):
-            result = runner(*args, **kwargs)
+            with tritons_own_launches():
+                result = runner(*args, **kwargs)
             counter._miss_fallbacks += 1
             counter._count_fallback(COMPILED_LAUNCH_REASON, logging.INFO)
             return result
@@ -766,13 +792,23 @@ class NativeDispatch(_C.Kernel):
                 named[p.name] = p.default
         return named
 
+    def _handle_launcher(self, compiled: Any) -> CompiledLaunch | str:
+        """``compiled``'s launcher: the one remembered for it, else a new one (remembered), or
+        why its launches take Triton's runner."""
+        found = _C.handle_launcher(compiled)
+        launcher = found if isinstance(found, CompiledLaunch) else CompiledLaunch.of(compiled, self)
+        if launcher is not found and not isinstance(launcher, str):
+            _C.remember_handle_launch(compiled, launcher)
+        return launcher
+
     def _run_through_triton(self, run: Callable[[], Any], counted: bool) -> Any:
         """``run()``: a call going through Triton's own path. Returns its result (True for None:
         what the native entry takes as handled). ``counted``: the call was already counted as a
         fallback (natively, or in ``_miss_fallbacks``); a call Triton rejects raises Triton's own
         error and is not a fallback, so its count is taken back."""
         try:
-            result = run()
+            with tritons_own_launches():
+                result = run()
         except BaseException:
             if counted:
                 self._miss_fallbacks -= 1
@@ -950,6 +986,12 @@ class CompiledLaunch(NativeDispatch):
 
         self._run_through_triton(run, counted=True)
         self._count_fallback(reason, logging.INFO)
+
+    def _count_run_fallback(self, reason: str) -> None:
+        """Counts a call of the handle's ``run`` (under the patch) that Triton's own launcher
+        object took, for ``reason``."""
+        self._miss_fallbacks += 1
+        self._count_fallback(f"{COMPILED_RUN_REASON}: {reason}", logging.INFO)
 
     def _on_miss(
         self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None

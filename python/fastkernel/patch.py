@@ -25,6 +25,10 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   (what ``warmup`` returns, what launch caches keep) of a served kernel is the native launch of
   the handle's own binary (``fastkernel.kernel.CompiledLaunch``). The handle's first launch,
   and any the native subscript does not take, go through :func:`_patched_handle_getitem`.
+- ``CompiledKernel.run`` and ``CachedKernel.run`` (the handle's launcher object, which launch
+  caches keep and call directly) become :func:`_patched_handle_run`: for a served kernel's
+  handle a native launcher object (``_C.run_launcher``), which launches the binary natively
+  where Triton's launcher would launch exactly that and calls Triton's otherwise.
 - Each kernel gets its dispatch at its first launch, kept in the kernel's ``__dict__`` under
   ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again.
 
@@ -60,10 +64,13 @@ from .kernel import (
     COMPILED_GETITEM,
     PATCH_ATTR,
     TRITON_RUN,
+    CompiledLaunch,
     NativeDispatch,
     _params_spec,
+    in_tritons_own_launch,
     install_triton_watch,
     stats_name,
+    tritons_own_launches,
     uninstall_triton_watch,
 )
 
@@ -73,6 +80,12 @@ log = logging.getLogger("fastkernel")
 #: Triton's own ``Autotuner.run``, as it was when fastkernel was imported.
 AUTOTUNER_RUN = Autotuner.run
 HEURISTICS_RUN = TritonHeuristics.run
+#: The ``run`` properties of Triton's ``CompiledKernel`` and of the disk cache's ``CachedKernel``
+#: (each gives the handle's launcher object), as they were when fastkernel was imported.
+COMPILED_RUN = CompiledKernel.__dict__.get("run")
+CACHED_RUN = _cache.CachedKernel.__dict__["run"]
+# Triton's knobs.HookChain (Triton 3.9: the launch hook knobs hold an empty one by default).
+_HOOK_CHAIN = getattr(getattr(triton, "knobs", None), "HookChain", None)
 
 _lock = threading.RLock()
 _saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they were, while patched
@@ -684,6 +697,36 @@ def _patched_handle_getitem(self, grid, own_getitem=COMPILED_GETITEM):
     return dispatch._handle_launch(self, grid)  # a NativeDispatch (kernel.py)
 
 
+def _patched_handle_run(self, own_run=COMPILED_RUN):
+    """``handle.run`` under the patch: the handle's launcher object, which launch caches call
+    directly (vLLM's ``CachedKernel`` keeps ``compiled.run`` and calls it as
+    ``run(gx, gy, gz, stream, function, packed_metadata, None, enter_hook, exit_hook, *args)``).
+    For a handle of a kernel the patch serves, a native launcher object
+    (``_C.run_launcher``): the native launch of the binary where Triton's launcher would launch
+    exactly that, else Triton's own launcher object (``own_run``), counted as a fallback. Triton's
+    own launcher object for any other handle, and inside a launch handed to Triton's own path
+    (``kernel.tritons_own_launches``), whose runner calls ``run`` again."""
+    with tritons_own_launches():  # (a CachedKernel's is its Triton CompiledKernel's)
+        triton_run = own_run.__get__(self, type(self))  # loads the module, as Triton's does
+    if in_tritons_own_launch():
+        return triton_run
+    fn = getattr(getattr(self, "src", None), "fn", None)
+    dispatch = _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
+    if dispatch is None:
+        return triton_run
+    launcher = dispatch._handle_launcher(self)
+    if not isinstance(launcher, CompiledLaunch):
+        return triton_run
+    return _C.run_launcher(
+        launcher,
+        triton_run,
+        self.function,
+        self.packed_metadata,
+        _HOOK_CHAIN,
+        launcher._count_run_fallback,
+    )
+
+
 #: ``CachedKernel.__getitem__`` past the native handle subscript under the patch.
 _patched_cached_getitem = functools.partial(
     _patched_handle_getitem, own_getitem=_cache.CachedKernel.__getitem__
@@ -767,6 +810,11 @@ def patch() -> bool:
         TritonHeuristics.run = _RunAttribute(HEURISTICS_RUN)
         _C.install_handle_subscript(CompiledKernel, None, _patched_handle_getitem)
         _C.install_handle_subscript(_cache.CachedKernel, None, _patched_cached_getitem)
+        if isinstance(COMPILED_RUN, property):
+            CompiledKernel.run = property(_patched_handle_run)
+        _cache.CachedKernel.run = property(  # type: ignore[method-assign,assignment]
+            functools.partial(_patched_handle_run, own_run=CACHED_RUN)
+        )
         _host_helpers.install()
         install_triton_watch(keep=False)
         _saved = saved
