@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import corpus
+import kernels
 import pytest
 import torch
 import triton
@@ -111,6 +112,70 @@ def test_patched_heuristics_launch_natively_and_compute_what_triton_computes(n):
         stats = _dispatch_stats(_heuristic_scale)
     assert torch.equal(out, x * 2)
     assert stats["hits"] >= 1 and stats["fallbacks"] == 0, stats
+
+
+def test_patched_handle_launches_compute_what_tritons_runner_computes():
+    """Triton's fused-softmax tutorial: ``compiled = kernel.warmup(...)``, then
+    ``compiled[(rows, 1, 1)](...)`` with every argument. Under the patch the handle's launches
+    are native (the first makes its launcher, the later ones go straight to it) and give what
+    Triton's own runner gives, bit for bit."""
+    from fastkernel import _C
+
+    x = torch.randn(123, 781, device="cuda")
+    block = triton.next_power_of_2(x.shape[1])
+    args = (x.stride(0), x.stride(0), x.shape[1], block)
+    compiled = kernels.softmax_kernel.warmup(
+        torch.empty_like(x), x, *args[:3], BLOCK=block, num_warps=8, grid=(x.shape[0],)
+    )
+    expected = torch.empty_like(x)
+    compiled[(x.shape[0], 1, 1)](expected, x, *args)  # Triton's runner
+    outs = [torch.full_like(x, float("nan")) for _ in range(3)]
+    with fastkernel.patched():
+        for out in outs:
+            compiled[(x.shape[0], 1, 1)](out, x, *args)
+        torch.cuda.synchronize()
+        stats = _C.handle_launcher(compiled).stats()
+    for out in outs:
+        assert torch.equal(out, expected)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0), stats
+
+
+def test_a_kept_run_called_as_launch_caches_call_it_computes_what_triton_computes():
+    """vLLM's ``CachedKernel`` keeps ``compiled.run`` and calls it with the current stream, the
+    handle's function and packed metadata and the knobs' hooks. Under the patch that object is
+    native: its launches compute what Triton's own launcher computes, and are native hits."""
+    from fastkernel import _C
+
+    n = 4097
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    args = (x, y, n, 1024)
+    with fastkernel.patched():
+        out = torch.empty_like(x)
+        compiled = kernels.add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+        run = compiled.run
+        assert type(run) is _C.RunLauncher
+        knobs = triton.knobs.runtime
+        outs = [torch.full_like(x, float("nan")) for _ in range(3)]
+        for o in outs:
+            run(
+                triton.cdiv(n, 1024),
+                1,
+                1,
+                torch.cuda.current_stream().cuda_stream,
+                compiled.function,
+                compiled.packed_metadata,
+                None,
+                knobs.launch_enter_hook,
+                knobs.launch_exit_hook,
+                *args[:2],
+                o,
+                *args[2:],
+            )
+        torch.cuda.synchronize()
+        stats = _C.handle_launcher(compiled).stats()
+    for o in outs:
+        assert torch.equal(o, x + y)
+    assert stats["fallbacks"] == 0 and stats["hits"] == 2, stats
 
 
 def test_run_patches_a_process_the_program_starts_on_the_gpu(tmp_path):
