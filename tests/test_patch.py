@@ -2369,6 +2369,36 @@ def test_a_handles_run_gives_what_the_native_launch_does_not_take_to_tritons_lau
     assert stats["fallbacks"] == 5
 
 
+@pytest.mark.skipif(
+    not hasattr(triton.knobs, "HookChain"), reason="Triton's launch hook knobs hold no HookChain"
+)
+def test_a_handles_run_given_the_knobs_hook_chains_is_native_while_they_are_empty(stand_in):
+    """vLLM's ``CachedKernel`` passes the launch hook knobs' values, empty HookChains by default
+    from Triton 3.9, on every call: native while the chains are empty; a hook added to the
+    chain later makes the call Triton's, which runs it."""
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)
+    knobs = triton.knobs.runtime
+    enter, exit_ = knobs.launch_enter_hook, knobs.launch_exit_hook
+    assert isinstance(enter, triton.knobs.HookChain) and not enter.calls
+    seen: list = []
+    with _triton_on_stand_in(stand_in, patched=True):
+        handle = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        run = handle.run
+        for _ in range(2):
+            run(*_run_args(handle, enter=enter, exit_=exit_), *args)
+        launcher = _C.handle_launcher(handle)
+        assert launcher.stats()["fallbacks"] == 0 and launcher.stats()["hits"] == 1
+        enter.add(seen.append)
+        try:
+            run(*_run_args(handle, enter=enter, exit_=exit_), *args)
+        finally:
+            enter.remove(seen.append)
+        stats = launcher.stats()
+    assert seen == [None] and stats["fallbacks"] == 1
+    assert any("launch hooks given" in r for r in stats["fallback_reasons"])
+
+
 def test_a_block_larger_than_the_function_allows_raises_tritons_out_of_resources(stand_in):
     """A function whose registers limit its block below the kernel's 32 * num_warps threads:
     Triton raises OutOfResources when it loads it (CompiledKernel._init_handles), which its

@@ -259,6 +259,8 @@ struct RunLauncherObject {
   PyObject* hook_chain_type;    // owned: triton.knobs.HookChain, or None
   PyObject* on_fallback;        // owned: on_fallback(reason) counts a call given to triton_run
   unsigned long long function;  // the handle's CUfunction, as Triton's `compiled.function`
+  PyObject* hook_chains[2];     // owned or nullptr: the last HookChain given as each hook
+  PyObject* hook_lists[2];      // owned or nullptr: its `calls` list
 };
 
 // The leading arguments of Triton's launcher (CudaLauncher.__call__, triton/backends/nvidia/
@@ -266,11 +268,16 @@ struct RunLauncherObject {
 // launch_enter_hook, launch_exit_hook; the kernel's arguments follow.
 constexpr Py_ssize_t kRunLeadingArgs = 9;
 
-// Whether a hook given to the launcher would run anything: None and an empty HookChain (what
-// Triton's knobs hold by default from 3.9) run nothing.
-bool hook_runs(const RunLauncherObject* self, PyObject* hook, bool* error) {
+// Whether hook `i` (0: enter, 1: exit) given to the launcher would run anything: None and an
+// empty HookChain (what Triton's knobs hold by default from 3.9) run nothing. The last chain
+// seen and its list are kept, so a caller passing the same chain each call reads only the
+// list's size (a chain adds and removes hooks in that list).
+bool hook_runs(RunLauncherObject* self, int i, PyObject* hook, bool* error) {
   if (hook == Py_None) {
     return false;
+  }
+  if (hook == self->hook_chains[i]) {
+    return PyList_GET_SIZE(self->hook_lists[i]) != 0;
   }
   if (self->hook_chain_type == Py_None ||
       !PyObject_TypeCheck(hook, reinterpret_cast<PyTypeObject*>(self->hook_chain_type))) {
@@ -281,8 +288,13 @@ bool hook_runs(const RunLauncherObject* self, PyObject* hook, bool* error) {
     *error = true;
     return true;
   }
-  const bool runs = !PyList_Check(calls) || PyList_GET_SIZE(calls) != 0;
-  Py_DECREF(calls);
+  if (!PyList_Check(calls)) {
+    Py_DECREF(calls);
+    return true;
+  }
+  const bool runs = PyList_GET_SIZE(calls) != 0;
+  Py_XSETREF(self->hook_lists[i], calls);
+  Py_XSETREF(self->hook_chains[i], Py_NewRef(hook));
   return runs;
 }
 
@@ -290,7 +302,7 @@ bool hook_runs(const RunLauncherObject* self, PyObject* hook, bool* error) {
 // handle's binary is what Triton's launcher would do: the handle's own function and packed
 // metadata, no launch hook given or set, int grid dims, and torch's current stream (the native
 // launch runs on it; another stream goes to Triton's launcher). `*error` with an exception set.
-const char* run_refusal(const RunLauncherObject* self, PyObject* const* args, Py_ssize_t nargs,
+const char* run_refusal(RunLauncherObject* self, PyObject* const* args, Py_ssize_t nargs,
                         PyObject* kwnames, bool* error) {
   if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
     return "keyword arguments to Triton's launcher";
@@ -315,7 +327,7 @@ const char* run_refusal(const RunLauncherObject* self, PyObject* const* args, Py
       return "kernel metadata other than the handle's";
     }
   }
-  if (hook_runs(self, args[7], error) || hook_runs(self, args[8], error)) {
+  if (hook_runs(self, 0, args[7], error) || hook_runs(self, 1, args[8], error)) {
     return "launch hooks given to Triton's launcher";
   }
   const KnobState* knobs = current_knobs();
@@ -391,6 +403,10 @@ void run_launcher_dealloc(PyObject* obj) {
   Py_XDECREF(self->packed_metadata);
   Py_XDECREF(self->hook_chain_type);
   Py_XDECREF(self->on_fallback);
+  for (int i = 0; i < 2; ++i) {
+    Py_XDECREF(self->hook_chains[i]);
+    Py_XDECREF(self->hook_lists[i]);
+  }
   PyObject_Free(obj);
 }
 
@@ -442,6 +458,10 @@ PyObject* new_run_launcher(PyObject* launcher, PyObject* triton_run, PyObject* f
   self->hook_chain_type = Py_NewRef(hook_chain_type);
   self->on_fallback = Py_NewRef(on_fallback);
   self->function = fn;
+  for (int i = 0; i < 2; ++i) {
+    self->hook_chains[i] = nullptr;
+    self->hook_lists[i] = nullptr;
+  }
   return reinterpret_cast<PyObject*>(self);
 }
 
