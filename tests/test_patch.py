@@ -657,12 +657,10 @@ def test_a_fastkernel_warmup_handle_launches_natively(stand_in, patched):
     _assert_two_native_handle_launches(stand_in, theirs)
 
 
-def test_a_handles_later_launches_run_no_python(stand_in, monkeypatch):
-    """After a handle's first native launch its launcher is remembered natively: the later
-    launches of a @fastkernel WarmupHandle, and of its CompiledKernel under the patch, go from
-    the handle's native subscript to the launcher without NativeDispatch._handle_launch (the
-    Python path), with Triton's bytes. unpatch() forgets the launchers."""
-    calls = []
+def _python_handle_launches(monkeypatch) -> list:
+    """The grids of the handle launches that take the Python path
+    (``NativeDispatch._handle_launch``) from here on, in a list that grows as they happen."""
+    calls: list = []
     handle_launch = NativeDispatch._handle_launch
 
     def counted(self, compiled, grid):
@@ -670,6 +668,15 @@ def test_a_handles_later_launches_run_no_python(stand_in, monkeypatch):
         return handle_launch(self, compiled, grid)
 
     monkeypatch.setattr(NativeDispatch, "_handle_launch", counted)
+    return calls
+
+
+def test_a_handles_later_launches_run_no_python(stand_in, monkeypatch):
+    """After a handle's first native launch its launcher is remembered natively: the later
+    launches of a @fastkernel WarmupHandle, and of its CompiledKernel under the patch, go from
+    the handle's native subscript to the launcher without NativeDispatch._handle_launch (the
+    Python path), with Triton's bytes. unpatch() forgets the launchers."""
+    calls = _python_handle_launches(monkeypatch)
     k = fk(kernels.add_kernel)
     x, y, out = _tensors()
     args = (x, y, out, N, 1024)
@@ -2245,14 +2252,7 @@ def test_a_warm_launchs_cached_kernel_is_a_handle_of_its_own(stand_in, monkeypat
     returns in a process whose binary is cached; what launch caches keep) is the native launch
     of its binary with no Triton CompiledKernel made or loaded for it; after the first, its
     launches skip the Python path, as a CompiledKernel's do."""
-    calls = []
-    handle_launch = NativeDispatch._handle_launch
-
-    def counted(self, compiled, grid):
-        calls.append(grid)
-        return handle_launch(self, compiled, grid)
-
-    monkeypatch.setattr(NativeDispatch, "_handle_launch", counted)
+    calls = _python_handle_launches(monkeypatch)
     x, y, out = _tensors()
     args = (x, y, out, N, 1024)
     with _triton_on_stand_in(stand_in, patched=False):
