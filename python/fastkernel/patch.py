@@ -618,7 +618,8 @@ def _patched_run(self, *args, grid, warmup, **kwargs):
         if dispatch is not None:
             return dispatch[grid](*args, **kwargs)
         _count_unserved(self)
-    return TRITON_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
+    with tritons_own_launches():  # its handle's `run` is then Triton's at once
+        return TRITON_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
 
 
 def _patched_autotuner_run(self, *args, **kwargs):
