@@ -48,16 +48,26 @@ inline bool refers_to(PyObject* ref, PyObject* obj) {
   return reinterpret_cast<PyWeakReference*>(ref)->wr_object == obj;
 }
 
-void erase(std::unordered_map<PyObject*, HandleLaunch>::iterator it) {
-  const HandleLaunch entry = it->second;
-  if (g_last_handle == it->first) {
+// Clears the cache in front of the map when it holds `handle`'s entry.
+void forget_last(PyObject* handle) {
+  if (g_last_handle == handle) {
     g_last_handle = nullptr;
     g_last_launch = HandleLaunch{};
   }
-  handle_launches().erase(it);
-  // Last: releasing the launcher releases its records, which may run Python.
+}
+
+// Releases an entry no longer in the map. Last in any change: releasing the launcher releases
+// its records, which may run Python.
+void release(const HandleLaunch& entry) {
   Py_DECREF(entry.ref);
   Py_DECREF(reinterpret_cast<PyObject*>(entry.launcher));
+}
+
+void erase(std::unordered_map<PyObject*, HandleLaunch>::iterator it) {
+  const HandleLaunch entry = it->second;
+  forget_last(it->first);
+  handle_launches().erase(it);
+  release(entry);
 }
 
 // The weak reference's callback: `key` is the handle's address (an int), `ref` the entry's weak
@@ -181,13 +191,8 @@ bool remember_handle_launch(PyObject* compiled, PyObject* launcher) {
   if (!inserted) {  // replaced (the entry of a handle whose launcher was made again)
     const HandleLaunch old = it->second;
     it->second = entry;
-    if (g_last_handle == compiled) {
-      g_last_handle = nullptr;
-      g_last_launch = HandleLaunch{};
-    }
-    // Last: releasing the launcher releases its records, which may run Python.
-    Py_DECREF(old.ref);
-    Py_DECREF(reinterpret_cast<PyObject*>(old.launcher));
+    forget_last(compiled);
+    release(old);
   }
   return true;
 }

@@ -87,6 +87,9 @@ CACHED_RUN = _cache.CachedKernel.__dict__["run"]
 # Triton's knobs.HookChain (Triton 3.9: the launch hook knobs hold an empty one by default).
 _HOOK_CHAIN = getattr(getattr(triton, "knobs", None), "HookChain", None)
 
+# The classes whose __getitem__ and run the patch replaces (and unpatch restores).
+_PATCHED_CLASSES = (JITFunction, Autotuner, TritonHeuristics, CompiledKernel, _cache.CachedKernel)
+
 _lock = threading.RLock()
 _saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they were, while patched
 # Every JITFunction given a dispatch, by id (JITFunctions need not be hashable).
@@ -685,14 +688,20 @@ class _RunAttribute:
         _C.drop_patched_dispatch(obj)
 
 
+def _handle_dispatch(handle) -> NativeDispatch | None:
+    """The dispatch serving the kernel a ``CompiledKernel`` or ``CachedKernel`` was compiled
+    from (``handle.src.fn``) under the patch, or None when the patch does not serve it."""
+    fn = getattr(getattr(handle, "src", None), "fn", None)
+    return _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
+
+
 def _patched_handle_getitem(self, grid, own_getitem=COMPILED_GETITEM):
     """``handle[grid]`` under the patch past the native handle subscript, for a
     ``CompiledKernel`` (or a disk-cache ``CachedKernel``) of a kernel the patch serves: the
     native launch of the binary (``NativeDispatch._handle_launch``, kernel.py), or Triton's
     runner with each launch counted as a fallback; the handle type's own ``__getitem__``
     (``own_getitem``) for any other binary."""
-    fn = getattr(getattr(self, "src", None), "fn", None)
-    dispatch = _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
+    dispatch = _handle_dispatch(self)
     if dispatch is None:
         return own_getitem(self, grid)
     return dispatch._handle_launch(self, grid)  # a NativeDispatch (kernel.py)
@@ -711,8 +720,7 @@ def _patched_handle_run(self, own_run=COMPILED_RUN):
         triton_run = own_run.__get__(self, type(self))  # loads the module, as Triton's does
     if in_tritons_own_launch():
         return triton_run
-    fn = getattr(getattr(self, "src", None), "fn", None)
-    dispatch = _C.patched_dispatch(fn) if isinstance(fn, JITFunction) else None
+    dispatch = _handle_dispatch(self)
     if dispatch is None:
         return triton_run
     launcher = dispatch._handle_launcher(self)
@@ -792,13 +800,7 @@ def patch() -> bool:
 
         saved = {
             (cls, name): cls.__dict__[name]
-            for cls in (
-                JITFunction,
-                Autotuner,
-                TritonHeuristics,
-                CompiledKernel,
-                _cache.CachedKernel,
-            )
+            for cls in _PATCHED_CLASSES
             for name in ("__getitem__", "run")
             if name in cls.__dict__
         }
@@ -833,7 +835,7 @@ def unpatch() -> None:
             return
         from . import _host_helpers
 
-        for cls in (JITFunction, Autotuner, TritonHeuristics, CompiledKernel, _cache.CachedKernel):
+        for cls in _PATCHED_CLASSES:
             for name in ("__getitem__", "run"):
                 if (cls, name) in _saved:
                     setattr(cls, name, _saved[(cls, name)])
