@@ -143,10 +143,17 @@ def clean_state(request, monkeypatch):
         yield
         return
     d = request.getfixturevalue("drv")
+    # The context stack is per thread and tests share the main thread: a launch in another
+    # module's test leaves its context current there.
+    _pop_all_contexts(d)
     d.reset()
     yield
     d.reset()
-    # The context stack is per thread and tests share the main thread.
+    _pop_all_contexts(d)
+
+
+def _pop_all_contexts(d):
+    """Empties the calling thread's context stack in the stand-in driver."""
     while _current(d) is not None:
         assert d.lib.cuCtxPopCurrent(None) == CUDA_SUCCESS
 
