@@ -9,11 +9,13 @@ effects and its exceptions are Python's."""
 from __future__ import annotations
 
 import dis
+import gc
 import math
 import pathlib
 import shutil
 import subprocess
 import sys
+import weakref
 
 import kernels
 import pytest
@@ -67,6 +69,21 @@ def _closure_grids():
         "big_closure": lambda meta: (big // 2**30 - 1000,),
         "nested_cdiv": lambda meta: (triton.cdiv(triton.cdiv(meta["n"], 2), meta["BLOCK"] - 60),),
     }
+
+
+def test_translations_are_kept_while_the_code_lives_and_not_after():
+    """A code object is translated once per kernel signature, and the translation cache holds
+    no reference to it: a grid function made by exec'd or generated code is freed with it."""
+    grid = eval("lambda meta: (meta['n'] // 48611 + 1,)")  # a constant no other test uses
+    first = _grid_program.compile_grid(grid.__code__, NAMES)
+    assert first is not None
+    assert _grid_program.compile_grid(grid.__code__, NAMES) is first
+    other_names = ("a", "b", "c", "n", "BLOCK")
+    assert _grid_program.compile_grid(grid.__code__, other_names) == (("ARG", 3),) + first[1:]
+    code = weakref.ref(grid.__code__)
+    del grid
+    gc.collect()
+    assert code() is None
 
 
 @pytest.mark.parametrize("name", sorted(_closure_grids()))

@@ -27,9 +27,9 @@ then Python computes the result, or raises what it raises.
 from __future__ import annotations
 
 import dis
-import functools
 import sys
 import types
+import weakref
 from typing import Any
 
 #: A program step: (operation, operand). Operations, run on a stack of values:
@@ -249,7 +249,15 @@ def _depth(program: list[Step]) -> int:
     return deepest
 
 
-@functools.lru_cache(maxsize=512)
+#: Translations by code object, then by the kernel's parameter names. Weak on the code: a
+#: cache that held it would keep every grid function's code (and its constants) alive after the
+#: function is gone. Equal code objects (same bytecode, constants and names) share an entry,
+#: as their translations are the same.
+_translations: weakref.WeakKeyDictionary[types.CodeType, dict[tuple[str, ...], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def compile_grid(code: types.CodeType, param_names: tuple[str, ...]) -> tuple[Step, ...] | None:
     """The native program of a grid function's code, or None when it cannot have one.
 
@@ -265,8 +273,27 @@ def compile_grid(code: types.CodeType, param_names: tuple[str, ...]) -> tuple[St
     tuple of (str, int or str), or None
         The steps (see ``Step``), ending with ("RETURN", n), n in 1..3; None for a function
         that is not a single side-effect-free expression of the forms this module translates.
-        Never raises.
+        Kept while the code object lives (the kernel keeps a few programs natively; this
+        serves the rest). Never raises.
     """
+    if type(code) is not types.CodeType:
+        return None
+    by_names = _translations.get(code)
+    if by_names is None:
+        by_names = _translations[code] = {}
+    try:
+        return by_names[param_names]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable names: not a kernel's
+        return None
+    program = _translate(code, param_names)
+    by_names[param_names] = program
+    return program
+
+
+def _translate(code: types.CodeType, param_names: tuple[str, ...]) -> tuple[Step, ...] | None:
+    """``compile_grid`` without its cache: translates ``code`` anew."""
     if (
         code.co_argcount < 1
         or code.co_kwonlyargcount != 0
