@@ -2399,6 +2399,36 @@ def test_a_handles_run_given_the_knobs_hook_chains_is_native_while_they_are_empt
     assert any("launch hooks given" in r for r in stats["fallback_reasons"])
 
 
+@pytest.mark.skipif(
+    not hasattr(triton.knobs, "HookChain"), reason="Triton's launch hook knobs hold no HookChain"
+)
+def test_a_handles_run_in_a_reference_cycle_is_collected(stand_in):
+    """A native ``run`` keeps the last HookChain it was given, and a hook in the chain can hold
+    the object that keeps the ``run`` (a launch cache with a hook method): the cycle goes
+    through the native object, which the garbage collector must see to free it."""
+    x, y, out = _tensors()
+    args = (x, y, out, N, 1024)
+
+    class LaunchCache:  # keeps the launcher object, as vLLM's CachedKernel does
+        def __init__(self, run):
+            self.run = run
+
+        def hook(self, metadata):
+            pass
+
+    chain = triton.knobs.HookChain()
+    with _triton_on_stand_in(stand_in, patched=True):
+        handle = _fresh_add_kernel()[(4,)](x, y, out, N, BLOCK=1024)
+        cache = LaunchCache(handle.run)
+        assert type(cache.run) is _C.RunLauncher
+        cache.run(*_run_args(handle, enter=chain), *args)  # native: the chain is kept
+        chain.add(cache.hook)  # cache -> run -> chain -> cache.hook -> cache
+        gone = weakref.ref(cache)
+        del cache, chain
+        gc.collect()
+        assert gone() is None
+
+
 def test_a_block_larger_than_the_function_allows_raises_tritons_out_of_resources(stand_in):
     """A function whose registers limit its block below the kernel's 32 * num_warps threads:
     Triton raises OutOfResources when it loads it (CompiledKernel._init_handles), which its

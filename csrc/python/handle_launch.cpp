@@ -363,6 +363,12 @@ const char* run_refusal(RunLauncherObject* self, PyObject* const* args, Py_ssize
 PyObject* run_launcher_call(PyObject* obj, PyObject* const* args, size_t nargsf,
                             PyObject* kwnames) {
   auto* self = reinterpret_cast<RunLauncherObject*>(obj);
+  if (self->launcher == nullptr) {
+    // Only a finalizer run while the collector breaks a cycle can call a cleared launcher.
+    PyErr_SetString(PyExc_RuntimeError,
+                    "fastkernel: this launcher was cleared by the garbage collector");
+    return nullptr;
+  }
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   bool error = false;
   const char* refusal = run_refusal(self, args, nargs, kwnames, &error);
@@ -401,18 +407,42 @@ PyObject* run_launcher_call(PyObject* obj, PyObject* const* args, size_t nargsf,
   return result;
 }
 
-void run_launcher_dealloc(PyObject* obj) {
+int run_launcher_traverse(PyObject* obj, visitproc visit, void* arg) {
   auto* self = reinterpret_cast<RunLauncherObject*>(obj);
-  Py_XDECREF(reinterpret_cast<PyObject*>(self->launcher));
-  Py_XDECREF(self->triton_run);
-  Py_XDECREF(self->packed_metadata);
-  Py_XDECREF(self->hook_chain_type);
-  Py_XDECREF(self->on_fallback);
+  Py_VISIT(reinterpret_cast<PyObject*>(self->launcher));
+  Py_VISIT(self->triton_run);
+  Py_VISIT(self->packed_metadata);
+  Py_VISIT(self->hook_chain_type);
+  Py_VISIT(self->on_fallback);
   for (int i = 0; i < 2; ++i) {
-    Py_XDECREF(self->hook_chains[i]);
-    Py_XDECREF(self->hook_lists[i]);
+    Py_VISIT(self->hook_chains[i]);
+    Py_VISIT(self->hook_lists[i]);
   }
-  PyObject_Free(obj);
+  return 0;
+}
+
+// Drops every reference: the collector breaks a cycle through a kept hook chain (whose hooks
+// may hold whatever keeps this launcher) here. A cleared launcher is never called again.
+int run_launcher_clear(PyObject* obj) {
+  auto* self = reinterpret_cast<RunLauncherObject*>(obj);
+  PyObject* launcher = reinterpret_cast<PyObject*>(self->launcher);
+  self->launcher = nullptr;
+  Py_XDECREF(launcher);
+  Py_CLEAR(self->triton_run);
+  Py_CLEAR(self->packed_metadata);
+  Py_CLEAR(self->hook_chain_type);
+  Py_CLEAR(self->on_fallback);
+  for (int i = 0; i < 2; ++i) {
+    Py_CLEAR(self->hook_chains[i]);
+    Py_CLEAR(self->hook_lists[i]);
+  }
+  return 0;
+}
+
+void run_launcher_dealloc(PyObject* obj) {
+  PyObject_GC_UnTrack(obj);
+  run_launcher_clear(obj);
+  PyObject_GC_Del(obj);
 }
 
 }  // namespace
@@ -425,10 +455,12 @@ PyTypeObject RunLauncherType = [] {
       "(gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, enter_hook,\n"
       "exit_hook, *args), it launches the handle's binary natively, or calls Triton's own.";
   t.tp_basicsize = sizeof(RunLauncherObject);
-  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
   t.tp_vectorcall_offset = offsetof(RunLauncherObject, vectorcall);
   t.tp_call = PyVectorcall_Call;
   t.tp_dealloc = run_launcher_dealloc;
+  t.tp_traverse = run_launcher_traverse;
+  t.tp_clear = run_launcher_clear;
   return t;
 }();
 
@@ -452,7 +484,7 @@ PyObject* new_run_launcher(PyObject* launcher, PyObject* triton_run, PyObject* f
   if (fn == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
     return nullptr;
   }
-  auto* self = PyObject_New(RunLauncherObject, &RunLauncherType);
+  auto* self = PyObject_GC_New(RunLauncherObject, &RunLauncherType);
   if (self == nullptr) {
     return nullptr;
   }
@@ -467,6 +499,7 @@ PyObject* new_run_launcher(PyObject* launcher, PyObject* triton_run, PyObject* f
     self->hook_chains[i] = nullptr;
     self->hook_lists[i] = nullptr;
   }
+  PyObject_GC_Track(self);
   return reinterpret_cast<PyObject*>(self);
 }
 
