@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
-import weakref
 
 import triton
 from stand_in_driver.recording import Launch, RecordingDriver
@@ -33,7 +32,17 @@ def _cuda_driver(stand_in_path: pathlib.Path):
     return nvidia.CudaDriver()  # builds Triton's launcher module, linked to the stand-in
 
 
-_SEEN_CAPABILITY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _cached_arch(jit_fn, device: int) -> int | None:
+    """The arch of the compile target ``jit_fn`` fixed for ``device`` on its first launch there
+    (the GPUTarget in its ``device_caches`` entry, whose layout varies with Triton's version),
+    or None before any."""
+    from triton.backends.compiler import GPUTarget
+
+    entry = jit_fn.device_caches.get(device)  # a defaultdict: get() creates nothing
+    for item in entry or ():
+        if isinstance(item, GPUTarget):
+            return item.arch
+    return None
 
 
 def _other_libcuda(stand_in: pathlib.Path):
@@ -91,12 +100,16 @@ class TritonReference:
         from fastkernel import _C
 
         jit_fn = getattr(jit_fn, "jit_function", jit_fn)
-        # A JITFunction fixes its compile target per device on first use (device_caches); the
-        # stand-in's capability can change between tests (FKSTUB_CAPABILITY).
-        capability = _C.device_capability(self.device)
-        if _SEEN_CAPABILITY.setdefault(jit_fn, capability) != capability:
-            jit_fn.device_caches.clear()
-            _SEEN_CAPABILITY[jit_fn] = capability
+        # A JITFunction fixes its compile target per device on first use (device_caches), by
+        # whichever path launched it first; the stand-in's capability can change between tests
+        # (FKSTUB_CAPABILITY), a real device's never does.
+        inner = jit_fn
+        while not hasattr(inner, "device_caches"):
+            inner = inner.fn  # an autotuner's or heuristics' JITFunction
+        major, minor = _C.device_capability(self.device)
+        cached = _cached_arch(inner, self.device)
+        if cached is not None and cached != major * 10 + minor:
+            inner.device_caches.clear()
         before = self.recording.launch_count()
         jit_fn[grid](*args, **kwargs)
         launches = self.recording.launches()
