@@ -1937,6 +1937,69 @@ def test_a_patched_kernel_dropped_after_launching_is_collected_with_its_module(s
         assert stand_in.module_loads() - loads == 3 and stand_in.module_unloads() - unloads == 3
 
 
+def _launch_dropped_kernel(jit_fn, how: str, x) -> list:
+    """Launches ``jit_fn`` twice (a miss, then a hit) the way ``how`` names; returns what the
+    caller keeps past the kernel (nothing, or the handle's ``run``)."""
+    args = (x, x, x, 64)
+    if how == "autotune":
+        tuned = triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=["n"])(jit_fn)
+        for _ in range(2):
+            tuned[(1,)](*args)
+        return []
+    if how == "heuristics":
+        guided = triton.heuristics({"BLOCK": lambda named: 64})(jit_fn)
+        for _ in range(2):
+            guided[(1,)](*args)
+        return []
+    if how == "grid function":
+        for _ in range(2):
+            jit_fn[lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)](*args, BLOCK=64)
+        return []
+    handle = jit_fn[(1,)](*args, BLOCK=64)
+    if how == "handle":
+        for _ in range(2):
+            handle[(1, 1, 1)](*args, 64)
+        return []
+    run, run_args = handle.run, _run_args(handle)  # kept by the caller, as launch caches do
+    assert type(run) is _C.RunLauncher
+    for _ in range(2):
+        run(*run_args, *args, 64)
+    return [(run, (*run_args, *args, 64))]
+
+
+@pytest.mark.parametrize("how", ["autotune", "heuristics", "grid function", "handle", "kept run"])
+def test_a_patched_kernel_dropped_after_any_launch_is_collected_with_its_modules(stand_in, how):
+    """As above, for each other way a patched kernel launches: its autotuner or heuristics, a
+    grid function, its kept handle's launches (whose launcher is remembered natively while the
+    handle lives: it must not keep the kernel, whose cache keeps the handle, alive), and the
+    handle's ``run`` kept past the kernel (which launches natively until it is dropped too)."""
+    x = torch.randn(64)
+    registry = getattr(triton.runtime.jit, "_triton_jit_function_registry", {})
+    refs, kept = [], []
+    gc.collect()
+    loads, unloads = stand_in.module_loads(), stand_in.module_unloads()
+    with _triton_on_stand_in(stand_in, patched=True):
+        for _ in range(3):
+            jit_fn = JITFunction(kernels.add_kernel.fn)
+            kept += _launch_dropped_kernel(jit_fn, how, x)
+            refs.append(weakref.ref(jit_fn))
+            for name in [name for name, fn in registry.items() if fn is jit_fn]:
+                del registry[name]  # Triton (>= 3.6) keeps the newest kernel of each name
+            del jit_fn
+        gc.collect()
+        for i in range(len(kept)):  # the run keeps its handle, and launches as before
+            before = stand_in.last_launch()
+            assert kept[i][0](*kept[i][1]) is None
+            assert_same_launch(stand_in.last_launch(), before)
+        assert [ref() is not None for ref in refs] == [bool(kept)] * 3
+        kept.clear()
+        gc.collect()
+        gc.collect()  # a launcher freed in the first collection leaves a cycle of its own
+        assert [ref() for ref in refs] == [None, None, None]
+        loaded = stand_in.module_loads() - loads
+        assert loaded > 0 and stand_in.module_unloads() - unloads == loaded
+
+
 def _grouped_autotuned(
     prune, configs=(triton.Config({}, num_warps=4), triton.Config({}, num_warps=2))
 ):

@@ -258,6 +258,7 @@ namespace {
 
 struct RunLauncherObject {
   PyObject_HEAD vectorcallfunc vectorcall;
+  PyObject* handle;             // owned: the CompiledKernel or CachedKernel
   KernelObject* launcher;       // owned: the handle's CompiledLaunch
   PyObject* triton_run;         // owned: Triton's own launcher object of the handle
   PyObject* packed_metadata;    // owned: the handle's packed_metadata
@@ -409,6 +410,7 @@ PyObject* run_launcher_call(PyObject* obj, PyObject* const* args, size_t nargsf,
 
 int run_launcher_traverse(PyObject* obj, visitproc visit, void* arg) {
   auto* self = reinterpret_cast<RunLauncherObject*>(obj);
+  Py_VISIT(self->handle);
   Py_VISIT(reinterpret_cast<PyObject*>(self->launcher));
   Py_VISIT(self->triton_run);
   Py_VISIT(self->packed_metadata);
@@ -428,6 +430,7 @@ int run_launcher_clear(PyObject* obj) {
   PyObject* launcher = reinterpret_cast<PyObject*>(self->launcher);
   self->launcher = nullptr;
   Py_XDECREF(launcher);
+  Py_CLEAR(self->handle);
   Py_CLEAR(self->triton_run);
   Py_CLEAR(self->packed_metadata);
   Py_CLEAR(self->hook_chain_type);
@@ -464,8 +467,8 @@ PyTypeObject RunLauncherType = [] {
   return t;
 }();
 
-PyObject* new_run_launcher(PyObject* launcher, PyObject* triton_run, PyObject* function,
-                           PyObject* packed_metadata, PyObject* hook_chain_type,
+PyObject* new_run_launcher(PyObject* handle, PyObject* launcher, PyObject* triton_run,
+                           PyObject* function, PyObject* packed_metadata, PyObject* hook_chain_type,
                            PyObject* on_fallback) {
   if (!PyObject_TypeCheck(launcher, &KernelType)) {
     PyErr_SetString(PyExc_TypeError, "fastkernel: a run launcher's launcher must be a Kernel");
@@ -489,6 +492,7 @@ PyObject* new_run_launcher(PyObject* launcher, PyObject* triton_run, PyObject* f
     return nullptr;
   }
   self->vectorcall = run_launcher_call;
+  self->handle = Py_NewRef(handle);
   self->launcher = reinterpret_cast<KernelObject*>(Py_NewRef(launcher));
   self->triton_run = Py_NewRef(triton_run);
   self->packed_metadata = Py_NewRef(packed_metadata);

@@ -45,10 +45,11 @@ extern PyTypeObject RunLauncherType;
 /// CompiledLaunch) when Triton's launcher would launch exactly that: the handle's `function`
 /// and `packed_metadata`, no launch hook given (None or an empty `hook_chain_type`) or set in
 /// the knobs, on torch's current stream. Any other call goes to `triton_run` (Triton's own
-/// launcher object of the handle), counted through `on_fallback(reason)`. New reference, or
-/// nullptr with TypeError for arguments of the wrong kind.
-PyObject* new_run_launcher(PyObject* launcher, PyObject* triton_run, PyObject* function,
-                           PyObject* packed_metadata, PyObject* hook_chain_type,
+/// launcher object of the handle), counted through `on_fallback(reason)`. The object keeps
+/// `handle` alive, so the launcher's own references to it (and to its kernel) hold while it is
+/// called. New reference, or nullptr with TypeError for arguments of the wrong kind.
+PyObject* new_run_launcher(PyObject* handle, PyObject* launcher, PyObject* triton_run,
+                           PyObject* function, PyObject* packed_metadata, PyObject* hook_chain_type,
                            PyObject* on_fallback);
 
 }  // namespace fastkernel

@@ -362,23 +362,23 @@ PYBIND11_MODULE(_C, m) {
       py::arg("compiled"), "The launcher remembered for `compiled`, or None.");
   m.def(
       "run_launcher",
-      [](py::handle launcher, py::handle triton_run, py::handle function,
+      [](py::handle handle, py::handle launcher, py::handle triton_run, py::handle function,
          py::handle packed_metadata, py::handle hook_chain_type, py::handle on_fallback) {
         PyObject* r =
-            new_run_launcher(launcher.ptr(), triton_run.ptr(), function.ptr(),
+            new_run_launcher(handle.ptr(), launcher.ptr(), triton_run.ptr(), function.ptr(),
                              packed_metadata.ptr(), hook_chain_type.ptr(), on_fallback.ptr());
         if (r == nullptr) {
           throw py::error_already_set();
         }
         return py::reinterpret_steal<py::object>(r);
       },
-      py::arg("launcher"), py::arg("triton_run"), py::arg("function"), py::arg("packed_metadata"),
-      py::arg("hook_chain_type"), py::arg("on_fallback"),
-      "A kept handle's launcher object under the patch (`compiled.run`): called as Triton's\n"
+      py::arg("handle"), py::arg("launcher"), py::arg("triton_run"), py::arg("function"),
+      py::arg("packed_metadata"), py::arg("hook_chain_type"), py::arg("on_fallback"),
+      "A kept handle's launcher object under the patch (`handle.run`): called as Triton's\n"
       "launcher is, it launches the handle's binary through `launcher` (its CompiledLaunch)\n"
       "when Triton's launcher would launch exactly that (the handle's function and packed\n"
       "metadata, no launch hook given or set, torch's current stream), else calls\n"
-      "`triton_run` and counts the call through on_fallback(reason).");
+      "`triton_run` and counts the call through on_fallback(reason). It keeps `handle` alive.");
   m.def("forget_handle_launches", &forget_handle_launches,
         "Forget every launcher remember_handle_launch gave.");
   m.def("num_handle_launches", &num_handle_launches,

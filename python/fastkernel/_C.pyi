@@ -182,6 +182,7 @@ class RunLauncher:
     def __call__(self, *args: Any) -> Any: ...
 
 def run_launcher(
+    handle: Any,
     launcher: Kernel,
     triton_run: Callable[..., Any],
     function: int,

@@ -456,6 +456,8 @@ class NativeDispatch(_C.Kernel):
         install_triton_watch(keep=not self._serves_patch)
         #: The wrapped ``triton.jit`` function; ``jit_function[grid](...)`` is Triton's own launch.
         self.jit_function = jit_fn
+        self._kernel_name: str = jit_fn.__name__
+        self._stats_label = stats_name(jit_fn.fn, self._stats_suffix)
         capacity = _max_specializations()
         # The most recent compiled kernels, for inspection (the native records own theirs).
         self._compiled: collections.deque[Any] = collections.deque(maxlen=capacity or None)
@@ -490,7 +492,7 @@ class NativeDispatch(_C.Kernel):
     _stats_suffix = ""
 
     def _stats_name(self) -> str:
-        return stats_name(self.jit_function.fn, self._stats_suffix)
+        return self._stats_label
 
     def stats(self) -> dict[str, Any]:
         """Counters of the native path: ``hits``, ``misses``, ``fallbacks``, ``specializations``
@@ -771,7 +773,7 @@ class NativeDispatch(_C.Kernel):
         """Count a call that took a Python path for ``reason``; log the first one."""
         count = self._fallback_reasons.get(reason, 0)
         if count == 0:
-            log.log(level, "fastkernel: %s %s: %s", self.jit_function.__name__, what, reason)
+            log.log(level, "fastkernel: %s %s: %s", self._kernel_name, what, reason)
         self._fallback_reasons[reason] = count + 1
 
     def named_arguments(self, args: tuple, kwargs: dict, provided=()) -> dict[str, Any]:
@@ -965,6 +967,18 @@ class CompiledLaunch(NativeDispatch):
         if any(p.name == "stream" for p in kernel.jit_function.params):
             return "a kernel with a parameter named 'stream', Triton's runner's own keyword"
         return cls(compiled, kernel)
+
+    @property
+    def jit_function(self) -> JITFunction | None:
+        """The kernel's ``triton.jit`` function, or None once it is gone. Held weakly: the
+        launcher is remembered natively (a root) while its handle lives, and the handle lives
+        in the function's own cache, so a strong reference would keep the function, its
+        handles and their modules alive for the life of the process."""
+        return self._jit_function()
+
+    @jit_function.setter
+    def jit_function(self, jit_fn: JITFunction) -> None:
+        self._jit_function = weakref.ref(jit_fn)
 
     def __init__(self, compiled: Any, kernel: NativeDispatch):
         self._serves_patch = kernel._serves_patch

@@ -727,6 +727,7 @@ def _patched_handle_run(self, own_run=COMPILED_RUN):
     if not isinstance(launcher, CompiledLaunch):
         return triton_run
     return _C.run_launcher(
+        self,
         launcher,
         triton_run,
         self.function,
