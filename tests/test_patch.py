@@ -1709,7 +1709,7 @@ def test_unpatch_and_patch_while_the_factory_returns_leave_a_working_dispatch(
         theirs = reference.launch(jit_fn, (4,), x, y, out, N, BLOCK=1024)
     stand_in.reset()
     monkeypatch.setattr(patch_module, "_dispatch_for", factory_then_repatch)
-    with fastkernel.patched():
+    with _triton_on_stand_in(stand_in, patched=True):  # Triton's kernels collected unload there
         jit_fn[(4,)](x, y, out, N, BLOCK=1024)
         gc.collect()
         jit_fn[(4,)](x, y, out, N, BLOCK=1024)  # through a new dispatch
