@@ -427,9 +427,7 @@ int run_launcher_traverse(PyObject* obj, visitproc visit, void* arg) {
 // may hold whatever keeps this launcher) here. A cleared launcher is never called again.
 int run_launcher_clear(PyObject* obj) {
   auto* self = reinterpret_cast<RunLauncherObject*>(obj);
-  PyObject* launcher = reinterpret_cast<PyObject*>(self->launcher);
-  self->launcher = nullptr;
-  Py_XDECREF(launcher);
+  Py_CLEAR(self->launcher);  // first: a call its release makes sees a cleared launcher
   Py_CLEAR(self->handle);
   Py_CLEAR(self->triton_run);
   Py_CLEAR(self->packed_metadata);
