@@ -484,16 +484,18 @@ def _conch_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         kc, vc = (_x(8, 16, 2, 64, dtype=torch.float16) for _ in range(2))
         return lambda: op(q, kc, vc)
 
+    # These two ops write into tensors they are given and return None: the call returns what
+    # they wrote, so that a GPU run can compare results.
     def write_kv_cache():  # 4 tokens' keys and values into cache slots
         k, v = _x(4, 2, 64), _x(4, 2, 64)
         kc, vc = _x(8, 16, 2, 64), _x(8, 16, 2, 64)
         slots = torch.tensor([0, 5, 17, 40], device=DEVICE)
-        return lambda: reshape_and_cache(k, v, kc, vc, slots)
+        return lambda: (reshape_and_cache(k, v, kc, vc, slots), kc, vc)[1:]
 
     def int8_quant():  # into a preallocated int8 output, with a static scale
         out = torch.empty(8, 128, dtype=torch.int8, device=DEVICE)
         x, scale = _x(8, 128), torch.tensor([0.05], device=DEVICE)
-        return lambda: static_scaled_int8_quant(out, x, scale)
+        return lambda: (static_scaled_int8_quant(out, x, scale), out)[1:]
 
     def int8_gemm():  # int8 (16, 64) @ (64, 32), per-row and per-column scales, fp16 out
         a, b = _ints(10, 16, 64, dtype=torch.int8), _ints(10, 64, 32, dtype=torch.int8)
