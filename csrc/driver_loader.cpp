@@ -63,6 +63,7 @@ void load_locked() {
       // Older drivers lack cuLaunchKernelEx; only launches that need attributes use it.
       resolve(lib, "cuLaunchKernelEx", &api.cuLaunchKernelEx, false, &missing) &&
       resolve(lib, "cuFuncGetParamInfo", &api.cuFuncGetParamInfo, false, &missing) &&
+      resolve(lib, "cuFuncGetParamCount", &api.cuFuncGetParamCount, false, &missing) &&
       resolve(lib, "cuTensorMapEncodeTiled", &api.cuTensorMapEncodeTiled, false, &missing);
   if (!ok) {
     dlclose(lib);

@@ -277,15 +277,28 @@ FunctionAttributes load_launch_record(LaunchRecord& record, const void* cubin, s
     }
     // The function's own parameter count (from the cubin, through the driver) must be what a
     // launch packs: a record that packs fewer would let the driver read unset kernelParams.
-    if (check_param_count && api.cuFuncGetParamInfo != nullptr) {
+    // cuFuncGetParamCount answers directly where the driver has it. Otherwise the driver is
+    // asked for the last parameter the record packs and for the one after it, which a function
+    // of the right arity answers with CUDA_ERROR_INVALID_VALUE (reported by compute-sanitizer
+    // as an API error, expected here).
+    if (check_param_count) {
       const size_t packs = record.plan.size() + size_t(record.num_scratch_params);
-      size_t offset = 0, size = 0;
-      const bool has_last =
-          packs == 0 || api.cuFuncGetParamInfo(function, packs - 1, &offset, &size) == cu::SUCCESS;
-      const bool has_more = api.cuFuncGetParamInfo(function, packs, &offset, &size) == cu::SUCCESS;
-      if (!has_last || has_more) {
+      size_t declared = 0, offset = 0, size = 0;
+      int order = 0;  // the function declares fewer (-1), exactly (0) or more (1) parameters
+      if (api.cuFuncGetParamCount != nullptr &&
+          api.cuFuncGetParamCount(function, &declared) == cu::SUCCESS) {
+        order = declared < packs ? -1 : declared > packs ? 1 : 0;
+      } else if (api.cuFuncGetParamInfo != nullptr) {
+        if (packs > 0 &&
+            api.cuFuncGetParamInfo(function, packs - 1, &offset, &size) != cu::SUCCESS) {
+          order = -1;
+        } else if (api.cuFuncGetParamInfo(function, packs, &offset, &size) == cu::SUCCESS) {
+          order = 1;
+        }
+      }
+      if (order != 0) {
         throw std::invalid_argument("fastkernel: '" + record.kernel_name + "' declares " +
-                                    (has_last ? "more" : "fewer") + " than the " +
+                                    (order > 0 ? "more" : "fewer") + " than the " +
                                     std::to_string(packs) + " parameters its launch record packs");
       }
     }

@@ -335,12 +335,14 @@ def test_a_cluster_grid_past_the_driver_limit_is_refused_not_wrapped(bundle, sta
     assert launch.grid == (2**31 - 2, 1, 1)
 
 
+@pytest.mark.parametrize("param_count_api", [True, False], ids=["count", "probe"])
 def test_a_record_packing_fewer_parameters_than_the_cubin_declares_is_not_launched(
-    bundle, stand_in
+    bundle, stand_in, param_count_api
 ):
     """Consistent lines, re-digested, that drop the kernel's last argument: the manifest holds
     together, but the cubin declares one parameter more than the record would pack, so the
-    driver would read an unset parameter slot. Refused when the entry is loaded on a device."""
+    driver would read an unset parameter slot. Refused when the entry is loaded on a device,
+    whether the driver answers cuFuncGetParamCount or only cuFuncGetParamInfo."""
     lines = manifest_lines(bundle)
     for tag in ("arg", "plan"):
         last = max(
@@ -350,7 +352,27 @@ def test_a_record_packing_fewer_parameters_than_the_cubin_declares_is_not_launch
     rewrite(bundle, lines)
     x = torch.randn(4096)
     stand_in.reset()
+    stand_in.set_param_count_api(param_count_api)
     launcher = _C.BenchBundle(str(bundle), "add_kernel", 0, [("pointer", x.data_ptr())] * 3)
     with pytest.raises(ValueError, match=r"declares more than the 5 parameters its launch record"):
         launcher.run((1, 1, 1), 0x5EED5, 1)
     assert stand_in.launches() == []
+
+
+@pytest.mark.parametrize("param_count_api", [True, False], ids=["count", "probe"])
+def test_a_sound_record_is_checked_without_a_failing_driver_call_where_the_driver_counts(
+    bundle, stand_in, param_count_api
+):
+    """The parameter-count check of a sound entry asks cuFuncGetParamCount where the driver has
+    it, so that a correct launch makes no failing driver call (compute-sanitizer reports each
+    one as an API error); a driver without it is probed one index past the last parameter,
+    which fails by design."""
+    x = torch.randn(4096)
+    stand_in.reset()
+    stand_in.set_param_count_api(param_count_api)
+    launcher = _C.BenchBundle(
+        str(bundle), "add_kernel", 0, [("pointer", x.data_ptr())] * 3 + [("int", 4096)]
+    )
+    launcher.run((1, 1, 1), 0x5EED5, 1)
+    assert len(stand_in.launches()) == 1
+    assert stand_in.param_info_failures() == (0 if param_count_api else 1)

@@ -162,6 +162,8 @@ class RecordingDriver:
             "fkstub_launch_param": (c_int, [c_int, c_int, u32p, u32p]),
             "fkstub_launch_raw": (c_int, [c_int, c_void_p, c_int]),
             "fkstub_tensor_map_encode_count": (c_int, []),
+            "fkstub_set_param_count_api": (None, [c_int]),
+            "fkstub_param_info_failure_count": (c_int, []),
         }
         for name, (restype, argtypes) in sigs.items():
             fn = getattr(L, name)
@@ -184,7 +186,16 @@ class RecordingDriver:
         block than ``max_threads`` fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701)."""
         self.lib.fkstub_set_function_defaults(max_threads, num_regs, local_bytes)
 
+    def set_param_count_api(self, enabled: bool) -> None:
+        """Makes ``cuFuncGetParamCount`` answer (True) or return CUDA_ERROR_NOT_SUPPORTED, as a
+        driver without it would be handled (False), until the next :meth:`reset`."""
+        self.lib.fkstub_set_param_count_api(int(enabled))
+
     # -- queries ------------------------------------------------------------
+
+    def param_info_failures(self) -> int:
+        """``cuFuncGetParamInfo`` calls that returned an error since the last reset."""
+        return self.lib.fkstub_param_info_failure_count()
 
     def module_loads(self) -> int:
         """Successful cuModuleLoadData calls since the last reset."""

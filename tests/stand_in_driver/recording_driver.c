@@ -198,6 +198,8 @@ static int g_launch_result_override = -1;
 static int g_default_max_threads = FK_DEFAULT_MAX_THREADS;
 static int g_default_num_regs = FK_DEFAULT_NUM_REGS;
 static int g_default_local_bytes = 0;
+static int g_param_count_api = 1;         /* cuFuncGetParamCount answers (fkstub_set_...) */
+static int g_num_param_info_failures = 0; /* cuFuncGetParamInfo calls that returned an error */
 
 /* Last value set per (function name, attribute) through cuFuncSetAttribute.
  * Kept by name because tests usually know the kernel name, not the handle. */
@@ -685,19 +687,40 @@ FK_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value) {
   return CUDA_SUCCESS;
 }
 
-/* CUDA 12.4: offset and size of parameter `index`, CUDA_ERROR_INVALID_VALUE past the last. */
+/* CUDA 12.4: offset and size of parameter `index`, CUDA_ERROR_INVALID_VALUE past the last.
+ * Each call that returns an error is counted (fkstub_param_info_failure_count), as
+ * compute-sanitizer reports it as an API error. */
 FK_EXPORT CUresult cuFuncGetParamInfo(CUfunction hfunc, size_t index, size_t* offset,
                                       size_t* size) {
-  if (!offset || !size) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&g_lock);
-  if (!valid_func(hfunc)) {
-    pthread_mutex_unlock(&g_lock);
-    return CUDA_ERROR_INVALID_HANDLE;
-  }
   CUresult r = CUDA_ERROR_INVALID_VALUE;
-  if (index < (size_t)hfunc->nparams) {
+  if (!offset || !size) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (!valid_func(hfunc)) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else if (index < (size_t)hfunc->nparams) {
     *offset = hfunc->params[index].offset;
     *size = hfunc->params[index].size;
+    r = CUDA_SUCCESS;
+  }
+  if (r != CUDA_SUCCESS) g_num_param_info_failures++;
+  pthread_mutex_unlock(&g_lock);
+  return r;
+}
+
+/* The number of parameters the function declares. Drivers newer than CUDA 13.1 export it (13.1's
+ * cuda.h does not declare it); fkstub_set_param_count_api(0) makes it answer
+ * CUDA_ERROR_NOT_SUPPORTED, as a caller must expect of a driver that lacks it. */
+FK_EXPORT CUresult cuFuncGetParamCount(CUfunction hfunc, size_t* count) {
+  if (!count) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&g_lock);
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (!g_param_count_api) {
+    r = CUDA_ERROR_NOT_SUPPORTED;
+  } else if (!valid_func(hfunc)) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else {
+    *count = (size_t)hfunc->nparams;
     r = CUDA_SUCCESS;
   }
   pthread_mutex_unlock(&g_lock);
@@ -1099,8 +1122,9 @@ static void free_launches_locked(void) {
   g_num_recorded = 0;
 }
 
-/* Clears recorded launches, the launch and module-load and -unload counters and any
- * injected launch result.  Loaded modules, functions, their attributes and
+/* Clears recorded launches, the launch, module-load, -unload and failed cuFuncGetParamInfo
+ * counters, any injected launch result or function defaults, and turns cuFuncGetParamCount back
+ * on.  Loaded modules, functions, their attributes and
  * the per-name attribute log stay: they are driver state, not recordings. */
 FK_EXPORT void fkstub_reset(void) {
   pthread_mutex_lock(&g_lock);
@@ -1113,7 +1137,25 @@ FK_EXPORT void fkstub_reset(void) {
   g_default_max_threads = FK_DEFAULT_MAX_THREADS;
   g_default_num_regs = FK_DEFAULT_NUM_REGS;
   g_default_local_bytes = 0;
+  g_param_count_api = 1;
+  g_num_param_info_failures = 0;
   pthread_mutex_unlock(&g_lock);
+}
+
+/* cuFuncGetParamCount answers (1, the default) or returns CUDA_ERROR_NOT_SUPPORTED (0), until
+ * the next fkstub_reset. */
+FK_EXPORT void fkstub_set_param_count_api(int enabled) {
+  pthread_mutex_lock(&g_lock);
+  g_param_count_api = enabled != 0;
+  pthread_mutex_unlock(&g_lock);
+}
+
+/* cuFuncGetParamInfo calls that returned an error since the last reset. */
+FK_EXPORT int fkstub_param_info_failure_count(void) {
+  pthread_mutex_lock(&g_lock);
+  int n = g_num_param_info_failures;
+  pthread_mutex_unlock(&g_lock);
+  return n;
 }
 
 /* Successful cuTensorMapEncodeTiled calls since the last reset. */

@@ -101,6 +101,9 @@ struct DriverApi {
   /// Null on drivers before CUDA 12.4; where present, a loaded function's parameter count is
   /// checked against its launch record's plan.
   CUresult (*cuFuncGetParamInfo)(CUfunction function, size_t index, size_t* offset, size_t* size);
+  /// Null on drivers up to CUDA 13.1 (its cuda.h does not declare it); where present it answers
+  /// the parameter-count check without probing one index past the last parameter.
+  CUresult (*cuFuncGetParamCount)(CUfunction function, size_t* count);
   /// Null on drivers before CUDA 12.0; only kernels taking host tensor descriptors use it.
   CUresult (*cuTensorMapEncodeTiled)(void* tensor_map, int data_type, unsigned rank,
                                      void* global_address, const uint64_t* global_dim,

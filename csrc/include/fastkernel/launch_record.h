@@ -182,9 +182,9 @@ struct FunctionAttributes {
 /// Loads `cubin` into `device`'s primary context, resolves `record.kernel_name`, and raises the
 /// dynamic shared memory limit when `record.shared_mem` exceeds 48 KB. Fills module/function
 /// and returns the function's attributes. With `check_param_count`, and a driver that has
-/// cuFuncGetParamInfo (CUDA >= 12.4), the function must declare exactly the parameters the
-/// record packs (its plan, then its scratch pointers). Throws std::invalid_argument (a
-/// malformed image, a parameter count that differs), CudaError (with code
+/// cuFuncGetParamCount or cuFuncGetParamInfo (CUDA >= 12.4), the function must declare exactly
+/// the parameters the record packs (its plan, then its scratch pointers). Throws
+/// std::invalid_argument (a malformed image, a parameter count that differs), CudaError (with code
 /// ERROR_LAUNCH_OUT_OF_RESOURCES, the driver's answer to such a launch, for a sound binary
 /// that needs more shared memory than the device allows or a larger block than the function
 /// allows: Triton's CompiledKernel._init_handles raises OutOfResources for both) or
