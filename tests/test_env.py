@@ -55,3 +55,63 @@ def test_triton_interpret_is_what_tritons_knob_says(monkeypatch):
     assert _env.triton_interpret()
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not _env.triton_interpret()
+
+
+_INTERPRETED_CHILD = r"""
+import sys
+import torch, triton, triton.language as tl
+from fastkernel import fastkernel
+
+@fastkernel
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+assert type(add_kernel).__name__ == "_InterpretedKernel", type(add_kernel)
+x, y = torch.arange(100.0), torch.full((100,), 0.5)
+out = torch.empty(100)
+add_kernel[(2,)](x, y, out, 100, BLOCK=64)
+assert torch.equal(out, x + y)
+try:
+    fastkernel(add_kernel.fn, num_warps=4)
+except TypeError as e:
+    assert "jit options" in str(e), e
+else:
+    raise AssertionError("jit options on an interpreted function were accepted")
+print("ok")
+"""
+
+
+def _child(code: str, **env: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_import_leaves_triton_s_interpreter_unimported():
+    """Triton's interpreter module costs about a third of ``import fastkernel``; Triton itself
+    imports it only under ``TRITON_INTERPRET=1``, and so does fastkernel."""
+    _child(
+        "import sys, torch, triton, fastkernel\n"
+        "assert 'triton.runtime.interpreter' not in sys.modules\n"
+        "print('ok')"
+    )
+
+
+def test_under_triton_interpret_a_kernel_runs_in_triton_s_interpreter():
+    """A kernel that ``triton.jit`` made an ``InterpretedFunction`` under ``TRITON_INTERPRET=1``
+    is recognized without fastkernel importing the interpreter itself, and runs in the
+    interpreter on CPU tensors; jit options with it are refused."""
+    _child(_INTERPRETED_CHILD, TRITON_INTERPRET="1")

@@ -16,6 +16,7 @@ import collections.abc
 import contextlib
 import inspect
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -23,7 +24,6 @@ from typing import Any, Protocol
 
 import triton
 from triton.compiler.compiler import CompiledKernel
-from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C, _env, _grid_program
@@ -1145,6 +1145,15 @@ class _InterpretedKernel:
         }
 
 
+def _is_interpreted(fn: object) -> bool:
+    """Whether ``fn`` is Triton's ``InterpretedFunction``, what ``triton.jit`` makes under
+    ``TRITON_INTERPRET=1``. Triton imports ``triton.runtime.interpreter`` when it makes one; until
+    then none exists, so the module is looked up rather than imported (importing it costs about a
+    third of ``import fastkernel``)."""
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    return interpreter is not None and isinstance(fn, interpreter.InterpretedFunction)
+
+
 def fastkernel(fn: Callable | None = None, **jit_kwargs):
     """Decorate a Triton kernel so that ``kernel[grid](...)`` launches through native code.
 
@@ -1172,7 +1181,8 @@ def fastkernel(fn: Callable | None = None, **jit_kwargs):
         return lambda f: fastkernel(f, **jit_kwargs)
     if isinstance(fn, FastKernel):
         return fn
-    if isinstance(fn, KernelInterface) and not isinstance(fn, (JITFunction, InterpretedFunction)):
+    interpreted = _is_interpreted(fn)
+    if isinstance(fn, KernelInterface) and not (isinstance(fn, JITFunction) or interpreted):
         # triton.autotune / triton.heuristics wrappers: they call fn.run, which is where the
         # native path must sit, so it goes under them.
         raise TypeError(
@@ -1182,9 +1192,9 @@ def fastkernel(fn: Callable | None = None, **jit_kwargs):
             f"    def kernel(...): ..."
         )
     if not isinstance(fn, JITFunction):
-        if jit_kwargs and isinstance(fn, InterpretedFunction):
+        if jit_kwargs and interpreted:
             raise TypeError("jit options can only be given with a plain function")
-        if not isinstance(fn, InterpretedFunction):
+        if not interpreted:
             if not inspect.isfunction(fn):
                 raise TypeError(f"fastkernel decorates functions, got {type(fn).__name__}")
             fn = triton.jit(fn, **jit_kwargs)
