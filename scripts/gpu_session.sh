@@ -140,12 +140,12 @@ case "$step" in
     part bench "$t_bench" "$py" benchmarks/dispatch.py --quick --out benchmarks/results
     find benchmarks/results -type f -newer "$stamp" -exec cp {} "$OUT/" \;  # this run's only
     rm -f "$stamp"
-    part memcheck "$t_memcheck" bash -c 'sanitize "$@"' sanitize memcheck "$OUT/memcheck-report.log" \
-      tests/test_gpu.py tests/test_corpus.py tests/test_gpu_patch.py
+    part memcheck "$t_memcheck" bash -c 'sanitize "$@"' sanitize memcheck \
+      "$OUT/memcheck-report.log" tests/test_gpu.py tests/test_corpus.py tests/test_gpu_patch.py
     part libraries "$t_libraries" "$py" -m pytest -q -m gpu -p no:cacheprovider -rs \
       tests/test_gpu_libraries.py
-    part racecheck "$t_racecheck" bash -c 'sanitize "$@"' sanitize racecheck "$OUT/racecheck-report.log" \
-      tests/test_gpu.py
+    part racecheck "$t_racecheck" bash -c 'sanitize "$@"' sanitize racecheck \
+      "$OUT/racecheck-report.log" tests/test_gpu.py
     exit "$status"
     ;;
   *) echo "usage: scripts/gpu_session.sh test|gpu|bench|sanitize|example|all|wheels [args]" >&2; exit 2 ;;

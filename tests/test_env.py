@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from test_cache import run_python
 
 from fastkernel import _env
 
@@ -84,34 +85,21 @@ print("ok")
 """
 
 
-def _child(code: str, **env: str) -> None:
-    import os
-    import subprocess
-    import sys
-
-    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
-
-
 def test_import_leaves_triton_s_interpreter_unimported():
     """Triton's interpreter module costs about a third of ``import fastkernel``; Triton itself
     imports it only under ``TRITON_INTERPRET=1``, and so does fastkernel."""
-    _child(
+    done = run_python(
         "import sys, torch, triton, fastkernel\n"
         "assert 'triton.runtime.interpreter' not in sys.modules\n"
-        "print('ok')"
+        "print('ok')",
+        TRITON_INTERPRET="0",
     )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_under_triton_interpret_a_kernel_runs_in_triton_s_interpreter():
     """A kernel that ``triton.jit`` made an ``InterpretedFunction`` under ``TRITON_INTERPRET=1``
     is recognized without fastkernel importing the interpreter itself, and runs in the
     interpreter on CPU tensors; jit options with it are refused."""
-    _child(_INTERPRETED_CHILD, TRITON_INTERPRET="1")
+    done = run_python(_INTERPRETED_CHILD, TRITON_INTERPRET="1")
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
