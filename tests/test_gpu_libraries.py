@@ -62,7 +62,17 @@ def test_a_patched_library_op_computes_what_triton_computes(library, name, on_cu
         torch.cuda.synchronize()
         return out
 
-    theirs, again = run(), run()  # Triton's own launcher (tuning autotuned kernels first)
+    try:
+        theirs, again = run(), run()  # Triton's own launcher (tuning autotuned kernels first)
+    except RuntimeError as error:
+        # fla refuses some ops on Triton versions it knows to miscompile them for this GPU
+        # (fla/ops/common/chunk_o.py: gated chunk_bwd_dqkwg on Hopper with Triton 3.4-3.7.0).
+        if library == "fla" and "upgrade Triton" in str(error):
+            pytest.skip(f"{name}: flash-linear-attention refuses it here: {error}")
+        raise
+    assert not any(t.is_floating_point() and t.isnan().any() for t in theirs), (
+        f"{name}: Triton's own result has NaN, so comparing with it proves nothing"
+    )
     deterministic = all(torch.equal(a, b) for a, b in zip(theirs, again))
     with fastkernel.patched():
         first = run()

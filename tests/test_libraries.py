@@ -340,15 +340,16 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
     from fla.ops.simple_gla import chunk_simple_gla
     from fla.ops.utils import cumsum, softmax, solve_tril
 
-    def linear_attention(op, seq_len, beta=True):
+    def linear_attention(op, seq_len, beta=True, **options):
         """q, k, v (batch, time, heads, head dim), the log-space decay g (batch, time, heads),
-        and for the delta rules the write strength beta; one sequence."""
+        and for the delta rules the write strength beta; one sequence. ``options`` are the op's
+        keyword arguments."""
         q, k, v = (_x(1, seq_len, 2, 64) for _ in range(3))
         g = torch.nn.functional.logsigmoid(_x(1, seq_len, 2))
         if beta:
             b = _x(1, seq_len, 2).sigmoid()
-            return lambda: op(q, k, v, g, b)
-        return lambda: op(q, k, v, g)
+            return lambda: op(q, k, v, g, beta=b, **options)  # fused_recurrent: gk, gv come first
+        return lambda: op(q, k, v, g, **options)
 
     def linear_attention_training(op, seq_len, beta=True):
         """A training step of ``linear_attention``: every input requires grad (the decay and
@@ -387,8 +388,10 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         ),
         "token_shift": lambda: lambda x=_x(1, 16, 64): token_shift.token_shift(x),
         "solve_tril": lambda: lambda A=_x(1, 128, 2, 64): solve_tril(A),
+        # The recurrent delta rule expects unit-norm keys: with raw ones (norm about 8) its
+        # state grows each step until the output is NaN. The kernel normalizes q and k itself.
         "fused_recurrent_gated_delta_rule": lambda: linear_attention(
-            fused_recurrent_gated_delta_rule, 16
+            fused_recurrent_gated_delta_rule, 16, use_qk_l2norm_in_kernel=True
         ),
         "chunk_gated_delta_rule": lambda: linear_attention(chunk_gated_delta_rule, 128),
         "chunk_simple_gla": lambda: linear_attention(chunk_simple_gla, 128, beta=False),
