@@ -693,15 +693,15 @@ FK_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value) {
 FK_EXPORT CUresult cuFuncGetParamInfo(CUfunction hfunc, size_t index, size_t* offset,
                                       size_t* size) {
   pthread_mutex_lock(&g_lock);
-  CUresult r = CUDA_ERROR_INVALID_VALUE;
-  if (!offset || !size) {
-    r = CUDA_ERROR_INVALID_VALUE;
-  } else if (!valid_func(hfunc)) {
-    r = CUDA_ERROR_INVALID_HANDLE;
-  } else if (index < (size_t)hfunc->nparams) {
-    *offset = hfunc->params[index].offset;
-    *size = hfunc->params[index].size;
-    r = CUDA_SUCCESS;
+  CUresult r = CUDA_ERROR_INVALID_VALUE; /* null outputs, or an index past the last parameter */
+  if (offset && size) {
+    if (!valid_func(hfunc)) {
+      r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (index < (size_t)hfunc->nparams) {
+      *offset = hfunc->params[index].offset;
+      *size = hfunc->params[index].size;
+      r = CUDA_SUCCESS;
+    }
   }
   if (r != CUDA_SUCCESS) g_num_param_info_failures++;
   pthread_mutex_unlock(&g_lock);
@@ -715,13 +715,13 @@ FK_EXPORT CUresult cuFuncGetParamCount(CUfunction hfunc, size_t* count) {
   if (!count) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&g_lock);
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
-  if (!g_param_count_api) {
-    r = CUDA_ERROR_NOT_SUPPORTED;
-  } else if (!valid_func(hfunc)) {
-    r = CUDA_ERROR_INVALID_HANDLE;
-  } else {
-    *count = (size_t)hfunc->nparams;
-    r = CUDA_SUCCESS;
+  if (g_param_count_api) {
+    if (!valid_func(hfunc)) {
+      r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+      *count = (size_t)hfunc->nparams;
+      r = CUDA_SUCCESS;
+    }
   }
   pthread_mutex_unlock(&g_lock);
   return r;
