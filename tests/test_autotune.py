@@ -111,6 +111,25 @@ def test_a_new_value_of_a_key_argument_retunes_and_other_arguments_do_not(stand_
     assert k.stats()["specializations"] == 3
 
 
+def test_float_and_bool_values_in_the_key_are_keyed_exactly_and_hit_natively(stand_in):
+    # A float's and a runtime bool's own key words hold only their kind; named in the autotune
+    # key, their values (a float's bits, a bool's value) are keyed as Triton's tuning key holds
+    # them.
+    configs = [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})]
+    x, out = torch.randn(256), torch.empty(256)
+    for kernel, name, first, second in (
+        (kernels.scaled_kernel, "scale", 2.0, 3.0),
+        (kernels.flag_add_kernel, "flag", True, False),
+    ):
+        timer = FakeTimer([1.0, 2.0])
+        k = fastkernel.autotune(configs=configs, key=[name], do_bench=timer)(fk(kernel))
+        for value, tunings in ((first, 2), (first, 2), (second, 4), (first, 4), (second, 4)):
+            k[grid_1d](x, out, 256, value)
+            assert timer.calls == tunings, (name, value)
+        s = k.stats()
+        assert (s["hits"], s["misses"]) == (3, 2), name
+
+
 def test_keyword_order_does_not_change_the_key(stand_in):
     timer = FakeTimer([1.0, 2.0, 3.0])
     k = tuned_add(timer)

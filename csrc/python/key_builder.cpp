@@ -495,13 +495,25 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
 
 // The exact value of a scalar the autotune key (or a heuristic) names: ints by value, floats by
 // bits, bools by value (a runtime bool's own key word holds only its kind); None is keyed by
-// its kind already.
+// its kind already. The key builder gives its float and bool values width I32 (0), so the
+// width is read without asking the kind.
 [[gnu::noinline]] void push_tuned_value(const ArgValue& value, SpecializationKey* key) {
-  if (value.kind == ArgKind::Int || value.kind == ArgKind::Float || value.kind == ArgKind::Bool) {
-    const uint64_t width = value.kind == ArgKind::Int ? uint64_t(value.width) : 0;
-    key->push(uint64_t(ArgKind::TuneValue) | (uint64_t(value.kind) << 8) | (width << 16));
-    key->push(value.u);
+  static_assert(uint8_t(ArgKind::Float) == uint8_t(ArgKind::Int) + 1 &&
+                uint8_t(ArgKind::Bool) == uint8_t(ArgKind::Int) + 2 && uint8_t(IntWidth::I32) == 0);
+  const uint64_t kind = uint8_t(value.kind);
+  if (kind - uint8_t(ArgKind::Int) > 2) {
+    return;  // not Int, Float or Bool
   }
+  // Both words or neither (SpecializationKey::push, with one room check for the two).
+  const int at = key->size;
+  if (at + 2 > kMaxKeyWords - SpecializationKey::kTailWords) {
+    key->overflowed = true;
+    return;
+  }
+  key->words[at] =
+      uint64_t(ArgKind::TuneValue) | (kind << 8) | (uint64_t(uint8_t(value.width)) << 16);
+  key->words[at + 1] = value.u;
+  key->size = at + 2;
 }
 
 // A sequence of ints (list, tuple or torch.Size) of exactly `rank` items into leaf values.
@@ -612,9 +624,11 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   leaves[0].kind = ArgKind::Tensor;
   ArgValue& padding = leaves[1 + 2 * rank];
   padding.kind = ArgKind::Bool;
+  padding.width = IntWidth::I32;  // push_tuned_value keys every scalar's width
   padding.i = nan == 0;
   ArgValue& rounding = leaves[2 + 2 * rank];
   rounding.kind = ArgKind::Bool;
+  rounding.width = IntWidth::I32;
   rounding.i = tf32;
   value->kind = ArgKind::None;  // the descriptor itself is never packed; its leaves are
   SpecializationKey& key = call->key;
@@ -638,6 +652,7 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   }
   if (PyBool_Check(v)) {
     value->kind = ArgKind::Bool;
+    value->width = IntWidth::I32;  // push_tuned_value keys every scalar's width
     value->i = v == Py_True;
     key.push(uint64_t(ArgKind::Bool));
     return KeyStatus::Ok;
@@ -649,6 +664,7 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   if (PyFloat_Check(v)) {
     // Subclasses too (numpy.float64): Triton specializes them as fp32 and packs their value.
     value->kind = ArgKind::Float;
+    value->width = IntWidth::I32;
     value->d = PyFloat_AS_DOUBLE(v);
     key.push(uint64_t(ArgKind::Float));
     return KeyStatus::Ok;
@@ -892,8 +908,13 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
                  num_params, nargs);
     return KeyStatus::Error;
   }
-  for (int i = int(nargs); i < num_params; ++i) {
-    call->args[i] = nullptr;  // bound below by keyword, or left out
+  if (kwnames == nullptr && nargs < num_params) {
+    // Left out. The usual one (a tuned config's parameter) is cleared inline, not through a
+    // memset call.
+    call->args[nargs] = nullptr;
+    for (int i = int(nargs) + 1; i < num_params; ++i) {
+      call->args[i] = nullptr;
+    }
   }
   SpecializationKey& key = call->key;
   key.size = 0;
@@ -901,6 +922,9 @@ KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssi
   call->num_leaves = 0;
   call->num_set_options = 0;
   if (kwnames != nullptr) {
+    for (int i = int(nargs); i < num_params; ++i) {
+      call->args[i] = nullptr;  // bound below by keyword, or left out
+    }
     const KeywordBinding& binding = st.keywords;
     if ((kwnames != binding.kwnames || nargs != binding.nargs) &&
         !bind_keywords(kernel, kwnames, nargs, call)) {
