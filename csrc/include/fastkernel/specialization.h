@@ -177,7 +177,9 @@ struct ArgValue {
     double d;
   };
   ArgKind kind;
-  IntWidth width;  ///< for ArgKind::Int: whether `u` or `i` holds the value
+  IntWidth width;  ///< for ArgKind::Int: whether `u` or `i` holds the value; the key builder
+                   ///< gives Float and Bool values I32, so a tuned value's key word reads it
+                   ///< whatever the kind
 };
 
 }  // namespace fastkernel
