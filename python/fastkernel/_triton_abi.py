@@ -51,10 +51,16 @@ def backend_for(target: GPUTarget):
     return make_backend(target)
 
 
+@functools.cache
+def options_class(target: GPUTarget) -> type:
+    """The backend's options dataclass (``CUDAOptions``, ``HIPOptions``), as its
+    ``parse_options`` returns it."""
+    return type(backend_for(target).parse_options({}))
+
+
 def option_names(target: GPUTarget) -> list[str]:
     """Keyword arguments that are compile options (fields of the backend's options dataclass)."""
-    options_cls = type(backend_for(target).parse_options({}))
-    return [f.name for f in dataclasses.fields(options_cls)]
+    return [f.name for f in dataclasses.fields(options_class(target))]
 
 
 def make_binder(jit_fn: triton_jit.JITFunction, target: GPUTarget):

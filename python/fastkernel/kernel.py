@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import triton
 from triton.compiler.compiler import CompiledKernel
-from triton.runtime.jit import JITFunction, KernelInterface
+from triton.runtime.jit import JITFunction, KernelInterface, KernelParam
 
 from . import _C, _env, _grid_program
 from . import _triton_abi as abi
@@ -203,6 +203,19 @@ _UNBOUND_KINDS = {
 }
 
 
+def _specialization_flags(param: KernelParam) -> tuple[bool, bool]:
+    """``(specialize, align)`` of a declared parameter: whether Triton value-specializes it (not
+    under ``do_not_specialize``, and not annotated as a float or bool, which Triton's
+    jit.py ``create_function_from_signature`` leaves unspecialized), and whether it keys the
+    16-byte alignment (not under ``do_not_specialize_on_alignment``)."""
+    ann = param.annotation_type
+    unspecialized_annotation = bool(ann) and (ann == "u1" or ann[:2] in ("fp", "bf"))
+    return (
+        not param.do_not_specialize and not unspecialized_annotation,
+        not param.do_not_specialize_on_alignment,
+    )
+
+
 def _params_spec(
     jit_fn: JITFunction, tune_flags: dict[str, int] | None = None
 ) -> list[tuple[str, bool, bool, bool, int, bool, Any]]:
@@ -212,7 +225,9 @@ def _params_spec(
 
     Raises TypeError for a kernel with a ``*args``, keyword-only or ``**kwargs`` parameter: the
     native binder binds every parameter by position or by name, as those kinds do not."""
-    for param in inspect.signature(jit_fn.fn).parameters.values():
+    # Triton's own signature of the function (JITFunction.signature, what its binder binds).
+    signature = getattr(jit_fn, "signature", None) or inspect.signature(jit_fn.fn)
+    for param in signature.parameters.values():
         if param.kind in _UNBOUND_KINDS:
             raise TypeError(
                 f"{jit_fn.__name__}: its {_UNBOUND_KINDS[param.kind]} parameter '{param.name}' "
@@ -220,12 +235,7 @@ def _params_spec(
             )
     spec = []
     for p in jit_fn.params:
-        ann = p.annotation_type
-        # Triton does not value-specialize parameters annotated as floats or bools (jit.py,
-        # create_function_from_signature), so neither does the key.
-        unspecialized_annotation = bool(ann) and (ann == "u1" or ann[:2] in ("fp", "bf"))
-        specialize = not p.do_not_specialize and not unspecialized_annotation
-        align = not p.do_not_specialize_on_alignment
+        specialize, align = _specialization_flags(p)
         tune = (tune_flags or {}).get(p.name, 0)
         spec.append(
             (
@@ -251,9 +261,11 @@ def _warm_spec_problem(
     params = jit_fn.params
     bound = dict(zip((p.name for p in params), args))
     bound.update(kwargs)
-    for p, (name, is_constexpr, specialize, align, *_rest) in zip(params, _params_spec(jit_fn)):
-        if is_constexpr or name not in bound:
+    for p in params:
+        name = p.name
+        if p.is_constexpr or name not in bound:
             continue
+        specialize, align = _specialization_flags(p)
         value, index = bound[name], (p.num,)
         divisible = any(a[0] == "tt.divisibility" and a[1] == 16 for a in spec.attrs.get(index, ()))
         if isinstance(value, int) and not isinstance(value, bool):

@@ -10,6 +10,7 @@ import json
 import keyword
 import logging
 import pathlib
+import re
 import struct
 import types
 import typing
@@ -79,6 +80,14 @@ def entry_path(root: pathlib.Path, key: str) -> pathlib.Path:
     return entries_dir(root) / key[:2] / f"{key}{ENTRY_SUFFIX}"
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def is_sha256_hex(text: str) -> bool:
+    """Whether ``text`` is a sha256 digest as ``hexdigest()`` spells it: 64 lowercase hex digits."""
+    return _SHA256_HEX.fullmatch(text) is not None
+
+
 def canonical(doc: Any) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
@@ -131,7 +140,7 @@ def _check_header(header: Any) -> None:
     if header["format"] != FORMAT_VERSION:
         raise CorruptEntry(f"format {header['format']}, expected {FORMAT_VERSION}")
     key = header["key"]
-    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+    if not is_sha256_hex(key):
         raise CorruptEntry("the header's key is not a sha256")
     launch = header["launch"]
     if set(launch) != set(LAUNCH_FIELDS):

@@ -3,7 +3,6 @@ cached kernel without running Triton's binder (docs/cache.md, "Warm index")."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -15,7 +14,7 @@ import triton
 
 from .. import _triton_abi as abi
 from . import files as _fs
-from .entry import canonical, entry_path
+from .entry import canonical, entry_path, is_sha256_hex
 from .key import Uncacheable, key_document, render, target_dict, toolchain_fingerprint
 from .settings import always_compile, enabled, log_once, usable_root, warn_untrusted
 from .store import entry_artifact, kernel_name, load
@@ -95,8 +94,8 @@ def _decode_spec(doc: Any, target) -> abi.Specialization:
         raise ValueError("the specialization is not four lists of pairs")
     if not all(isinstance(k, str) for k, _ in doc["signature"] + doc["options"]):
         raise ValueError("a signature or option name is not a string")
-    defaults = abi.backend_for(target).parse_options({})
-    options = dataclasses.replace(defaults, **{k: _dec(v) for k, v in doc["options"]})
+    # Every field as stored, built once (the entry key check covers them all).
+    options = abi.options_class(target)(**{k: _dec(v) for k, v in doc["options"]})
     signature = {k: _dec(v) for k, v in doc["signature"]}
     # The plan is derived, never stored: the entry key check covers the signature it comes from.
     return abi.Specialization(
@@ -129,11 +128,7 @@ def decode_index_record(
         if record.get("index") != index or record.get("native_key") != native_key:
             raise ValueError("a record for another native key")  # copied, renamed or re-keyed
         entry = record.get("entry")
-        if not (
-            isinstance(entry, str)
-            and len(entry) == 64
-            and all(c in "0123456789abcdef" for c in entry)
-        ):
+        if not (isinstance(entry, str) and is_sha256_hex(entry)):
             raise ValueError("the record names no entry key")
         spec = _decode_spec(record.get("spec"), target)
     except ValueError:

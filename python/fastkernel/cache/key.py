@@ -16,7 +16,7 @@ import triton
 
 from .. import _triton_abi as abi
 from . import files as _fs
-from .entry import FORMAT_VERSION, canonical
+from .entry import FORMAT_VERSION, canonical, is_sha256_hex
 from .settings import log_once
 
 log = logging.getLogger("fastkernel.cache")
@@ -71,12 +71,19 @@ def _package_sources(directory: str, out: list[str]) -> None:
     """Append the .py files of ``directory`` and, depth first, of its subdirectories that are
     packages (hold an ``__init__.py``): the modules ``pkgutil.walk_packages`` finds there. The
     non-package trees beside them (the CUDA headers and tools under ``backends/nvidia``) are not
-    entered, which is most of the walk."""
+    entered, which is most of the walk. Nor are directories whose name holds a dot (``pkgutil``
+    skips them) or ``__pycache__``, which are not asked for an ``__init__.py``: each stat counts
+    in a warm start."""
     with os.scandir(directory) as it:
         entries = sorted(it, key=lambda e: e.name)
     out += [e.path for e in entries if e.name.endswith(".py") and e.is_file()]
     for e in entries:
-        if e.is_dir() and os.path.isfile(os.path.join(e.path, "__init__.py")):
+        if (
+            "." not in e.name
+            and e.name != "__pycache__"
+            and e.is_dir()
+            and os.path.isfile(os.path.join(e.path, "__init__.py"))
+        ):
             _package_sources(e.path, out)
 
 
@@ -134,12 +141,13 @@ def _memoized_digest(kind: str, signature: str, compute, memo_dir: str | None) -
     if digest is not None and (not memo_dir or (memo_dir, kind, signature) in memos_written):
         return digest  # the usual case after the first call: no path is built
     memo = pathlib.Path(memo_dir) / f"{kind}-{signature[:40]}.txt" if memo_dir else None
+    memo_read = False
     if digest is None and memo is not None:
         try:
             _fs.check_dirs(memo.parent.parent, memo.parent.name)
             text = _fs.read_file(memo, 128)[0].decode("ascii").strip()
-            if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
-                digest = text
+            if is_sha256_hex(text):
+                digest, memo_read = text, True
         except (OSError, UnicodeDecodeError):
             pass
     if digest is None:
@@ -148,7 +156,7 @@ def _memoized_digest(kind: str, signature: str, compute, memo_dir: str | None) -
     if memo is not None and (memo_dir, kind, signature) not in memos_written:
         memos_written.add((memo_dir, kind, signature))
         try:
-            if not memo.exists():
+            if not memo_read and not memo.exists():
                 _fs.ensure_dir(memo.parent.parent, memo.parent.name)
                 _fs.write_file(memo, digest.encode("ascii"))
         except OSError as exc:
