@@ -17,6 +17,7 @@ import torch
 from test_cache import binder_calls, cache_root, compiles, entry_files, index_files, resign  # noqa: F401 - fixtures
 
 from fastkernel import _C, cache
+from fastkernel import _triton_abi as abi
 from fastkernel import fastkernel as fk
 from fastkernel.cache import files as _cache_files
 
@@ -161,6 +162,31 @@ def test_a_resigned_entry_with_impossible_content_is_removed_and_recompiled(
     assert k.stats()["hits"] == 1 and k.stats()["fallbacks"] == 0
     assert path.read_bytes() != resign(good, edit)  # replaced by the recompiled entry
     assert caplog.text.count(str(path)) == 1
+
+
+def test_keys_that_are_not_exactly_a_sha256_hex_digest_are_refused(stand_in, cache_root):
+    """An entry's key and an index record's entry key must be 64 lowercase hex digits, no more,
+    no fewer (checked before any path is built from them)."""
+    from fastkernel.cache import index as cache_index
+
+    good = _one_entry(stand_in, cache_root).read_bytes()
+    key = cache.decode_entry(good).key
+    (record_path,) = index_files(cache_root)
+    record = json.loads(record_path.read_text())
+    target = abi.cuda_target(*_C.device_capability(0))
+    decoded, _ = cache_index.decode_index_record(
+        record_path.read_bytes(), record_path.stem, record["native_key"], target
+    )
+    assert decoded["entry"] == key  # the untouched record decodes
+    for bad in (key + "0", key[:-1], key + "\n", key.upper(), key[:-1] + "g", ""):
+        with pytest.raises(cache.CorruptEntry, match="not a sha256"):
+            cache.decode_entry(resign(good, lambda h, bad=bad: h.__setitem__("key", bad)))
+        lying = dict(record, entry=bad)
+        lying["checksum"] = cache_index._index_checksum(lying)
+        with pytest.raises(ValueError, match="names no entry key"):
+            cache_index.decode_index_record(
+                json.dumps(lying).encode(), record_path.stem, record["native_key"], target
+            )
 
 
 def _encode_raw(header: bytes, cubin: bytes) -> bytes:
