@@ -105,7 +105,7 @@ def export(kernel, path) -> list[pathlib.Path]:
         It has no registered specialization, or one uses an argument kind C++ bundles do not
         support (constexpr objects in runtime parameters, tuples, host tensor descriptors).
     """
-    from .kernel import FastKernel, _params_spec
+    from .kernel import FastKernel, _specialization_flags
 
     if not isinstance(kernel, FastKernel):
         raise TypeError(f"export takes a fastkernel kernel, got {type(kernel).__name__}")
@@ -114,7 +114,7 @@ def export(kernel, path) -> list[pathlib.Path]:
         raise ValueError(f"{kernel.__name__} has no registered specialization: launch it first")
     root = pathlib.Path(path)
     root.mkdir(parents=True, exist_ok=True)
-    flags = [(spec[2], spec[3]) for spec in _params_spec(kernel.jit_function)]
+    flags = [_specialization_flags(p) for p in kernel.jit_function.params]
     runtime = [(i, p) for i, p in enumerate(kernel.params) if not p.is_constexpr]
     runtime_index = {i: r for r, (i, _) in enumerate(runtime)}
     lines = [f"fastkernel-bundle {BUNDLE_VERSION}"]
