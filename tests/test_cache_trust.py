@@ -55,6 +55,21 @@ def test_the_cache_is_created_private_to_the_user(stand_in, cache_root):
     assert files and all(stat.S_IMODE(os.lstat(f).st_mode) == 0o600 for f in files)
 
 
+def test_a_missing_cache_root_is_made_with_its_parents_and_other_roots_are_judged(tmp_path):
+    """The root is stat'ed first and made only when missing: a missing one (parents too) is
+    created private; a file, or a link to nowhere, is refused with the reason."""
+    nested = tmp_path / "a" / "b" / "cache"
+    assert _cache_files.usable_root(nested) is None
+    assert stat.S_IMODE(os.stat(nested).st_mode) == 0o700
+    assert _cache_files.usable_root(nested) is None  # existing: used as it is
+    a_file = tmp_path / "file"
+    a_file.write_bytes(b"")
+    assert _cache_files.usable_root(a_file) == "it is not a directory"
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    assert _cache_files.usable_root(dangling).startswith("it cannot be created or read")
+
+
 @pytest.mark.parametrize(
     "mode,said", [(0o777, "writable by group and others"), (0o770, "writable by group")]
 )

@@ -70,8 +70,11 @@ def usable_root(root: pathlib.Path) -> str | None:
     needed) when missing; ``root`` itself may be a symbolic link the user made (its target is
     checked)."""
     try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.stat(root)
+        try:
+            st = os.stat(root)  # one system call where the directory exists, as it mostly does
+        except FileNotFoundError:
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.stat(root)
     except OSError as exc:
         return f"it cannot be created or read ({exc.strerror or exc})"
     if not stat.S_ISDIR(st.st_mode):
