@@ -82,7 +82,7 @@ def usable_root(root: pathlib.Path) -> str | None:
     return trust_problem(st)
 
 
-def _check_dir(path: pathlib.Path) -> None:
+def _check_dir(path: str | pathlib.Path) -> None:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UntrustedPath(errno.ENOTDIR, "not a directory (a link, or a file)", str(path))
@@ -91,17 +91,18 @@ def _check_dir(path: pathlib.Path) -> None:
         raise UntrustedPath(errno.EPERM, problem, str(path))
 
 
-def check_dirs(root: pathlib.Path, *parts: str) -> pathlib.Path:
-    """``root/parts...``, after checking that each directory below ``root`` on the way is a real,
-    trusted directory. Raises FileNotFoundError when one is missing, UntrustedPath otherwise."""
-    path = pathlib.Path(root)
+def check_dirs(root: str | pathlib.Path, *parts: str) -> None:
+    """Check that each directory below ``root`` on the way to ``root/parts...`` is a real,
+    trusted directory. Raises FileNotFoundError when one is missing, UntrustedPath otherwise.
+    Joined as strings: every read of the cache passes here, and in a fresh process each
+    ``pathlib`` join costs several microseconds."""
+    path = os.fspath(root)
     for part in parts:
-        path = path / part
+        path = os.path.join(path, part)
         _check_dir(path)
-    return path
 
 
-def ensure_dir(root: pathlib.Path, *parts: str) -> pathlib.Path:
+def ensure_dir(root: str | os.PathLike[str], *parts: str) -> pathlib.Path:
     """``root/parts...``, each directory below ``root`` created with mode 0700 when missing and
     checked as :func:`check_dirs` does. Raises UntrustedPath, or OSError when one cannot be
     made."""
@@ -116,7 +117,9 @@ def ensure_dir(root: pathlib.Path, *parts: str) -> pathlib.Path:
     return path
 
 
-def read_file(path: pathlib.Path, limit: int, trusted: bool = True) -> tuple[bytes, os.stat_result]:
+def read_file(
+    path: str | os.PathLike[str], limit: int, trusted: bool = True
+) -> tuple[bytes, os.stat_result]:
     """The bytes of regular file ``path`` (at most ``limit``) and its status, read without
     following a symbolic link. With ``trusted``, the file must also pass :func:`trust_problem`
     (inside the cache); without it (a directory being imported) only the type and size rules
@@ -179,7 +182,7 @@ def _fsync_dir(directory: pathlib.Path) -> None:
         os.close(fd)
 
 
-def write_file(path: pathlib.Path, data: bytes, mode: int = 0o600) -> None:
+def write_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one: a fresh
     temporary file in the same directory (created exclusively, never through a link) with
     ``mode`` (less the umask), fsync, ``os.replace`` (atomic on POSIX and Windows within one file

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import pathlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,13 +14,14 @@ import triton
 
 from .. import _triton_abi as abi
 from . import files as _fs
-from .entry import canonical, entry_path, is_sha256_hex
+from .entry import canonical, entry_file, entry_path, is_sha256_hex
 from .key import Uncacheable, key_document, render, target_dict, toolchain_fingerprint
 from .settings import always_compile, enabled, log_once, usable_root, warn_untrusted
 from .store import entry_artifact, kernel_name, load
 
 log = logging.getLogger("fastkernel.cache")
 _MAX_INDEX_RECORD = 1 << 20
+_INDEX = "index"
 
 
 # -- the warm index: a native key to its specialization, so a warm process skips the binder ----
@@ -155,9 +156,11 @@ def _index_checksum(record: Mapping[str, Any]) -> str:
     ).hexdigest()
 
 
-def _index_path(
-    jit_fn, target, native_key: bytes, root: pathlib.Path, tuned: Mapping[str, Any] | None = None
-) -> pathlib.Path:
+def _index_digest(
+    jit_fn, target, native_key: bytes, memo_dir: str, tuned: Mapping[str, Any] | None = None
+) -> str:
+    """The name of the warm index record for a call: the sha256 (hex) of what, beside the
+    native key, decides its specialization. ``memo_dir``: the cache's ``toolchain/``."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
     # Globals, options and the rest of the binary's identity are checked through the entry key
@@ -172,13 +175,12 @@ def _index_path(
         # reads into every call's compile options and the native key does not hold.
         "debug": bool(getattr(jit_fn, "debug", None)),
         "target": target_dict(target),
-        "toolchain": toolchain_fingerprint(target, root / "toolchain"),
+        "toolchain": toolchain_fingerprint(target, memo_dir),
         "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
         # A tuned kernel's key leaves its config out: the config's values are part of the doc.
         "tuned": sorted([str(k), render(v)] for k, v in (tuned or {}).items()),
     }
-    digest = hashlib.sha256(canonical(doc)).hexdigest()
-    return root / "index" / digest[:2] / f"{digest}.json"
+    return hashlib.sha256(canonical(doc)).hexdigest()
 
 
 def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | None = None):
@@ -191,13 +193,18 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | No
     root = usable_root()
     if root is None:
         return None
+    # Paths are joined as strings here: a fresh process's first call comes this way, and each
+    # pathlib join costs it several microseconds.
+    memo_dir = os.path.join(root, "toolchain")
+    path = os.path.join(root, _INDEX)
     try:
-        path = _index_path(jit_fn, target, native_key, root, tuned)
-        _fs.check_dirs(root, "index", path.parent.name)
+        digest = _index_digest(jit_fn, target, native_key, memo_dir, tuned)
+        _fs.check_dirs(root, _INDEX, digest[:2])
+        path = os.path.join(path, digest[:2], f"{digest}.json")
         record, spec = decode_index_record(
-            _fs.read_file(path, _MAX_INDEX_RECORD)[0], path.stem, native_key[:-16].hex(), target
+            _fs.read_file(path, _MAX_INDEX_RECORD)[0], digest, native_key[:-16].hex(), target
         )
-        doc = key_document(jit_fn, target, spec, root / "toolchain")
+        doc = key_document(jit_fn, target, spec, memo_dir)
         key = hashlib.sha256(canonical(doc)).hexdigest()
         if key != record["entry"]:
             raise ValueError("the specialization does not give the recorded entry")
@@ -209,7 +216,7 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | No
     except Exception as exc:  # a damaged or stale index record: the binder decides
         log.debug("fastkernel: warm index unusable for %s: %r", kernel_name(jit_fn), exc)
         return None
-    entry = load(entry_path(root, key), key, target, doc["toolchain"])
+    entry = load(entry_file(root, key), key, target, doc["toolchain"])
     if entry is None:
         return None
     artifact = entry_artifact(entry, jit_fn, spec)
@@ -229,10 +236,11 @@ def warm_store(
     if root is None:
         return
     try:
-        doc = key_document(jit_fn, target, spec, root / "toolchain")
-        path = _index_path(jit_fn, target, native_key, root, tuned)
+        memo_dir = os.path.join(root, "toolchain")
+        doc = key_document(jit_fn, target, spec, memo_dir)
+        digest = _index_digest(jit_fn, target, native_key, memo_dir, tuned)
         record: dict[str, Any] = {
-            "index": path.stem,
+            "index": digest,
             "native_key": native_key[:-16].hex(),
             "entry": hashlib.sha256(canonical(doc)).hexdigest(),
             "spec": _encode_spec(spec),
@@ -240,8 +248,8 @@ def warm_store(
         record["checksum"] = _index_checksum(record)
         if not entry_path(root, record["entry"]).is_file():
             return
-        directory = _fs.ensure_dir(root, "index", path.parent.name)
-        _fs.write_file(directory / path.name, json.dumps(record, sort_keys=True).encode())
+        directory = _fs.ensure_dir(root, _INDEX, digest[:2])
+        _fs.write_file(directory / f"{digest}.json", json.dumps(record, sort_keys=True).encode())
     except (_NotEncodable, Uncacheable) as exc:
         log.debug("fastkernel: no warm index record for %s: %s", kernel_name(jit_fn), exc)
     except OSError as exc:

@@ -8,7 +8,6 @@ import functools
 import hashlib
 import logging
 import os
-import pathlib
 import sysconfig
 from typing import Any
 
@@ -140,11 +139,12 @@ def _memoized_digest(kind: str, signature: str, compute, memo_dir: str | None) -
     digest = _digests.get((kind, signature))
     if digest is not None and (not memo_dir or (memo_dir, kind, signature) in memos_written):
         return digest  # the usual case after the first call: no path is built
-    memo = pathlib.Path(memo_dir) / f"{kind}-{signature[:40]}.txt" if memo_dir else None
+    memo = os.path.join(memo_dir, f"{kind}-{signature[:40]}.txt") if memo_dir else None
+    memo_parent, memo_name = os.path.split(memo_dir or "")
     memo_read = False
     if digest is None and memo is not None:
         try:
-            _fs.check_dirs(memo.parent.parent, memo.parent.name)
+            _fs.check_dirs(memo_parent, memo_name)
             text = _fs.read_file(memo, 128)[0].decode("ascii").strip()
             if is_sha256_hex(text):
                 digest, memo_read = text, True
@@ -156,8 +156,8 @@ def _memoized_digest(kind: str, signature: str, compute, memo_dir: str | None) -
     if memo is not None and (memo_dir, kind, signature) not in memos_written:
         memos_written.add((memo_dir, kind, signature))
         try:
-            if not memo_read and not memo.exists():
-                _fs.ensure_dir(memo.parent.parent, memo.parent.name)
+            if not memo_read and not os.path.exists(memo):
+                _fs.ensure_dir(memo_parent, memo_name)
                 _fs.write_file(memo, digest.encode("ascii"))
         except OSError as exc:
             log_once(
@@ -196,9 +196,9 @@ def _backend_stat_signature(target) -> str:
 def _ptxas_paths() -> tuple[tuple[str, str], ...]:
     """Per ptxas Triton may run: the environment variable naming another binary, and the one
     Triton bundles (triton/knobs.py ``env_nvidia_tool``). Fixed for the process's Triton."""
-    bin_dir = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     return tuple(
-        (f"TRITON_{tool.upper().replace('-', '_')}_PATH", str(bin_dir / tool))
+        (f"TRITON_{tool.upper().replace('-', '_')}_PATH", os.path.join(bin_dir, tool))
         for tool in ("ptxas", "ptxas-blackwell")
     )
 
@@ -249,7 +249,7 @@ def options_digest(options, memo_dir: str | None) -> str:
     return _sha256("_".join(f"{name}-{value}" for name, value in sorted(fields.items())))
 
 
-def toolchain_fingerprint(target, memo_dir: pathlib.Path | None = None) -> dict[str, Any]:
+def toolchain_fingerprint(target, memo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """What identifies the toolchain that compiles for ``target``; stored in every entry and part
     of its key.
 
@@ -258,7 +258,7 @@ def toolchain_fingerprint(target, memo_dir: pathlib.Path | None = None) -> dict[
     target : triton.backends.compiler.GPUTarget
         The compile target (its backend hash depends on the arch: Triton 3.9 runs
         ``ptxas-blackwell`` for sm_90 and later, ``ptxas`` below).
-    memo_dir : pathlib.Path, optional
+    memo_dir : str or os.PathLike, optional
         Where the ``triton_key`` digest is memoized (the cache directory's ``toolchain/``).
 
     Returns
@@ -285,7 +285,7 @@ def target_dict(target) -> dict[str, Any]:
 
 
 def key_document(
-    jit_fn, target, spec: abi.Specialization, memo_dir: pathlib.Path | None = None
+    jit_fn, target, spec: abi.Specialization, memo_dir: str | os.PathLike[str] | None = None
 ) -> dict[str, Any]:
     """Everything that decides the binary Triton compiles for one specialization, as JSON data.
 
@@ -297,7 +297,7 @@ def key_document(
         The compile target.
     spec : fastkernel._triton_abi.Specialization
         The call's specialization (``abi.specialize``).
-    memo_dir : pathlib.Path, optional
+    memo_dir : str or os.PathLike, optional
         Passed to :func:`toolchain_fingerprint`.
 
     Returns
@@ -358,7 +358,7 @@ def key_document(
 
 
 def entry_key(
-    jit_fn, target, spec: abi.Specialization, memo_dir: pathlib.Path | None = None
+    jit_fn, target, spec: abi.Specialization, memo_dir: str | os.PathLike[str] | None = None
 ) -> str:
     """The entry key: the sha256 (hex) of :func:`key_document` serialized canonically (JSON,
     sorted keys, no whitespace). Raises Uncacheable as :func:`key_document` does."""

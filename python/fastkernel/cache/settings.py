@@ -114,7 +114,7 @@ def usable_root() -> pathlib.Path | None:
     return root
 
 
-def warn_untrusted(path: pathlib.Path, exc: OSError) -> None:
+def warn_untrusted(path: str | os.PathLike[str], exc: OSError) -> None:
     log_once(
         logging.WARNING,
         ("untrusted", str(path)),

@@ -245,7 +245,7 @@ def _store_entry(root: pathlib.Path, key: str, data: bytes) -> None:
     _fs.write_file(directory / f"{key}{ENTRY_SUFFIX}", data)
 
 
-def _remove_if_unchanged(path: pathlib.Path, seen: os.stat_result | None) -> None:
+def _remove_if_unchanged(path: str | pathlib.Path, seen: os.stat_result | None) -> None:
     """Remove a bad entry unless another process has replaced it since it was read."""
     try:
         now = os.stat(path)
@@ -260,11 +260,12 @@ def _remove_if_unchanged(path: pathlib.Path, seen: os.stat_result | None) -> Non
         pass
 
 
-def load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) -> Entry | None:
-    """The verified entry at ``path``, or None (missing; untrusted, then warned once; or bad,
-    then logged and removed)."""
+def load(path: str | pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) -> Entry | None:
+    """The verified entry at ``path`` (``<root>/entries/<shard>/<key>.fkc``), or None (missing;
+    untrusted, then warned once; or bad, then logged and removed)."""
+    shards, shard = os.path.split(os.path.dirname(path))
     try:
-        _fs.check_dirs(path.parent.parent.parent, path.parent.parent.name, path.parent.name)
+        _fs.check_dirs(*os.path.split(shards), shard)
         data, seen = _fs.read_file(path, MAX_ENTRY_FILE)
     except (FileNotFoundError, NotADirectoryError):
         return None
@@ -274,14 +275,14 @@ def load(path: pathlib.Path, key: str, target, toolchain: Mapping[str, Any]) -> 
     except OSError as exc:
         log_once(
             logging.WARNING,
-            ("read", str(path.parent)),
+            ("read", os.path.dirname(path)),
             "fastkernel: cannot read cache entry %s (%s); compiling",
             path,
             exc,
         )
         return None
     try:
-        entry = decode_entry(data, path)
+        entry = decode_entry(data, pathlib.Path(path))
         if entry.key != key:
             raise CorruptEntry(f"a foreign entry (key {entry.key[:16]}...)")
         if dict(entry.header["target"]) != target_dict(target):
