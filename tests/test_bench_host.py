@@ -289,8 +289,30 @@ def test_warm_start_is_measured_in_fresh_processes(host_report):
     assert all(n == 0 for n in warm["fastkernel_warm"]["triton_compiles"])  # read from disk
     for system in ("fastkernel_cold", "fastkernel_warm"):
         assert warm[system]["start_to_first_launch_s"] > warm[system]["first_call_s"] > 0
+        # Host-side, the stand-in driver is mapped before the timed call, and that is reported.
+        assert warm[system]["driver_map_s"] > 0
+        assert len(warm[system]["first_call_samples_s"]) == len(warm[system]["triton_compiles"])
     assert "triton_warm" in warm["absent"] and warm["warm_speedup"] is None
     imports = warm["import"]
     assert imports["torch_triton_ms"] > 0 and imports["fastkernel_ms"] > 0
     assert "import fastkernel after them" in stdout
     assert "warm start (fresh processes" in stdout
+
+
+def test_the_callgrind_warm_first_call_child_launches_once_from_a_cold_then_warm_cache(tmp_path):
+    """The child ``--callgrind`` runs under valgrind for the warm first call count, run
+    natively: twice on one private disk cache (the first compiles or reads Triton's cache, the
+    second reads fastkernel's), each exactly one launch on the stand-in (else it exits 1)."""
+    from fkbench.callgrind import _CHILD_BOOTSTRAP
+
+    env = {
+        **os.environ,
+        "PYTHONHASHSEED": "0",
+        "FASTKERNEL_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    cmd = [sys.executable, "-c", _CHILD_BOOTSTRAP, _C.__file__, str(REPO / "benchmarks")]
+    cmd += ["--repo", str(REPO), "--warm-first-call"]
+    for _ in range(2):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list((tmp_path / "cache" / "entries").glob("*/*.fkc"))

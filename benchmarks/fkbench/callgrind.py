@@ -33,6 +33,13 @@ _CALLGRIND_HITS = 1000
 #: name, as --dump-after takes no wildcard.
 _TOGGLE = "fastkernel_bench_call_loop"
 
+#: The warm first call's count collects inside the native entry of ``kernel[grid](...)``, whose
+#: miss reaches the disk cache through Python (a wildcard: the symbol is in an anonymous
+#: namespace and --toggle-collect matches the demangled name with its parameters).
+_WARM_TOGGLE = "fastkernel::(anonymous namespace)::launch_bound*"
+#: The shape whose warm first call is counted.
+_WARM_SHAPE = "add-2"
+
 #: The call-site compile options of the "options" loops: Triton's defaults, given at the call
 #: as Liger-Kernel gives num_warps on every call.
 CALL_SITE_OPTIONS = {"num_warps": 4, "num_stages": 3}
@@ -238,12 +245,18 @@ def _clear_enter_hook() -> None:
 
 
 def callgrind_child(argv: list[str]) -> int:
-    """Under valgrind: register each shape, then one collected loop of hits per grid kind."""
+    """Under valgrind: register each shape, then one collected loop of hits per grid kind; with
+    ``--warm-first-call``, only the warm first call (:func:`count_warm_first_call`)."""
     parser = argparse.ArgumentParser(prog="fastkernel callgrind child")
-    parser.add_argument("--hits", type=int, required=True)
-    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--hits", type=int)
+    parser.add_argument("--manifest")
     parser.add_argument("--repo", required=True)
+    parser.add_argument("--warm-first-call", action="store_true")
     opts = parser.parse_args(argv)
+    if opts.warm_first_call:
+        return _warm_first_call(pathlib.Path(opts.repo))
+    if opts.hits is None or opts.manifest is None:
+        parser.error("the hit loops need --hits and --manifest")
 
     from fastkernel import _C, _host_helpers
     from fastkernel.kernel import FastKernel
@@ -338,6 +351,65 @@ def callgrind_child(argv: list[str]) -> int:
     with open(opts.manifest, "w") as f:
         json.dump({"loops": loops, "hits_requested": opts.hits}, f)
     return 0
+
+
+def _warm_first_call(repo: pathlib.Path) -> int:
+    """One call of a fresh kernel object of the warm shape, in a fresh process whose disk cache
+    holds its binary. The stand-in driver library is mapped before it, as a GPU process has
+    ``libcuda.so.1`` mapped by then (see :mod:`fkbench.warm`)."""
+    import ctypes
+
+    from fastkernel.kernel import FastKernel
+
+    from .kernels import SHAPES
+
+    drv = use_stand_in_driver(repo)
+    ctypes.CDLL(os.environ["FASTKERNEL_CUDA_DRIVER"])
+    shape = next(s for s in SHAPES if s.name == _WARM_SHAPE)
+    args = shape.make_args("cpu")
+    FastKernel(shape.kernel)[shape.grid](*args)
+    return 0 if len(drv.launches()) == 1 else 1
+
+
+def count_warm_first_call(valgrind: str, extension: pathlib.Path, repo: pathlib.Path) -> int:
+    """Instructions of the warm first call (:func:`_warm_first_call`) under callgrind,
+    collecting inside the native entry: one native run fills a private disk cache, a second
+    process runs under valgrind. Raises RuntimeError when a run fails."""
+    with tempfile.TemporaryDirectory(prefix="fastkernel-callgrind-warm-") as tmp:
+        out = pathlib.Path(tmp) / "callgrind.out"
+        child = [
+            sys.executable,
+            "-c",
+            _CHILD_BOOTSTRAP,
+            str(extension),
+            str(repo / "benchmarks"),
+            "--repo",
+            str(repo),
+            "--warm-first-call",
+        ]
+        env = {
+            **os.environ,
+            "PYTHONHASHSEED": "0",
+            "FASTKERNEL_CACHE_DIR": str(pathlib.Path(tmp) / "cache"),
+        }
+        valgrind_cmd = [
+            valgrind,
+            "--tool=callgrind",
+            "--collect-atstart=no",
+            f"--toggle-collect={_WARM_TOGGLE}",
+            f"--callgrind-out-file={out}",
+        ]
+        for cmd in (child, valgrind_cmd + child):
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"the warm first call failed (exit {proc.returncode}):\n"
+                    f"{(proc.stdout + proc.stderr)[-4000:]}"
+                )
+        totals = re.search(r"^totals: (\d+)$", out.read_text(), re.MULTILINE)
+        if totals is None:
+            raise RuntimeError(f"no totals in {out}")
+        return int(totals.group(1))
 
 
 def _patched_dispatch(kernel) -> Any:
@@ -494,6 +566,17 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             loop["instructions_per_hit"] = breakdown(total, functions, loop["hits"])
 
     _print_callgrind(loops)
+    print(f"\ncallgrind: the warm first call ({_WARM_SHAPE}) in a fresh process", flush=True)
+    try:
+        warm_first_call = count_warm_first_call(valgrind, extension, repo)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"a fresh process's first call of {_WARM_SHAPE}, its binary in the disk cache: "
+        f"{warm_first_call:,} instructions (inside the native entry; the stand-in driver "
+        f"mapped before it)"
+    )
     env = common.environment("callgrind", None)
     report = {
         "environment": env,
@@ -504,8 +587,10 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             "driver": "recording stand-in (tests/stand_in_driver)",
             "hits_per_loop": hits,
             "groups": dict(GROUP_SYMBOLS),
+            "warm_first_call_collected_in": _WARM_TOGGLE,
         },
         "loops": loops,
+        "warm_first_call": {"shape": _WARM_SHAPE, "instructions": warm_first_call},
     }
     out_dir = common.results_dir(opts.out, repo)
     path = out_dir / f"callgrind-{env['date'][:10]}.json"
