@@ -80,8 +80,7 @@ def entries_dir(root: pathlib.Path) -> pathlib.Path:
 
 def entry_file(root: str | os.PathLike[str], key: str) -> str:
     """Where the entry for ``key`` lives under cache directory ``root``
-    (``entries/<first two hex digits>/<key>.fkc``), as a string: the warm path joins strings,
-    where each ``pathlib`` join costs a fresh process several microseconds."""
+    (``entries/<first two hex digits>/<key>.fkc``), as a string, for the warm path."""
     return os.path.join(root, _ENTRIES, key[:2], f"{key}{ENTRY_SUFFIX}")
 
 

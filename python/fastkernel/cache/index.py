@@ -15,7 +15,14 @@ import triton
 from .. import _triton_abi as abi
 from . import files as _fs
 from .entry import canonical, entry_file, entry_path, is_sha256_hex
-from .key import Uncacheable, key_document, render, target_dict, toolchain_fingerprint
+from .key import (
+    Uncacheable,
+    key_document,
+    render,
+    target_dict,
+    toolchain_dir,
+    toolchain_fingerprint,
+)
 from .settings import always_compile, enabled, log_once, usable_root, warn_untrusted
 from .store import entry_artifact, kernel_name, load
 
@@ -195,7 +202,7 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | No
         return None
     # Paths are joined as strings here: a fresh process's first call comes this way, and each
     # pathlib join costs it several microseconds.
-    memo_dir = os.path.join(root, "toolchain")
+    memo_dir = toolchain_dir(root)
     path = os.path.join(root, _INDEX)
     try:
         digest = _index_digest(jit_fn, target, native_key, memo_dir, tuned)
@@ -236,7 +243,7 @@ def warm_store(
     if root is None:
         return
     try:
-        memo_dir = os.path.join(root, "toolchain")
+        memo_dir = toolchain_dir(root)
         doc = key_document(jit_fn, target, spec, memo_dir)
         digest = _index_digest(jit_fn, target, native_key, memo_dir, tuned)
         record: dict[str, Any] = {

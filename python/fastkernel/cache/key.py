@@ -249,6 +249,11 @@ def options_digest(options, memo_dir: str | None) -> str:
     return _sha256("_".join(f"{name}-{value}" for name, value in sorted(fields.items())))
 
 
+def toolchain_dir(root: str | os.PathLike[str]) -> str:
+    """Where the toolchain digests are memoized under cache directory ``root``."""
+    return os.path.join(root, "toolchain")
+
+
 def toolchain_fingerprint(target, memo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """What identifies the toolchain that compiles for ``target``; stored in every entry and part
     of its key.

@@ -44,6 +44,7 @@ from .key import (
     key_document,
     memos_written,
     target_dict,
+    toolchain_dir,
     toolchain_fingerprint,
 )
 from .settings import always_compile, cache_dir, enabled, log_once, usable_root, warn_untrusted
@@ -375,7 +376,7 @@ def load_or_compile(jit_fn, target, spec: abi.Specialization):
     root = usable_root()
     if root is None:
         return _compile(jit_fn, target, spec)
-    memo_dir = root / "toolchain"
+    memo_dir = toolchain_dir(root)
     try:
         doc = key_document(jit_fn, target, spec, memo_dir)
     except Uncacheable as exc:
@@ -516,7 +517,7 @@ def compile_and_store(jit_fn, target, spec: abi.Specialization):
     if root is None:
         return _compile(jit_fn, target, spec)
     try:
-        doc = key_document(jit_fn, target, spec, root / "toolchain")
+        doc = key_document(jit_fn, target, spec, toolchain_dir(root))
     except Uncacheable:
         return _compile(jit_fn, target, spec)
     key = hashlib.sha256(canonical(doc)).hexdigest()
@@ -544,7 +545,7 @@ def is_cached(jit_fn, target, spec: abi.Specialization) -> bool:
         return False
     try:
         root = cache_dir()
-        key = entry_key(jit_fn, target, spec, root / "toolchain")
+        key = entry_key(jit_fn, target, spec, toolchain_dir(root))
     except (Uncacheable, RuntimeError):  # RuntimeError: no home directory to find the cache in
         return False
     return entry_path(root, key).is_file()
@@ -727,7 +728,7 @@ def import_entries(src: pathlib.Path, root: pathlib.Path | None = None) -> tuple
             try:
                 from triton.backends.compiler import GPUTarget
 
-                local[tkey] = toolchain_fingerprint(GPUTarget(*tkey), root / "toolchain")
+                local[tkey] = toolchain_fingerprint(GPUTarget(*tkey), toolchain_dir(root))
             except Exception as exc:  # no backend for this target here
                 local[tkey] = {"error": str(exc)}
         if dict(entry.header["toolchain"]) != local[tkey]:
