@@ -303,15 +303,14 @@ def test_the_callgrind_warm_first_call_child_launches_once_from_a_cold_then_warm
     """The child ``--callgrind`` runs under valgrind for the warm first call count, run
     natively: twice on one private disk cache (the first compiles or reads Triton's cache, the
     second reads fastkernel's), each exactly one launch on the stand-in (else it exits 1)."""
-    from fkbench.callgrind import _CHILD_BOOTSTRAP
+    from fkbench.callgrind import child_command
 
     env = {
         **os.environ,
         "PYTHONHASHSEED": "0",
         "FASTKERNEL_CACHE_DIR": str(tmp_path / "cache"),
     }
-    cmd = [sys.executable, "-c", _CHILD_BOOTSTRAP, _C.__file__, str(REPO / "benchmarks")]
-    cmd += ["--repo", str(REPO), "--warm-first-call"]
+    cmd = child_command(pathlib.Path(_C.__file__), REPO, "--warm-first-call")
     for _ in range(2):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr

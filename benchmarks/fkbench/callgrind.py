@@ -74,6 +74,13 @@ sys.exit(callgrind.callgrind_child(sys.argv[3:]))
 """
 
 
+def child_command(extension: pathlib.Path, repo: pathlib.Path, *options: str) -> list[str]:
+    """The command line of a callgrind child (:func:`callgrind_child`) that loads the extension
+    at ``extension`` as ``fastkernel._C``; ``options``: the child's own, after ``--repo``."""
+    bootstrap = [sys.executable, "-c", _CHILD_BOOTSTRAP, str(extension), str(repo / "benchmarks")]
+    return [*bootstrap, "--repo", str(repo), *options]
+
+
 def _tool(name: str) -> str | None:
     """``name`` on PATH or beside this interpreter (a virtual environment's bin)."""
     found = shutil.which(name)
@@ -377,16 +384,7 @@ def count_warm_first_call(valgrind: str, extension: pathlib.Path, repo: pathlib.
     process runs under valgrind. Raises RuntimeError when a run fails."""
     with tempfile.TemporaryDirectory(prefix="fastkernel-callgrind-warm-") as tmp:
         out = pathlib.Path(tmp) / "callgrind.out"
-        child = [
-            sys.executable,
-            "-c",
-            _CHILD_BOOTSTRAP,
-            str(extension),
-            str(repo / "benchmarks"),
-            "--repo",
-            str(repo),
-            "--warm-first-call",
-        ]
+        child = child_command(extension, repo, "--warm-first-call")
         env = {
             **os.environ,
             "PYTHONHASHSEED": "0",
@@ -506,17 +504,7 @@ def run_callgrind(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             f"--toggle-collect={_TOGGLE}",
             f"--dump-after={_TOGGLE}",
             f"--callgrind-out-file={tmp_dir / 'callgrind.out'}",
-            sys.executable,
-            "-c",
-            _CHILD_BOOTSTRAP,
-            str(extension),
-            str(repo / "benchmarks"),
-            "--hits",
-            str(hits),
-            "--manifest",
-            str(manifest_path),
-            "--repo",
-            str(repo),
+            *child_command(extension, repo, "--hits", str(hits), "--manifest", str(manifest_path)),
         ]
         print(
             f"callgrind: {hits} hits per shape and grid kind under valgrind (importing torch "

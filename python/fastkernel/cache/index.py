@@ -190,6 +190,12 @@ def _index_digest(
     return hashlib.sha256(canonical(doc)).hexdigest()
 
 
+def _index_file(root: str | os.PathLike[str], digest: str) -> str:
+    """Where the warm index record named ``digest`` lives under cache directory ``root``
+    (``index/<first two hex digits>/<digest>.json``)."""
+    return os.path.join(root, _INDEX, digest[:2], f"{digest}.json")
+
+
 def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | None = None):
     """``(spec, meta, handle)`` for a native key whose specialization the warm index holds and
     whose entry verifies, else None (then the caller specializes with Triton's binder). ``tuned``:
@@ -207,7 +213,7 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | No
     try:
         digest = _index_digest(jit_fn, target, native_key, memo_dir, tuned)
         _fs.check_dirs(root, _INDEX, digest[:2])
-        path = os.path.join(path, digest[:2], f"{digest}.json")
+        path = _index_file(root, digest)
         record, spec = decode_index_record(
             _fs.read_file(path, _MAX_INDEX_RECORD)[0], digest, native_key[:-16].hex(), target
         )
@@ -255,8 +261,8 @@ def warm_store(
         record["checksum"] = _index_checksum(record)
         if not entry_path(root, record["entry"]).is_file():
             return
-        directory = _fs.ensure_dir(root, _INDEX, digest[:2])
-        _fs.write_file(directory / f"{digest}.json", json.dumps(record, sort_keys=True).encode())
+        _fs.ensure_dir(root, _INDEX, digest[:2])
+        _fs.write_file(_index_file(root, digest), json.dumps(record, sort_keys=True).encode())
     except (_NotEncodable, Uncacheable) as exc:
         log.debug("fastkernel: no warm index record for %s: %s", kernel_name(jit_fn), exc)
     except OSError as exc:
