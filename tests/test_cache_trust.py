@@ -196,12 +196,9 @@ def test_keys_that_are_not_exactly_a_sha256_hex_digest_are_refused(stand_in, cac
     for bad in (key + "0", key[:-1], key + "\n", key.upper(), key[:-1] + "g", ""):
         with pytest.raises(cache.CorruptEntry, match="not a sha256"):
             cache.decode_entry(resign(good, lambda h, bad=bad: h.__setitem__("key", bad)))
-        lying = dict(record, entry=bad)
-        lying["checksum"] = cache_index._index_checksum(lying)
+        lying = cache_index.encode_index_record(dict(record, entry=bad))
         with pytest.raises(ValueError, match="names no entry key"):
-            cache_index.decode_index_record(
-                json.dumps(lying).encode(), record_path.stem, record["native_key"], target
-            )
+            cache_index.decode_index_record(lying, record_path.stem, record["native_key"], target)
 
 
 def _encode_raw(header: bytes, cubin: bytes) -> bytes:
@@ -363,8 +360,7 @@ def test_an_index_record_resigned_onto_another_call_does_not_serve_it(
     a, b = by_path[aligned_path], by_path[unaligned_path]
     for target, source in ((aligned_path, b), (unaligned_path, a)):
         forged = dict(source, index=target.stem, native_key=by_path[target]["native_key"])
-        forged["checksum"] = cache.index._index_checksum(forged)
-        target.write_text(json.dumps(forged, sort_keys=True))
+        target.write_bytes(cache.index.encode_index_record(forged))
     fresh = fk(kernels.add_kernel)
     with caplog.at_level(logging.WARNING, logger="fastkernel"):
         fresh[(1,)](x, x, x[1:], 64, BLOCK=64)
@@ -386,6 +382,30 @@ def test_an_index_record_without_a_valid_checksum_is_not_used(
     record.write_text(json.dumps(doc))
     fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
     assert len(binder_calls) == 2 and len(compiles) == 1
+
+
+def test_an_index_record_is_checked_over_its_stored_bytes(
+    stand_in, cache_root, compiles, binder_calls
+):
+    """A record is stored as canonical JSON led by its checksum, which covers the bytes after
+    it: the same content in another layout, or one byte changed, is refused (and rewritten)."""
+    x = torch.randn(64)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    (record,) = index_files(cache_root)
+    stored = record.read_bytes()
+    doc = json.loads(stored)
+    assert stored.startswith(b'{"checksum":"') and cache.index.encode_index_record(doc) == stored
+    target = abi.cuda_target(*_C.device_capability(0))
+    assert cache.index.decode_index_record(stored, record.stem, doc["native_key"], target)[0] == doc
+    at = stored.index(b'"native_key":"') + len(b'"native_key":"')
+    flipped = stored[:at] + (b"1" if stored[at : at + 1] == b"0" else b"0") + stored[at + 1 :]
+    for data in (json.dumps(doc, sort_keys=True).encode(), flipped, stored[:-1], b""):
+        with pytest.raises(ValueError, match="checksum does not hold"):
+            cache.index.decode_index_record(data, record.stem, doc["native_key"], target)
+        record.write_bytes(data)
+        fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+        assert record.read_bytes() == stored  # the binder's result, written again
+    assert len(binder_calls) == 5 and len(compiles) == 1
 
 
 # -- cache import reads hostile input ---------------------------------------------------------------

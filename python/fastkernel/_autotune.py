@@ -40,7 +40,7 @@ from . import _triton_abi as abi
 from . import cache as _cache
 from .cache import files as _cache_files
 from .cache.entry import canonical
-from .cache.key import render, target_dict
+from .cache.key import cache_env, render, target_dict, toolchain_dir
 from .cache.settings import log_once, usable_root, warn_untrusted
 from .cache.store import cross_process_lock
 from .kernel import FastKernel, NativeDispatch, _params_spec
@@ -579,8 +579,6 @@ class Autotuned(NativeDispatch, Autotuner):
         benchmarked (``configs``, the call's pruned ones; default all), the key names and the
         key, the target, the toolchain fingerprint (fastkernel/cache/key.py) and Triton's
         cache-invalidating environment variables. Raises ``cache.Uncacheable``."""
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-
         try:
             kernel_key = self.jit_function.cache_key
         except Exception as exc:
@@ -594,8 +592,8 @@ class Autotuned(NativeDispatch, Autotuner):
             "key_names": list(self.keys),
             "key": render(tuning_key),
             "target": target_dict(target),
-            "toolchain": _cache.toolchain_fingerprint(target, _cache.cache_dir() / "toolchain"),
-            "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
+            "toolchain": _cache.toolchain_fingerprint(target, toolchain_dir(_cache.cache_dir())),
+            "env": cache_env(),
         }
 
     def _record_path(

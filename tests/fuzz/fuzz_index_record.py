@@ -1,7 +1,7 @@
 """atheris target: the warm index record decoder (fastkernel.cache.decode_index_record).
 
-An input is a record's JSON; the harness rewrites its checksum, index and native key fields to
-the values expected (when the input is a JSON object), as a writer would, so that the
+An input is a record's JSON; the harness rewrites its index and native key fields to the values
+expected and stores it with its checksum (when the input is a JSON object), as a writer would, so that the
 specialization's decoding is what is fuzzed. Every input must decode or raise ValueError; any
 other exception is a finding.
 
@@ -30,9 +30,8 @@ def test_one_input(data: bytes) -> None:
         record = None
     if isinstance(record, dict):
         record.update(index=INDEX, native_key=NATIVE_KEY)
-        record["checksum"] = cache.index._index_checksum(record)
         try:
-            data = json.dumps(record).encode()
+            data = cache.index.encode_index_record(record)
         except (ValueError, RecursionError):  # circular or too deep to re-encode: as given
             pass
     try:

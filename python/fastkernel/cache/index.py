@@ -17,6 +17,7 @@ from . import files as _fs
 from .entry import canonical, entry_file, entry_path, is_sha256_hex
 from .key import (
     Uncacheable,
+    cache_env,
     key_document,
     render,
     target_dict,
@@ -43,7 +44,14 @@ _INDEX = "index"
 # verifies; and the caller checks it against the call's pointer alignments and int classes.
 # Anything else falls back to the binder.
 
-INDEX_FORMAT = 2  # 2: records carry their native key and a checksum
+INDEX_FORMAT = 3  # 2: records carry their native key and a checksum; 3: stored canonically
+
+# A record is stored as its canonical JSON (sorted keys, no whitespace), so its first field is
+# always "checksum": the sha256 of the canonical JSON of every other field is then the sha256 of
+# the stored bytes after that field, behind an opening brace, and a reader checks it without
+# encoding the record again.
+_CHECKSUM_PREFIX = b'{"checksum":"'
+_CHECKSUM_END = len(_CHECKSUM_PREFIX) + 64
 
 
 class _NotEncodable(Exception):
@@ -118,8 +126,9 @@ def _decode_spec(doc: Any, target) -> abi.Specialization:
 def decode_index_record(
     data: bytes, index: str, native_key: str, target
 ) -> tuple[dict[str, Any], abi.Specialization]:
-    """``(record, spec)`` from the bytes of a warm index record, read as untrusted input: it
-    must be a JSON object whose checksum holds, that names ``index`` (its file's stem) and
+    """``(record, spec)`` from the bytes of a warm index record, read as untrusted input: they
+    must be as :func:`encode_index_record` stores a record (canonical JSON, its leading
+    checksum holding over the rest), and the record must name ``index`` (its file's stem) and
     ``native_key`` (hex, without the per-process words), names an entry key, and whose
     specialization decodes for ``target``.
 
@@ -130,9 +139,16 @@ def decode_index_record(
         field, a checksum that does not hold, another key's record, an unknown option or tag.
     """
     try:
-        record = json.loads(data)
-        if not isinstance(record, dict) or record.get("checksum") != _index_checksum(record):
+        if not (
+            data.startswith(_CHECKSUM_PREFIX)
+            and data[_CHECKSUM_END : _CHECKSUM_END + 2] == b'",'
+            and hashlib.sha256(b"{" + data[_CHECKSUM_END + 2 :]).hexdigest().encode()
+            == data[len(_CHECKSUM_PREFIX) : _CHECKSUM_END]
+        ):
             raise ValueError("the record's checksum does not hold")
+        record = json.loads(data)
+        if not isinstance(record, dict):
+            raise ValueError("the record is not a JSON object")
         if record.get("index") != index or record.get("native_key") != native_key:
             raise ValueError("a record for another native key")  # copied, renamed or re-keyed
         entry = record.get("entry")
@@ -156,20 +172,28 @@ def decode_index_record(
     return record, spec
 
 
-def _index_checksum(record: Mapping[str, Any]) -> str:
-    """sha256 of a warm index record's canonical JSON without its ``checksum`` field."""
-    return hashlib.sha256(
-        canonical({k: v for k, v in record.items() if k != "checksum"})
-    ).hexdigest()
+def encode_index_record(record: Mapping[str, Any]) -> bytes:
+    """The stored bytes of a warm index record: its fields other than ``checksum`` (``index``,
+    ``native_key``, ``entry``, ``spec``), with ``checksum`` set to the sha256 (hex) of their
+    canonical JSON, as canonical JSON. Raises TypeError or ValueError for a value JSON cannot
+    encode."""
+    body = canonical({k: v for k, v in record.items() if k != "checksum"})
+    checksum = hashlib.sha256(body).hexdigest().encode()
+    # "checksum" sorts before every other field: the record is the checksum, then the body.
+    return _CHECKSUM_PREFIX + checksum + (b'",' + body[1:] if len(body) > 2 else b'"}')
 
 
 def _index_digest(
-    jit_fn, target, native_key: bytes, memo_dir: str, tuned: Mapping[str, Any] | None = None
+    jit_fn,
+    target,
+    native_key: bytes,
+    memo_dir: str,
+    env: list[list[str]],
+    tuned: Mapping[str, Any] | None = None,
 ) -> str:
     """The name of the warm index record for a call: the sha256 (hex) of what, beside the
-    native key, decides its specialization. ``memo_dir``: the cache's ``toolchain/``."""
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-
+    native key, decides its specialization. ``memo_dir``: the cache's ``toolchain/``; ``env``:
+    :func:`cache_env` as read for this call."""
     # Globals, options and the rest of the binary's identity are checked through the entry key
     # the decoded specialization must reproduce (warm_lookup).
     doc = {
@@ -183,7 +207,7 @@ def _index_digest(
         "debug": bool(getattr(jit_fn, "debug", None)),
         "target": target_dict(target),
         "toolchain": toolchain_fingerprint(target, memo_dir),
-        "env": sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items()),
+        "env": env,
         # A tuned kernel's key leaves its config out: the config's values are part of the doc.
         "tuned": sorted([str(k), render(v)] for k, v in (tuned or {}).items()),
     }
@@ -211,13 +235,14 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | No
     memo_dir = toolchain_dir(root)
     path = os.path.join(root, _INDEX)
     try:
-        digest = _index_digest(jit_fn, target, native_key, memo_dir, tuned)
+        env = cache_env()
+        digest = _index_digest(jit_fn, target, native_key, memo_dir, env, tuned)
         _fs.check_dirs(root, _INDEX, digest[:2])
         path = _index_file(root, digest)
         record, spec = decode_index_record(
             _fs.read_file(path, _MAX_INDEX_RECORD)[0], digest, native_key[:-16].hex(), target
         )
-        doc = key_document(jit_fn, target, spec, memo_dir)
+        doc = key_document(jit_fn, target, spec, memo_dir, env)
         key = hashlib.sha256(canonical(doc)).hexdigest()
         if key != record["entry"]:
             raise ValueError("the specialization does not give the recorded entry")
@@ -250,19 +275,20 @@ def warm_store(
         return
     try:
         memo_dir = toolchain_dir(root)
-        doc = key_document(jit_fn, target, spec, memo_dir)
-        digest = _index_digest(jit_fn, target, native_key, memo_dir, tuned)
+        env = cache_env()
+        doc = key_document(jit_fn, target, spec, memo_dir, env)
+        digest = _index_digest(jit_fn, target, native_key, memo_dir, env, tuned)
         record: dict[str, Any] = {
             "index": digest,
             "native_key": native_key[:-16].hex(),
             "entry": hashlib.sha256(canonical(doc)).hexdigest(),
             "spec": _encode_spec(spec),
         }
-        record["checksum"] = _index_checksum(record)
+        data = encode_index_record(record)
         if not entry_path(root, record["entry"]).is_file():
             return
         _fs.ensure_dir(root, _INDEX, digest[:2])
-        _fs.write_file(_index_file(root, digest), json.dumps(record, sort_keys=True).encode())
+        _fs.write_file(_index_file(root, digest), data)
     except (_NotEncodable, Uncacheable) as exc:
         log.debug("fastkernel: no warm index record for %s: %s", kernel_name(jit_fn), exc)
     except OSError as exc:

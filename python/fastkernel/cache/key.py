@@ -249,6 +249,16 @@ def options_digest(options, memo_dir: str | None) -> str:
     return _sha256("_".join(f"{name}-{value}" for name, value in sorted(fields.items())))
 
 
+def cache_env() -> list[list[str]]:
+    """Triton's cache-invalidating environment variables that are set, as sorted ``[name,
+    value]`` pairs: ``triton._C.libtriton.get_cache_invalidating_env_vars()``, which
+    ``triton.compile`` folds into its own cache key. Read anew at every call (the environment
+    can change within a process)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items())
+
+
 def toolchain_dir(root: str | os.PathLike[str]) -> str:
     """Where the toolchain digests are memoized under cache directory ``root``."""
     return os.path.join(root, "toolchain")
@@ -290,7 +300,11 @@ def target_dict(target) -> dict[str, Any]:
 
 
 def key_document(
-    jit_fn, target, spec: abi.Specialization, memo_dir: str | os.PathLike[str] | None = None
+    jit_fn,
+    target,
+    spec: abi.Specialization,
+    memo_dir: str | os.PathLike[str] | None = None,
+    env: list[list[str]] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides the binary Triton compiles for one specialization, as JSON data.
 
@@ -304,6 +318,8 @@ def key_document(
         The call's specialization (``abi.specialize``).
     memo_dir : str or os.PathLike, optional
         Passed to :func:`toolchain_fingerprint`.
+    env : list of [str, str], optional
+        :func:`cache_env` as the caller read it for this call; default: read here.
 
     Returns
     -------
@@ -318,8 +334,7 @@ def key_document(
         ``constexprs``, ``attrs``: the specialization, values rendered with type tags and jit
         functions by their ``cache_key``; ``options``: :func:`options_digest` (every option, with
         extern libraries such as libdevice by content, not path);
-        ``env``: Triton's cache-invalidating environment variables that are set
-        (``get_cache_invalidating_env_vars()``, as ``triton.compile`` reads them).
+        ``env``: :func:`cache_env`.
 
     Raises
     ------
@@ -328,7 +343,6 @@ def key_document(
         rendering, or ``TRITON_KERNEL_OVERRIDE`` substitutes IR from files outside the key.
     """
     from triton import knobs
-    from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.compiler import ASTSource
 
     if knobs.compilation.override:
@@ -346,7 +360,6 @@ def key_document(
         value = var_dict.get(name, missing)
         globals_used.append([name, render(first_value if value is missing else value)])
     globals_used.sort()
-    env_vars = get_cache_invalidating_env_vars()
     return {
         "format": FORMAT_VERSION,
         "toolchain": toolchain_fingerprint(target, memo_dir),
@@ -358,7 +371,7 @@ def key_document(
         "constexprs": sorted([list(path), render(v)] for path, v in spec.constexprs.items()),
         "attrs": sorted([list(path), render(v)] for path, v in spec.attrs.items()),
         "options": options_digest(spec.options, str(memo_dir) if memo_dir else None),
-        "env": sorted([str(k), str(v)] for k, v in env_vars.items()),
+        "env": cache_env() if env is None else env,
     }
 
 
