@@ -1,8 +1,8 @@
 """atheris target: the warm index record decoder (fastkernel.cache.decode_index_record).
 
-An input is a record's JSON; the harness rewrites its index and native key fields to the values
-expected and stores it with its checksum (when the input is a JSON object), as a writer would, so that the
-specialization's decoding is what is fuzzed. Every input must decode or raise ValueError; any
+An input is a record's JSON; when it is a JSON object, the harness sets its index and native
+key fields to the values expected and encodes it with its checksum, as a writer would, so that
+the specialization's decoding is what is fuzzed. Every input must decode or raise ValueError; any
 other exception is a finding.
 
     python tests/fuzz/fuzz_index_record.py [libFuzzer flags] [corpus dirs]

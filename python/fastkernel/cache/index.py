@@ -126,11 +126,11 @@ def _decode_spec(doc: Any, target) -> abi.Specialization:
 def decode_index_record(
     data: bytes, index: str, native_key: str, target
 ) -> tuple[dict[str, Any], abi.Specialization]:
-    """``(record, spec)`` from the bytes of a warm index record, read as untrusted input: they
-    must be as :func:`encode_index_record` stores a record (canonical JSON, its leading
-    checksum holding over the rest), and the record must name ``index`` (its file's stem) and
-    ``native_key`` (hex, without the per-process words), names an entry key, and whose
-    specialization decodes for ``target``.
+    """``(record, spec)`` from the bytes of a warm index record, read as untrusted input. The
+    bytes must be as :func:`encode_index_record` stores a record (canonical JSON whose leading
+    checksum holds over the rest); the record must name ``index`` (its file's stem),
+    ``native_key`` (hex, without the per-process words) and an entry key, and its
+    specialization must decode for ``target``.
 
     Raises
     ------
