@@ -187,13 +187,13 @@ def _index_digest(
     jit_fn,
     target,
     native_key: bytes,
-    memo_dir: str,
+    toolchain: dict[str, Any],
     env: list[list[str]],
     tuned: Mapping[str, Any] | None = None,
 ) -> str:
     """The name of the warm index record for a call: the sha256 (hex) of what, beside the
-    native key, decides its specialization. ``memo_dir``: the cache's ``toolchain/``; ``env``:
-    :func:`cache_env` as read for this call."""
+    native key, decides its specialization. ``toolchain`` and ``env``:
+    :func:`toolchain_fingerprint` and :func:`cache_env` as taken for this call."""
     # Globals, options and the rest of the binary's identity are checked through the entry key
     # the decoded specialization must reproduce (warm_lookup).
     doc = {
@@ -206,7 +206,7 @@ def _index_digest(
         # reads into every call's compile options and the native key does not hold.
         "debug": bool(getattr(jit_fn, "debug", None)),
         "target": target_dict(target),
-        "toolchain": toolchain_fingerprint(target, memo_dir),
+        "toolchain": toolchain,
         "env": env,
         # A tuned kernel's key leaves its config out: the config's values are part of the doc.
         "tuned": sorted([str(k), render(v)] for k, v in (tuned or {}).items()),
@@ -235,14 +235,15 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | No
     memo_dir = toolchain_dir(root)
     path = os.path.join(root, _INDEX)
     try:
-        env = cache_env()
-        digest = _index_digest(jit_fn, target, native_key, memo_dir, env, tuned)
+        # One reading of the environment and the toolchain serves both documents.
+        env, toolchain = cache_env(), toolchain_fingerprint(target, memo_dir)
+        digest = _index_digest(jit_fn, target, native_key, toolchain, env, tuned)
         _fs.check_dirs(root, _INDEX, digest[:2])
         path = _index_file(root, digest)
         record, spec = decode_index_record(
             _fs.read_file(path, _MAX_INDEX_RECORD)[0], digest, native_key[:-16].hex(), target
         )
-        doc = key_document(jit_fn, target, spec, memo_dir, env)
+        doc = key_document(jit_fn, target, spec, memo_dir, env, toolchain)
         key = hashlib.sha256(canonical(doc)).hexdigest()
         if key != record["entry"]:
             raise ValueError("the specialization does not give the recorded entry")
@@ -275,9 +276,9 @@ def warm_store(
         return
     try:
         memo_dir = toolchain_dir(root)
-        env = cache_env()
-        doc = key_document(jit_fn, target, spec, memo_dir, env)
-        digest = _index_digest(jit_fn, target, native_key, memo_dir, env, tuned)
+        env, toolchain = cache_env(), toolchain_fingerprint(target, memo_dir)
+        doc = key_document(jit_fn, target, spec, memo_dir, env, toolchain)
+        digest = _index_digest(jit_fn, target, native_key, toolchain, env, tuned)
         record: dict[str, Any] = {
             "index": digest,
             "native_key": native_key[:-16].hex(),

@@ -305,6 +305,7 @@ def key_document(
     spec: abi.Specialization,
     memo_dir: str | os.PathLike[str] | None = None,
     env: list[list[str]] | None = None,
+    toolchain: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides the binary Triton compiles for one specialization, as JSON data.
 
@@ -320,6 +321,8 @@ def key_document(
         Passed to :func:`toolchain_fingerprint`.
     env : list of [str, str], optional
         :func:`cache_env` as the caller read it for this call; default: read here.
+    toolchain : dict, optional
+        :func:`toolchain_fingerprint` as the caller took it for this call; default: taken here.
 
     Returns
     -------
@@ -362,7 +365,7 @@ def key_document(
     globals_used.sort()
     return {
         "format": FORMAT_VERSION,
-        "toolchain": toolchain_fingerprint(target, memo_dir),
+        "toolchain": toolchain_fingerprint(target, memo_dir) if toolchain is None else toolchain,
         "target": target_dict(target),
         "source": source_key,
         "kernel": kernel_key,
