@@ -146,9 +146,7 @@ def decode_index_record(
             == data[len(_CHECKSUM_PREFIX) : _CHECKSUM_END]
         ):
             raise ValueError("the record's checksum does not hold")
-        record = json.loads(data)
-        if not isinstance(record, dict):
-            raise ValueError("the record is not a JSON object")
+        record = json.loads(data)  # an object: the bytes begin with one
         if record.get("index") != index or record.get("native_key") != native_key:
             raise ValueError("a record for another native key")  # copied, renamed or re-keyed
         entry = record.get("entry")
