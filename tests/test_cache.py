@@ -712,6 +712,77 @@ def test_clear_removes_only_what_fastkernel_wrote(stand_in, cache_root, capsys):
     assert left == [f"entries/{shard.name}/README", "index/notes.md", "toolchain/build.sh"]
 
 
+def _temporary(directory: pathlib.Path, target: str, age_s: float, pid: int = 4242) -> pathlib.Path:
+    """A temporary file as ``files.write_file`` names one, last changed ``age_s`` seconds ago."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".{target}.{pid}.{os.urandom(6).hex()}.tmp"
+    path.write_bytes(b"half a write")
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+def test_prune_takes_only_the_stale_temporaries_of_killed_writers(
+    stand_in, cache_root, tmp_path, capsys
+):
+    x = torch.randn(64)
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    (entry,) = entry_files(cache_root)
+    index_records = sorted((cache_root / "index").rglob("*.json"))
+    kept = {p: p.read_bytes() for p in [entry, *index_records]}
+    hour = cache.store.STALE_TEMP_SECONDS
+    stale = [
+        _temporary(entry.parent, entry.name, 2 * hour),
+        _temporary(index_records[0].parent, index_records[0].name, 2 * hour, pid=7),
+        _temporary(cache_root / "autotune" / "ab", "ab.json", 3 * hour),
+        _temporary(cache_root / "toolchain", "triton-0123.txt", 25 * hour),
+    ]
+    in_progress = _temporary(entry.parent, entry.name, 5)  # a write happening now
+    # Not a write's temporary: a user's file under a cache directory, a file outside the four
+    # directories fastkernel writes, and a link named as a temporary to a file outside the
+    # cache (never followed, never taken).
+    mine = entry.parent / ".notes.tmp"
+    mine.write_text("mine")
+    os.utime(mine, (0, 0))
+    outside = _temporary(cache_root / "elsewhere", "x.fkc", 2 * hour)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = entry.parent / f".{entry.name}.99.{'ab' * 6}.tmp"
+    link.symlink_to(victim)
+
+    assert cli.main(["cache", "info"]) == 0
+    assert "temporary  5 (writes in progress, or left by killed writers" in capsys.readouterr().out
+    assert cli.main(["cache", "prune"]) == 0
+    assert "removed 4 temporary files of interrupted writes" in capsys.readouterr().out
+    assert not any(p.exists() for p in stale)
+    assert in_progress.exists() and mine.exists() and outside.exists()
+    assert link.is_symlink() and victim.read_text() == "keep"
+    assert {p: p.read_bytes() for p in kept} == kept  # entries and records untouched
+    # With no age limit the write "in progress" goes too; the entry still serves a new process.
+    assert cli.main(["cache", "prune", "--older-than", "0"]) == 0
+    assert "removed 1 temporary file of" in capsys.readouterr().out
+    assert not in_progress.exists() and cache.store.temp_files(cache_root) == []
+    assert isinstance(
+        fk(triton.jit(kernels.add_kernel.fn))[(1,)](x, x, x, 64, BLOCK=64), cache.CachedKernel
+    )
+
+
+def test_prune_checks_its_argument(cache_root, capsys):
+    with pytest.raises(TypeError, match="argument 'older_than' must be a number of seconds"):
+        cache.prune(cache_root, "3600")
+    with pytest.raises(TypeError, match="argument 'older_than'"):
+        cache.prune(cache_root, True)
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="argument 'older_than' must be finite and >= 0"):
+            cache.prune(cache_root, bad)
+    for bad in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["cache", "prune", "--older-than", bad])
+        assert exc.value.code == 2
+        assert "--older-than" in capsys.readouterr().err
+    assert cache.prune(cache_root) == 0  # no cache directory yet: nothing to take
+
+
 def test_cli_errors_are_messages_and_a_failing_exit(stand_in, cache_root, tmp_path, capsys):
     x = torch.randn(64)
     fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)

@@ -1,5 +1,5 @@
 """``python -m fastkernel demo|cache|run``: the demo (examples checked against torch), the on-disk
-kernel cache (``cache info|list|clear|export|import``), and ``run [--stats] [-m|-c] target
+kernel cache (``cache info|list|clear|prune|export|import``), and ``run [--stats] [-m|-c] target
 [args...]``, a program run with every Triton launch native. The dispatch benchmark is the
 repository's ``benchmarks/dispatch.py``."""
 
@@ -23,7 +23,9 @@ def main(argv=None) -> int:
         add_help=False,
     )
     sub.add_parser(
-        "cache", help="inspect, clear, export or import the on-disk kernel cache", add_help=False
+        "cache",
+        help="inspect, clear, prune, export or import the on-disk kernel cache",
+        add_help=False,
     )
     sub.add_parser(
         "run",

@@ -18,6 +18,9 @@ SIGKILL after a random delay and, after every kill, reads everything back:
   a cubin of one version under the manifest of another fails its entry digest. Both outcomes are
   counted; a bundle that loads as a mix would be a failure.
 
+At the end, ``fastkernel.cache.prune`` must remove every temporary file the killed writers left
+in the cache, and everything must still read back as above.
+
     python scripts/reliability/crash_writers.py [--kills 1000] [--seed 0] [--max-delay-ms 40]
 
 Exit status 0 when nothing failed. Needs no GPU.
@@ -269,7 +272,21 @@ def main(argv: list[str]) -> int:
             state = _state(artifacts)
             changed += state != last
             last = state
-        temps = sorted(p.name for p in (work / "target").rglob(".*.tmp"))
+        temps = sorted((work / "target").rglob(".*.tmp"))
+        cache_root = work / "target" / "cache"
+        cache_temps = [p for p in temps if cache_root in p.parents]
+        # Every writer is dead: `cache prune` (no age limit) takes all of the cache's
+        # temporaries, and nothing else there: everything still reads back as before.
+        from fastkernel import cache
+
+        pruned = cache.prune(cache_root, older_than=0)
+        left = sorted(cache_root.rglob(".*.tmp"))
+        if pruned != len(cache_temps) or left:
+            failures.append(
+                f"prune removed {pruned} of the cache's {len(cache_temps)} temporary files "
+                f"({len(left)} left)"
+            )
+        failures += [f"after prune: {f}" for f in check(artifacts, dict.fromkeys(outcomes, 0))]
         elapsed = time.perf_counter() - start
         print(
             f"{opts.kills} writers killed with SIGKILL at random points "
@@ -279,7 +296,8 @@ def main(argv: list[str]) -> int:
             print(f"  {name:42} {count}")
         print(
             f"  {'temporary files left by killed writers':42} {len(temps)} "
-            "(never read: not entry names)"
+            f"(never read: not entry names); {len(cache_temps)} in the cache, of which "
+            f"`cache prune` removed {pruned}"
         )
         print(f"  {'kills after which the files had changed':42} {changed}")
         if changed == 0:

@@ -53,6 +53,7 @@ from .store import (
     is_cached,
     iter_entry_files,
     load_or_compile,
+    prune,
     scan,
 )
 
@@ -84,6 +85,7 @@ __all__ = [
     "key_document",
     "load_or_compile",
     "main",
+    "prune",
     "read_entry",
     "scan",
     "toolchain_fingerprint",

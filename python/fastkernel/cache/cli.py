@@ -1,9 +1,10 @@
-"""``python -m fastkernel cache info|list|clear|export|import``."""
+"""``python -m fastkernel cache info|list|clear|prune|export|import``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import pathlib
 import sys
@@ -13,7 +14,15 @@ import triton
 
 from .entry import FORMAT_VERSION
 from .settings import always_compile, cache_dir, default_cache_dir, enabled
-from .store import clear, export_entries, import_entries, scan, temp_files
+from .store import (
+    STALE_TEMP_SECONDS,
+    clear,
+    export_entries,
+    import_entries,
+    prune,
+    scan,
+    temp_files,
+)
 
 log = logging.getLogger("fastkernel.cache")
 
@@ -43,25 +52,41 @@ def _state() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fastkernel cache info|list|clear|export DIR|import DIR``."""
+    """``python -m fastkernel cache info|list|clear|prune|export DIR|import DIR``."""
     try:
         default = str(default_cache_dir())
     except RuntimeError as exc:
         default = f"unknown: {exc}"
     parser = argparse.ArgumentParser(
         prog="python -m fastkernel cache",
-        description="Inspect, clear, export and import fastkernel's on-disk kernel cache "
+        description="Inspect, clear, prune, export and import fastkernel's on-disk kernel cache "
         f"(FASTKERNEL_CACHE_DIR, default {default}).",
     )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("info", help="where the cache is, its state, entries and size")
     sub.add_parser("list", help="one line per entry: key, kernel, target, size, age")
     sub.add_parser("clear", help="remove every entry")
+    p = sub.add_parser(
+        "prune",
+        help="remove the temporary files that writers killed mid-write left (entries stay)",
+    )
+    p.add_argument(
+        "--older-than",
+        type=float,
+        default=STALE_TEMP_SECONDS,
+        metavar="SECONDS",
+        help="only temporaries unchanged for this long (default %(default).0f: a write in "
+        "progress is left alone)",
+    )
     p = sub.add_parser("export", help="copy every entry into DIR (to ship to other machines)")
     p.add_argument("dir", type=pathlib.Path)
     p = sub.add_parser("import", help="install the entries in DIR that match this toolchain")
     p.add_argument("dir", type=pathlib.Path)
     args = parser.parse_args(argv)
+    if args.action == "prune" and not 0 <= args.older_than < math.inf:
+        parser.error(
+            f"argument --older-than: must be finite and >= 0 seconds, not {args.older_than}"
+        )
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
@@ -95,7 +120,10 @@ def _run(args: argparse.Namespace, root: pathlib.Path) -> int:
         print(f"tunings    {len(tuned)} autotune result{'' if len(tuned) == 1 else 's'}")
         temps = temp_files(root)
         if temps:
-            print(f"temporary  {len(temps)} (writes in progress or interrupted)")
+            print(
+                f"temporary  {len(temps)} (writes in progress, or left by killed writers: "
+                f"`cache prune` removes those)"
+            )
         import fastkernel
 
         print(
@@ -122,6 +150,13 @@ def _run(args: argparse.Namespace, root: pathlib.Path) -> int:
     if args.action == "clear":
         count, size = clear(root)
         print(f"removed {_entries(count)} ({_human(size)}) from {root}")
+        return 0
+    if args.action == "prune":
+        count = prune(root, args.older_than)
+        print(
+            f"removed {count} temporary file{'' if count == 1 else 's'} of interrupted writes "
+            f"from {root}"
+        )
         return 0
     if args.action == "export":
         count = export_entries(args.dir, root)

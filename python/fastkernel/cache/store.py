@@ -12,8 +12,10 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import pathlib
+import re
 import stat
 import threading
 import time
@@ -569,11 +571,6 @@ def iter_entry_files(root: pathlib.Path, strict: bool = False) -> Iterator[pathl
     return _fs.walk_files(root, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES, strict)
 
 
-def temp_files(root: pathlib.Path) -> list[pathlib.Path]:
-    entries = entries_dir(root)
-    return sorted(entries.rglob(".*.tmp")) if entries.is_dir() else []
-
-
 def scan(root: pathlib.Path | None = None) -> tuple[list[Entry], list[tuple[pathlib.Path, str]]]:
     """Read every entry under cache directory ``root`` (default :func:`cache_dir`).
 
@@ -604,6 +601,50 @@ _CACHE_FILES = {
 }
 
 
+#: The name of a write's temporary file (``files.write_file``): ``.<name>.<pid>.<12 hex>.tmp``.
+_TEMP_NAME = re.compile(r"\..+\.[0-9]+\.[0-9a-f]{12}\.tmp")
+
+#: How old (seconds since its last change) a temporary file must be before ``prune`` takes it:
+#: a write lasts milliseconds, so one this old was left by a writer that was killed.
+STALE_TEMP_SECONDS = 3600.0
+
+
+def _cache_files(root: pathlib.Path) -> Iterator[tuple[str, str, str]]:
+    """``(subdirectory, directory, name)`` of every file whose name is one fastkernel writes
+    (``_CACHE_FILES``) under cache directory ``root``, without following symbolic links; the
+    caller checks that each is a regular file."""
+    for sub, endings in _CACHE_FILES.items():
+        top = root / sub
+        if not top.is_dir() or top.is_symlink():
+            continue
+        for directory, _, names in os.walk(top, followlinks=False):
+            for name in sorted(names):
+                if name.endswith(endings):
+                    yield sub, directory, name
+
+
+def temp_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """The temporary files of writes (in progress, or left by a writer that was killed) under
+    cache directory ``root``: regular files named as ``files.write_file`` names them."""
+    found = []
+    for _, directory, name in _cache_files(pathlib.Path(root)):
+        path = pathlib.Path(directory) / name
+        with contextlib.suppress(OSError):
+            if _TEMP_NAME.fullmatch(name) and stat.S_ISREG(os.lstat(path).st_mode):
+                found.append(path)
+    return found
+
+
+def _removal_error(failed: list[OSError], done: str) -> OSError:
+    first = failed[0]
+    return OSError(
+        first.errno,
+        f"could not remove {len(failed)} file{'s' if len(failed) > 1 else ''} ({done}); the "
+        f"first: {first.strerror}",
+        first.filename,
+    )
+
+
 def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
     """Remove every entry, temporary file, lock file, warm-index record, toolchain memo and
     tuning record (``autotune/``) under cache directory ``root`` (default :func:`cache_dir`),
@@ -624,42 +665,86 @@ def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
     root = cache_dir() if root is None else pathlib.Path(root)
     count = size = 0
     failed: list[OSError] = []
-    for sub, endings in _CACHE_FILES.items():
-        top = root / sub
-        if not top.is_dir() or top.is_symlink():
+    for sub, directory, name in _cache_files(root):
+        path = pathlib.Path(directory) / name
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            path.unlink()
+        except FileNotFoundError:
             continue
-        for directory, _, names in os.walk(top, topdown=False, followlinks=False):
-            for name in names:
-                if not name.endswith(endings):
-                    continue
-                path = pathlib.Path(directory) / name
-                try:
-                    st = os.lstat(path)
-                    if not stat.S_ISREG(st.st_mode):
-                        continue
-                    path.unlink()
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    failed.append(exc)
-                    continue
-                if sub == "entries" and name.endswith(ENTRY_SUFFIX):
-                    count += 1
-                    size += st.st_size
-            try:
-                os.rmdir(directory)  # only when empty: what is not fastkernel's stays
-            except OSError:
-                pass
+        except OSError as exc:
+            failed.append(exc)
+            continue
+        if sub == "entries" and name.endswith(ENTRY_SUFFIX):
+            count += 1
+            size += st.st_size
+    for sub in _CACHE_FILES:  # the directories left empty, deepest first
+        top = root / sub
+        if top.is_dir() and not top.is_symlink():
+            for directory, _, _ in os.walk(top, topdown=False, followlinks=False):
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)  # only when empty: what is not fastkernel's stays
     memos_written.clear()
     if failed:
-        first = failed[0]
-        raise OSError(
-            first.errno,
-            f"could not remove {len(failed)} file{'s' if len(failed) > 1 else ''} "
-            f"({count} entries removed); the first: {first.strerror}",
-            first.filename,
-        )
+        raise _removal_error(failed, f"{count} entries removed")
     return count, size
+
+
+def prune(root: pathlib.Path | None = None, older_than: float = STALE_TEMP_SECONDS) -> int:
+    """Remove the temporary files that writers killed mid-write left under cache directory
+    ``root`` (default :func:`cache_dir`): regular files named as ``files.write_file`` names its
+    temporaries, unchanged for at least ``older_than`` seconds (a write in progress lasts
+    milliseconds, and is left alone). Entries, records and directories stay; symbolic links are
+    not followed. A killed writer never leaves a torn entry (the rename is atomic), only these.
+
+    Returns
+    -------
+    int
+        Temporary files removed.
+
+    Raises
+    ------
+    TypeError
+        ``older_than`` is not an int or a float.
+    ValueError
+        ``older_than`` is negative, infinite or NaN.
+    OSError
+        A file could not be removed (after every other one was); the error names it and how
+        many failed.
+    """
+    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
+        raise TypeError(
+            f"prune(): argument 'older_than' must be a number of seconds, not "
+            f"{type(older_than).__name__}"
+        )
+    if not 0 <= older_than < math.inf:
+        raise ValueError(
+            f"prune(): argument 'older_than' must be finite and >= 0 seconds, not {older_than!r}"
+        )
+    root = cache_dir() if root is None else pathlib.Path(root)
+    cutoff = time.time() - older_than
+    count = 0
+    failed: list[OSError] = []
+    for _, directory, name in _cache_files(root):
+        if not _TEMP_NAME.fullmatch(name):
+            continue
+        path = pathlib.Path(directory) / name
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            failed.append(exc)
+            continue
+        count += 1
+    if failed:
+        raise _removal_error(failed, f"{count} removed")
+    return count
 
 
 def export_entries(dest: pathlib.Path, root: pathlib.Path | None = None) -> int:
