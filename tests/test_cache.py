@@ -904,6 +904,27 @@ def test_a_warm_kernel_skips_tritons_binder_and_launches_the_same_bytes(
     ]
 
 
+def test_a_warm_kernel_with_typed_ints_of_1_skips_tritons_binder(
+    stand_in, cache_root, compiles, binder_calls, caplog
+):
+    """An int parameter annotated with a Triton type (``n: tl.int32``) that is 1 stays a
+    parameter of the binary, as Triton specializes it: its warm index record fits the call."""
+    out = torch.empty(32)
+    calls = [(out, 1, 1, 1), (out, 1, 5, 0), (out, 7, 1, 255)]
+    cold = fk(kernels.typed_kernel)
+    for args in calls:
+        cold[(1,)](*args, BLOCK=32)
+    assert len(binder_calls) == 3 and len(index_files(cache_root)) == 3
+    warm = fk(kernels.typed_kernel)
+    with caplog.at_level(logging.WARNING, logger="fastkernel"):
+        for args in calls:
+            assert isinstance(warm[(1,)](*args, BLOCK=32), cache.CachedKernel)
+    assert "does not fit the call" not in caplog.text
+    assert len(binder_calls) == 3  # every warm call was served by its index record
+    launches = stand_in.launches()
+    assert [l.raw for l in launches[3:]] == [l.raw for l in launches[:3]]
+
+
 def test_a_damaged_or_lying_index_record_falls_back_to_the_binder(
     stand_in, cache_root, compiles, binder_calls
 ):

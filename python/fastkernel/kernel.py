@@ -257,7 +257,10 @@ def _warm_spec_problem(
     """Why ``spec``, read from the disk cache's warm index, is not the specialization Triton
     gives this call, or None. Judged on what makes a binary unsafe for a call: each pointer's
     16-byte alignment and each int's == 1 and divisible-by-16 classes, by Triton's rules (the
-    native key builder's, csrc/include/fastkernel/specialization.h pointer_class / int_class)."""
+    native key builder's, csrc/include/fastkernel/specialization.h pointer_class / int_class).
+    An int of 1 is a constant of the binary only for a parameter without a type annotation: an
+    annotated one (``n: tl.int32``) keeps its annotation as its signature type, and the binary
+    takes it as a parameter (triton/runtime/jit.py ``create_function_from_signature``)."""
     params = jit_fn.params
     bound = dict(zip((p.name for p in params), args))
     bound.update(kwargs)
@@ -269,7 +272,7 @@ def _warm_spec_problem(
         value, index = bound[name], (p.num,)
         divisible = any(a[0] == "tt.divisibility" and a[1] == 16 for a in spec.attrs.get(index, ()))
         if isinstance(value, int) and not isinstance(value, bool):
-            if specialize and value == 1:
+            if specialize and value == 1 and not p.annotation_type:
                 if spec.constexprs.get(index) != 1:
                     return f"'{name}' is 1 but the record's binary takes it as a parameter"
                 continue
