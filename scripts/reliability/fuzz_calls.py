@@ -13,6 +13,11 @@ For every call one of these must hold, else it is a failure:
 
 fastkernel launching a call that Triton's launcher refuses is a failure.
 
+The run has its own empty kernel cache, and every ``WARM_EVERY`` calls the kernels are wrapped
+anew, so that the new wrappers' misses are served from the cache's warm index as a new process's
+would be: a warm index record that does not fit the call it was written for (logged as such) is
+a failure too.
+
 The calls are mostly near-valid (each argument of its parameter's kind with values at the edges
 of Triton's specialization classes: ints 1, multiples of 16, the i32/i64/u64 boundaries, out of
 range; pointers at every 4-byte offset; floats inf, nan, large; None) and sometimes of another
@@ -29,10 +34,12 @@ from __future__ import annotations
 import argparse
 import collections
 import enum
+import logging
 import os
 import pathlib
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -279,7 +286,40 @@ def _names_argument(message: str, jit_fn) -> bool:
     )
 
 
+#: Calls between two fresh sets of fastkernel wrappers (their misses read the warm index).
+WARM_EVERY = 500
+
+
+class _WarmMisfits(logging.Handler):
+    """Collects fastkernel's log lines saying a warm index record does not fit its call."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "warm index record does not fit" in message:
+            self.messages.append(message)
+
+
 def run(calls: int, seed: int, pool: int = 40, report_every: int = 0) -> dict[str, Any]:
+    """``calls`` generated calls (``seed``; ``pool`` specialization templates per kernel) in a
+    private, initially empty kernel cache. Returns the outcome counts, the failures, the seconds
+    taken and the kernels' stats summed over their wrappers."""
+    previous = os.environ.get("FASTKERNEL_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="fastkernel-fuzz-cache-") as cache_dir:
+        os.environ["FASTKERNEL_CACHE_DIR"] = cache_dir
+        try:
+            return _run(calls, seed, pool, report_every)
+        finally:
+            if previous is None:
+                del os.environ["FASTKERNEL_CACHE_DIR"]
+            else:
+                os.environ["FASTKERNEL_CACHE_DIR"] = previous
+
+
+def _run(calls: int, seed: int, pool: int, report_every: int) -> dict[str, Any]:
     sys.path.insert(0, str(TESTS))
     from stand_in_driver.recording import RecordingDriver, build_recording_driver
 
@@ -295,9 +335,20 @@ def run(calls: int, seed: int, pool: int = 40, report_every: int = 0) -> dict[st
     rng = random.Random(seed)
     gen = Generator(rng, seed, pool)
     table = _kernels(gen)
-    fast = {name: fastkernel(jit) for name, (jit, _) in table.items()}
+    stats: dict[str, collections.Counter] = {name: collections.Counter() for name in table}
+
+    def fresh_wrappers() -> dict[str, Any]:
+        return {name: fastkernel(jit) for name, (jit, _) in table.items()}
+
+    def retire(wrappers: dict[str, Any]) -> None:
+        for name, wrapper in wrappers.items():  # the counters (hits, misses, fallbacks, ...)
+            stats[name].update({k: v for k, v in wrapper.stats().items() if isinstance(v, int)})
+
     counts: dict[str, int] = collections.Counter()
     failures: list[str] = []
+    misfits = _WarmMisfits()
+    fastkernel_log = logging.getLogger("fastkernel")
+    fastkernel_log.addHandler(misfits)
     start = time.perf_counter()
     try:
         _fuzz(
@@ -305,7 +356,8 @@ def run(calls: int, seed: int, pool: int = 40, report_every: int = 0) -> dict[st
             rng,
             gen,
             table,
-            fast,
+            fresh_wrappers,
+            retire,
             recording,
             TritonReference(recording, stream),
             assert_same_launch,
@@ -316,12 +368,14 @@ def run(calls: int, seed: int, pool: int = 40, report_every: int = 0) -> dict[st
         )
     finally:
         _C._testing.set_host_testing(False, 0, 0)
+        fastkernel_log.removeHandler(misfits)
+    failures += [f"a warm index record did not fit its call: {m}" for m in misfits.messages]
     return {
         "calls": calls,
         "outcomes": dict(counts),
         "failures": failures,
         "seconds": time.perf_counter() - start,
-        "stats": {n: k.stats() for n, k in fast.items()},
+        "stats": {name: dict(counter) for name, counter in stats.items()},
     }
 
 
@@ -330,7 +384,8 @@ def _fuzz(
     rng,
     gen,
     table,
-    fast,
+    fresh_wrappers,
+    retire,
     recording,
     reference_launcher,
     assert_same_launch,
@@ -339,8 +394,12 @@ def _fuzz(
     start,
     report_every,
 ) -> None:
+    fast = fresh_wrappers()
     with reference_launcher:
         for i in range(calls):
+            if i and i % WARM_EVERY == 0:
+                retire(fast)
+                fast = fresh_wrappers()
             name = rng.choice(list(table))
             jit, draw = table[name]
             gen.template(name)
@@ -400,6 +459,7 @@ def _fuzz(
                     f"{time.perf_counter() - start:.0f} s",
                     flush=True,
                 )
+    retire(fast)
 
 
 def main(argv: list[str]) -> int:
