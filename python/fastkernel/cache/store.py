@@ -635,6 +635,35 @@ def temp_files(root: pathlib.Path) -> list[pathlib.Path]:
     return found
 
 
+def _remove_cache_files(
+    root: pathlib.Path,
+    take_name: Callable[[str], bool],
+    take_stat: Callable[[os.stat_result], bool],
+) -> tuple[list[tuple[str, str, os.stat_result]], list[OSError]]:
+    """Remove the regular files among :func:`_cache_files` under ``root`` whose name
+    ``take_name`` and then whose ``lstat`` ``take_stat`` accepts. Returns ``(subdirectory, name,
+    stat)`` of each file removed, and the error of each that could not be (a file gone
+    meanwhile is neither)."""
+    removed: list[tuple[str, str, os.stat_result]] = []
+    failed: list[OSError] = []
+    for sub, directory, name in _cache_files(root):
+        if not take_name(name):
+            continue
+        path = pathlib.Path(directory) / name
+        try:
+            st = os.lstat(path)
+            if not (stat.S_ISREG(st.st_mode) and take_stat(st)):
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            failed.append(exc)
+            continue
+        removed.append((sub, name, st))
+    return removed, failed
+
+
 def _removal_error(failed: list[OSError], done: str) -> OSError:
     first = failed[0]
     return OSError(
@@ -663,23 +692,9 @@ def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
         many failed.
     """
     root = cache_dir() if root is None else pathlib.Path(root)
-    count = size = 0
-    failed: list[OSError] = []
-    for sub, directory, name in _cache_files(root):
-        path = pathlib.Path(directory) / name
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            path.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            failed.append(exc)
-            continue
-        if sub == "entries" and name.endswith(ENTRY_SUFFIX):
-            count += 1
-            size += st.st_size
+    removed, failed = _remove_cache_files(root, lambda name: True, lambda st: True)
+    entries = [st for sub, name, st in removed if sub == "entries" and name.endswith(ENTRY_SUFFIX)]
+    count, size = len(entries), sum(st.st_size for st in entries)
     for sub in _CACHE_FILES:  # the directories left empty, deepest first
         top = root / sub
         if top.is_dir() and not top.is_symlink():
@@ -725,23 +740,10 @@ def prune(root: pathlib.Path | None = None, older_than: float = STALE_TEMP_SECON
         )
     root = cache_dir() if root is None else pathlib.Path(root)
     cutoff = time.time() - older_than
-    count = 0
-    failed: list[OSError] = []
-    for _, directory, name in _cache_files(root):
-        if not _TEMP_NAME.fullmatch(name):
-            continue
-        path = pathlib.Path(directory) / name
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
-                continue
-            path.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            failed.append(exc)
-            continue
-        count += 1
+    removed, failed = _remove_cache_files(
+        root, lambda name: _TEMP_NAME.fullmatch(name) is not None, lambda st: st.st_mtime <= cutoff
+    )
+    count = len(removed)
     if failed:
         raise _removal_error(failed, f"{count} removed")
     return count
