@@ -925,6 +925,33 @@ def test_a_warm_kernel_with_typed_ints_of_1_skips_tritons_binder(
     assert [l.raw for l in launches[3:]] == [l.raw for l in launches[:3]]
 
 
+def test_a_warm_kernel_given_constexpr_objects_skips_tritons_binder(
+    stand_in, cache_root, compiles, binder_calls
+):
+    """A ``tl.constexpr`` object passed for a constexpr parameter (as its value, or wrapping a
+    float) is kept in the warm index record: a new wrapper's miss is served from it."""
+    out = torch.empty(16)
+    calls = [
+        {"SCALE": tl.constexpr(3), "MODE": "double", "BLOCK": 16},
+        {"SCALE": tl.constexpr(2.5), "MODE": tl.constexpr("single"), "BLOCK": 16},
+    ]
+    cold = fk(kernels.constexpr_kernel)
+    for kwargs in calls:
+        cold[(1,)](out, **kwargs)
+    assert len(binder_calls) == 2 and len(index_files(cache_root)) == 2
+    warm = fk(kernels.constexpr_kernel)
+    for kwargs in calls:
+        assert isinstance(warm[(1,)](out, **kwargs), cache.CachedKernel)
+    assert len(binder_calls) == 2 and len(compiles) == 2  # neither binder nor compiler ran
+    launches = stand_in.launches()
+    assert [l.raw for l in launches[2:]] == [l.raw for l in launches[:2]]
+    # The specializations read back are the binder's: constexpr objects, of the same values.
+    assert [repr(r[1].constexprs) for r in warm._registrations.values()] == [
+        repr(r[1].constexprs) for r in cold._registrations.values()
+    ]
+    assert all(type(r[1].constexprs[(1,)]) is tl.constexpr for r in warm._registrations.values())
+
+
 def test_a_damaged_or_lying_index_record_falls_back_to_the_binder(
     stand_in, cache_root, compiles, binder_calls
 ):

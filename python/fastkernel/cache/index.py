@@ -72,6 +72,8 @@ def _enc(value: Any) -> Any:
         return [_enc(v) for v in value]
     if isinstance(value, triton.language.dtype) and type(value) is triton.language.dtype:
         return {"dtype": value.name}
+    if type(value) is triton.language.constexpr:  # a constexpr object passed as an argument
+        return {"c": _enc(value.value)}
     raise _NotEncodable(type(value).__name__)
 
 
@@ -88,6 +90,8 @@ def _dec(value: Any) -> Any:
             return tuple(_dec(v) for v in inner)
         if tag == "dtype":
             return triton.language.dtype(inner)
+        if tag == "c":
+            return triton.language.constexpr(_dec(inner))
         raise ValueError(f"unknown tag {tag!r}")
     return value
 
