@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import pathlib
 import sys
@@ -16,6 +15,7 @@ from .entry import FORMAT_VERSION
 from .settings import always_compile, cache_dir, default_cache_dir, enabled
 from .store import (
     STALE_TEMP_SECONDS,
+    check_older_than,
     clear,
     export_entries,
     import_entries,
@@ -51,6 +51,14 @@ def _state() -> str:
     return "enabled"
 
 
+def _seconds(text: str) -> float:
+    """``--older-than``'s value: a number of seconds that :func:`prune` takes."""
+    try:
+        return check_older_than(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0 seconds, not {text!r}") from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m fastkernel cache info|list|clear|prune|export DIR|import DIR``."""
     try:
@@ -72,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--older-than",
-        type=float,
+        type=_seconds,
         default=STALE_TEMP_SECONDS,
         metavar="SECONDS",
         help="only temporaries unchanged for this long (default %(default).0f: a write in "
@@ -83,10 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("import", help="install the entries in DIR that match this toolchain")
     p.add_argument("dir", type=pathlib.Path)
     args = parser.parse_args(argv)
-    if args.action == "prune" and not 0 <= args.older_than < math.inf:
-        parser.error(
-            f"argument --older-than: must be finite and >= 0 seconds, not {args.older_than}"
-        )
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

@@ -707,6 +707,21 @@ def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
     return count, size
 
 
+def check_older_than(older_than: Any) -> float:
+    """``older_than`` as :func:`prune` takes it: an int or float of seconds, finite and >= 0.
+    Raises TypeError for another kind, ValueError for a negative, infinite or NaN value."""
+    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
+        raise TypeError(
+            f"prune(): argument 'older_than' must be a number of seconds, not "
+            f"{type(older_than).__name__}"
+        )
+    if not 0 <= older_than < math.inf:
+        raise ValueError(
+            f"prune(): argument 'older_than' must be finite and >= 0 seconds, not {older_than!r}"
+        )
+    return older_than
+
+
 def prune(root: pathlib.Path | None = None, older_than: float = STALE_TEMP_SECONDS) -> int:
     """Remove the temporary files that writers killed mid-write left under cache directory
     ``root`` (default :func:`cache_dir`): regular files named as ``files.write_file`` names its
@@ -729,15 +744,7 @@ def prune(root: pathlib.Path | None = None, older_than: float = STALE_TEMP_SECON
         A file could not be removed (after every other one was); the error names it and how
         many failed.
     """
-    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
-        raise TypeError(
-            f"prune(): argument 'older_than' must be a number of seconds, not "
-            f"{type(older_than).__name__}"
-        )
-    if not 0 <= older_than < math.inf:
-        raise ValueError(
-            f"prune(): argument 'older_than' must be finite and >= 0 seconds, not {older_than!r}"
-        )
+    check_older_than(older_than)
     root = cache_dir() if root is None else pathlib.Path(root)
     cutoff = time.time() - older_than
     removed, failed = _remove_cache_files(
