@@ -1061,3 +1061,65 @@ def test_the_options_digest_is_the_backends_own_hash_with_libraries_memoized(tmp
     assert len(hashed) == 1
     a = cache_key.options_digest(backend.parse_options({"num_warps": 4}), memo)
     assert a != cache_key.options_digest(backend.parse_options({"num_warps": 8}), memo)
+
+
+def test_counters_tell_what_the_misses_took_from_the_cache(stand_in, cache_root, compiles):
+    """fastkernel.cache.counters(): a cold miss compiles and stores; a new wrapper's miss loads
+    through the warm index; a damaged entry is removed and compiled again; an entry others can
+    write is refused (counted once per path) and compiled again; hits count nothing."""
+    x = torch.randn(64)
+    before = cache.counters()
+
+    def counted() -> dict:
+        now = cache.counters()
+        return {name: n - before[name] for name, n in now.items() if n != before[name]}
+
+    cold = fk(kernels.add_kernel)
+    cold[(1,)](x, x, x, 64, BLOCK=64)
+    cold[(1,)](x, x, x, 64, BLOCK=64)
+    assert counted() == {"compiled": 1, "stored": 1}
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert counted() == {"compiled": 1, "stored": 1, "loaded": 1, "warm": 1}
+    (path,) = entry_files(cache_root)
+    path.write_bytes(path.read_bytes()[:-100])
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    assert counted() == {"compiled": 2, "stored": 2, "loaded": 1, "warm": 1, "removed": 1}
+    path.chmod(0o666)
+    for _ in range(2):
+        fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+        path.chmod(0o666)  # the compile rewrote it private: make it untrusted again
+    assert counted() == {
+        "compiled": 4,
+        "stored": 4,
+        "loaded": 1,
+        "warm": 1,
+        "removed": 1,
+        "untrusted": 1,
+    }
+    assert compiles == ["add_kernel"] * 4
+
+
+def test_counters_of_a_cold_then_a_warm_process(stand_in, cache_root):
+    """Two fresh processes on one empty cache: the first compiles and stores, the second loads
+    through the warm index and compiles nothing."""
+    script = """
+        import json, os, torch
+        from fastkernel import fastkernel, _C, cache
+        from stand_in_driver.recording import RecordingDriver
+        import kernels
+
+        RecordingDriver(os.environ["FASTKERNEL_CUDA_DRIVER"])
+        _C._testing.set_host_testing(True, 0, 0x5EED5)
+        x = torch.randn(64)
+        add = fastkernel(kernels.add_kernel)
+        for _ in range(3):
+            add[(2,)](x, x, x, 64, BLOCK=64)
+        print(json.dumps(cache.counters()))
+    """
+    counts = []
+    for _ in range(2):
+        result = run_python(script)
+        assert result.returncode == 0, result.stderr
+        counts.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    zero = dict.fromkeys(["loaded", "warm", "compiled", "stored", "removed", "untrusted"], 0)
+    assert counts == [zero | {"compiled": 1, "stored": 1}, zero | {"loaded": 1, "warm": 1}]

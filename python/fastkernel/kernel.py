@@ -29,6 +29,7 @@ from triton.runtime.jit import JITFunction, KernelInterface, KernelParam
 from . import _C, _env, _grid_program
 from . import _triton_abi as abi
 from . import cache as _cache
+from .cache import settings as _cache_settings
 from .cache.settings import log_once
 
 log = logging.getLogger("fastkernel")
@@ -628,8 +629,9 @@ class NativeDispatch(_C.Kernel):
                     raise
                 if indexable:
                     _cache.warm_store(self.jit_function, target, key, spec, tuned)
+            from_disk = isinstance(compiled, _cache.CachedKernel)
             if (
-                isinstance(compiled, _cache.CachedKernel)
+                from_disk
                 and isinstance(launched, CompiledKernel)
                 and launched.asm.get("cubin") == meta.cubin
             ):
@@ -648,12 +650,17 @@ class NativeDispatch(_C.Kernel):
                     meta, compiled = _cache.compile_and_store(self.jit_function, target, spec)
                 except abi.UnsupportedByNativePath as exc:
                     return str(exc)
+                from_disk = False
                 record = self._load_record(device, spec, meta, compiled, tuned_args, published)
             if isinstance(record, str):
                 self._refused_keys[key] = record
                 while capacity_exceeded(self._refused_keys, self._capacity):  # oldest first
                     del self._refused_keys[next(iter(self._refused_keys))]
                 return record
+            if from_disk:
+                _cache_settings.count("loaded")
+                if warm is not None:
+                    _cache_settings.count("warm")
             self._compiled.append(compiled)
             self._registrations[key] = (target, spec, meta)
             while capacity_exceeded(self._registrations, self._capacity):

@@ -23,6 +23,10 @@ Controls (read at each call, never at import):
     No cross-process lock per entry (for file systems where ``flock`` does not work): processes
     missing the same specialization at once may each compile it.
 
+:func:`counters` tells what this process's misses took from the cache: specializations loaded
+(and how many through the warm index), compiled, entries stored, bad entries removed, untrusted
+files refused.
+
 The file format, the key's ingredients and the integrity rules are described in docs/cache.md.
 """
 
@@ -41,7 +45,7 @@ from .entry import (
 )
 from .index import INDEX_FORMAT, decode_index_record, warm_lookup, warm_store
 from .key import Uncacheable, entry_key, key_document, toolchain_fingerprint
-from .settings import always_compile, cache_dir, default_cache_dir, enabled
+from .settings import always_compile, cache_dir, counters, default_cache_dir, enabled
 from .store import (
     CachedKernel,
     atomic_write,
@@ -70,6 +74,7 @@ __all__ = [
     "cache_dir",
     "clear",
     "compile_and_store",
+    "counters",
     "decode_entry",
     "decode_index_record",
     "default_cache_dir",

@@ -1,6 +1,7 @@
 """Where the kernel cache lives and whether it is used: ``FASTKERNEL_CACHE_DIR``,
 ``FASTKERNEL_CACHE``, ``FASTKERNEL_ALWAYS_COMPILE`` (read at each call), the usable root with its
-trust checks, and the once-per-cause log of why the cache was not used."""
+trust checks, the once-per-cause log of why the cache was not used, and the process's counts
+of what its misses took from the cache (:func:`counters`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import os
 import pathlib
 import sys
+import threading
 from typing import Any
 
 from .. import _env
@@ -115,10 +117,52 @@ def usable_root() -> pathlib.Path | None:
 
 
 def warn_untrusted(path: str | os.PathLike[str], exc: OSError) -> None:
+    """Warns, once per path, that a file is not used because its path is not trusted (and
+    counts the path)."""
+    tag = ("untrusted", str(path))
+    if tag not in _logged:
+        count("untrusted")
     log_once(
         logging.WARNING,
-        ("untrusted", str(path)),
+        tag,
         "fastkernel: not using %s: %s; compiling instead",
         path,
         exc.strerror or exc,
     )
+
+
+# -- counters -------------------------------------------------------------------------------
+
+#: What :func:`counters` counts, in the order it reports them.
+COUNTERS = ("loaded", "warm", "compiled", "stored", "removed", "untrusted")
+
+_counts = dict.fromkeys(COUNTERS, 0)
+_counts_lock = threading.Lock()
+
+
+def count(event: str) -> None:
+    """Add one to counter ``event`` (one of :data:`COUNTERS`)."""
+    with _counts_lock:
+        _counts[event] += 1
+
+
+def counters() -> dict[str, int]:
+    """What this process's kernel misses took from the disk cache and gave it, since the process
+    started (a forked child starts from its parent's counts).
+
+    Returns
+    -------
+    dict of str to int
+        ``loaded``: specializations registered from a cache entry (their binary read from disk,
+        not compiled); ``warm``: of those, the ones whose specialization came from the warm
+        index (Triton's binder did not run either); ``compiled``: specializations fastkernel had
+        Triton compile (``triton.compile``: an entry missing, bad or untrusted, the cache off,
+        ``FASTKERNEL_ALWAYS_COMPILE``; a compile of Triton's own launch path, or of a parallel
+        autotune worker process, is not counted here); ``stored``: entries written;
+        ``removed``: bad entries removed (damaged, foreign, of another toolchain, or unusable
+        as a registration); ``untrusted``: paths of entries, warm index records and tuning
+        records not used because they are not trusted (each path once, as it is warned). A cache directory that
+        is refused as a whole counts nothing here: its misses count as ``compiled``.
+    """
+    with _counts_lock:
+        return dict(_counts)

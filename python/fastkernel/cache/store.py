@@ -49,7 +49,15 @@ from .key import (
     toolchain_dir,
     toolchain_fingerprint,
 )
-from .settings import always_compile, cache_dir, enabled, log_once, usable_root, warn_untrusted
+from .settings import (
+    always_compile,
+    cache_dir,
+    count,
+    enabled,
+    log_once,
+    usable_root,
+    warn_untrusted,
+)
 
 log = logging.getLogger("fastkernel.cache")
 # An import reads an export (flat) or a cache directory (entries/<xx>/): a few levels at most.
@@ -259,6 +267,7 @@ def _remove_if_unchanged(path: str | pathlib.Path, seen: os.stat_result | None) 
             seen.st_mtime_ns,
         ):
             os.unlink(path)
+            count("removed")
     except OSError:
         pass
 
@@ -346,6 +355,7 @@ def _header(
 
 def _compile(jit_fn, target, spec):
     compiled = abi.compile_specialization(jit_fn, target, spec)
+    count("compiled")
     return abi.launch_metadata(compiled), compiled
 
 
@@ -498,6 +508,7 @@ def _compile_and_store(
     try:
         header = _header(key, jit_fn, target, doc, meta, compiled)
         _store_entry(root, key, encode_entry(header, meta.cubin))
+        count("stored")
     except Exception as exc:  # a failed store must not fail a launch that compiled
         log_once(
             logging.WARNING,
