@@ -1123,3 +1123,20 @@ def test_counters_of_a_cold_then_a_warm_process(stand_in, cache_root):
         counts.append(json.loads(result.stdout.strip().splitlines()[-1]))
     zero = dict.fromkeys(["loaded", "warm", "compiled", "stored", "removed", "untrusted"], 0)
     assert counts == [zero | {"compiled": 1, "stored": 1}, zero | {"loaded": 1, "warm": 1}]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_counts_though_the_parent_held_the_counters_lock():
+    """A fork while another thread of the parent counts leaves the child its own lock."""
+    from fastkernel.cache import settings
+
+    with settings._counts_lock:  # as a thread of the parent counting at the fork holds it
+        pid = os.fork()
+        if pid == 0:  # the child: a deadlock ends it by the alarm's signal instead
+            import signal
+
+            signal.alarm(30)
+            settings.count("loaded")
+            os._exit(0 if settings.counters()["loaded"] >= 1 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -140,6 +140,16 @@ _counts = dict.fromkeys(COUNTERS, 0)
 _counts_lock = threading.Lock()
 
 
+def _new_counts_lock() -> None:
+    """A forked child's own lock: another thread of the parent may have held it at the fork."""
+    global _counts_lock
+    _counts_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_counts_lock)
+
+
 def count(event: str) -> None:
     """Add one to counter ``event`` (one of :data:`COUNTERS`)."""
     with _counts_lock:
