@@ -299,6 +299,18 @@ def test_warm_start_is_measured_in_fresh_processes(host_report):
     assert "warm start (fresh processes" in stdout
 
 
+def test_the_warm_start_is_the_warm_index_path(host_report):
+    """The warm first call measured is the whole warm path: its specialization came from the
+    warm index (Triton's binder skipped), not only its binary from the disk cache."""
+    report, stdout = host_report
+    warm = report["warm_start"]
+    assert warm["fastkernel_cold"]["warm_index_loads"] == [0]
+    assert warm["fastkernel_warm"]["warm_index_loads"] == [1] * len(
+        warm["fastkernel_warm"]["first_call_samples_s"]
+    )
+    assert "loaded through the warm index" in stdout
+
+
 def test_the_callgrind_warm_first_call_child_launches_once_from_a_cold_then_warm_cache(tmp_path):
     """The child ``--callgrind`` runs under valgrind for the warm first call count, run
     natively: twice on one private disk cache (the first compiles or reads Triton's cache, the

@@ -6,8 +6,11 @@
     launcher needs the CUDA runtime).
 
 Each child reports the wall-clock moment its first launch returned (synchronized on a GPU) and
-the duration of that first call alone, and how often it called ``triton.compile`` (for Triton
-itself a warm cache still goes through ``triton.compile``, which then reads its cache).
+the duration of that first call alone, how often it called ``triton.compile`` (for Triton
+itself a warm cache still goes through ``triton.compile``, which then reads its cache), and how
+many specializations fastkernel registered through its warm index
+(``fastkernel.cache.counters()["warm"]``: 1 in (b) when its first call skipped Triton's binder
+as well as the compiler).
 
 Host-side, the child maps the stand-in driver library before the call and reports how long
 that took (``driver_map_s``): a GPU process has ``libcuda.so.1`` mapped by the time torch has
@@ -43,7 +46,7 @@ def _counting_compile(*a, **k):
     compiles.append(1)
     return _real_compile(*a, **k)
 triton.compile = triton.compiler.compile = triton.compiler.compiler.compile = _counting_compile
-from fastkernel import _C, FastKernel
+from fastkernel import _C, FastKernel, cache
 from fkbench.kernels import add2_kernel, N, BLOCK
 driver_map = 0.0
 if host:
@@ -60,7 +63,7 @@ if not host:
     torch.cuda.synchronize()
 first = time.perf_counter() - start
 print(json.dumps({"done_wall": time.time(), "first_call_s": first, "driver_map_s": driver_map,
-                  "triton_compiles": len(compiles)}))
+                  "triton_compiles": len(compiles), "cache": cache.counters()}))
 """
 
 
@@ -89,6 +92,7 @@ def _run_child(system: str, host: bool, stream: int, env: dict[str, str]) -> dic
         "first_call_s": report["first_call_s"],
         "driver_map_s": report["driver_map_s"],
         "triton_compiles": report["triton_compiles"],
+        "warm_index_loads": report["cache"]["warm"],
     }
 
 
@@ -141,8 +145,8 @@ def measure(
     -------
     dict
         Per system: medians of ``start_to_first_launch_s``, ``first_call_s`` and
-        ``driver_map_s`` (0 on a GPU), every run's ``first_call_samples_s`` and
-        ``triton_compiles``; ``absent``: system -> why; ``warm_speedup``: (c)'s first
+        ``driver_map_s`` (0 on a GPU), every run's ``first_call_samples_s``,
+        ``triton_compiles`` and ``warm_index_loads``; ``absent``: system -> why; ``warm_speedup``: (c)'s first
         call over (b)'s (None host-side); ``import``: :func:`import_cost`.
     """
     with tempfile.TemporaryDirectory(prefix="fastkernel-warm-") as tmp:
@@ -173,6 +177,7 @@ def measure(
             "first_call_samples_s": [s["first_call_s"] for s in samples],
             "driver_map_s": statistics.median(s["driver_map_s"] for s in samples),
             "triton_compiles": [s["triton_compiles"] for s in samples],
+            "warm_index_loads": [s["warm_index_loads"] for s in samples],
         }
     result["import"] = import_cost(5 if repeats > 1 else 3)
     warm, triton_warm = result.get("fastkernel_warm"), result.get("triton_warm")
@@ -190,7 +195,8 @@ def print_report(result: dict[str, Any]) -> None:
             print(
                 f"  {system:18}  start->first launch {r['start_to_first_launch_s']:7.3f} s   "
                 f"first call {1e3 * r['first_call_s']:9.2f} ms   Triton compiles "
-                f"{r['triton_compiles']}"
+                f"{r['triton_compiles']}   loaded through the warm index "
+                f"{r['warm_index_loads']}"
             )
             if r["driver_map_s"]:
                 print(
