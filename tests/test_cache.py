@@ -696,6 +696,17 @@ def test_cli_info_list_clear(stand_in, cache_root, capsys):
     assert "entries    0 (0 B)" in capsys.readouterr().out
 
 
+def test_cli_info_counts_the_warm_index_records(stand_in, cache_root, capsys):
+    x = torch.randn(64)
+    assert cli.main(["cache", "info"]) == 0
+    assert "warm index 0 records" in capsys.readouterr().out
+    fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)
+    fk(kernels.add_kernel)[(1,)](x[1:], x, x, 63, BLOCK=64)
+    assert len(index_files(cache_root)) == 2
+    assert cli.main(["cache", "info"]) == 0
+    assert "warm index 2 records" in capsys.readouterr().out
+
+
 def test_clear_removes_only_what_fastkernel_wrote(stand_in, cache_root, capsys):
     x = torch.randn(64)
     fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)

@@ -120,6 +120,8 @@ def _run(args: argparse.Namespace, root: pathlib.Path) -> int:
         )
         if bad:
             print(f"bad files  {len(bad)} (removed when a launch reads them, or by clear)")
+        indexed = list((root / "index").glob("*/*.json"))
+        print(f"warm index {len(indexed)} record{'' if len(indexed) == 1 else 's'}")
         tuned = list((root / "autotune").glob("*/*.json"))
         print(f"tunings    {len(tuned)} autotune result{'' if len(tuned) == 1 else 's'}")
         temps = temp_files(root)
