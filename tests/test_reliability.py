@@ -38,6 +38,16 @@ def test_generated_calls_launch_tritons_bytes_or_raise_typed_errors():
     assert sum(s["hits"] for s in result["stats"].values()) > 500
 
 
+def test_generated_calls_of_new_wrappers_are_served_by_the_warm_index():
+    """Past WARM_EVERY calls the kernels are wrapped anew: the new wrappers' misses are served
+    from the run's cache through its warm index (records that fit their calls), as a new
+    process's would be."""
+    fuzz_calls = _load("fuzz_calls")
+    result = fuzz_calls.run(fuzz_calls.WARM_EVERY + 300, seed=11, pool=4)
+    assert result["failures"] == [], result["failures"][:5]
+    assert result["cache"]["compiled"] > 0 and result["cache"]["warm"] > 0, result["cache"]
+
+
 def test_writers_killed_mid_write_leave_nothing_that_loads_wrong(tmp_path):
     """25 writers of cache entries, index and tuning records and bundle exports killed with
     SIGKILL at random points: every entry loads intact, a mixed bundle is refused."""

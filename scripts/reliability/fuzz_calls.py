@@ -306,7 +306,9 @@ class _WarmMisfits(logging.Handler):
 def run(calls: int, seed: int, pool: int = 40, report_every: int = 0) -> dict[str, Any]:
     """``calls`` generated calls (``seed``; ``pool`` specialization templates per kernel) in a
     private, initially empty kernel cache. Returns the outcome counts, the failures, the seconds
-    taken and the kernels' stats summed over their wrappers."""
+    taken, the kernels' stats summed over their wrappers, and what their misses took from the
+    cache (``fastkernel.cache.counters()`` over the run: ``warm`` misses served through the warm
+    index)."""
     previous = os.environ.get("FASTKERNEL_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="fastkernel-fuzz-cache-") as cache_dir:
         os.environ["FASTKERNEL_CACHE_DIR"] = cache_dir
@@ -327,7 +329,7 @@ def _run(calls: int, seed: int, pool: int, report_every: int) -> dict[str, Any]:
     os.environ.setdefault("FASTKERNEL_CUDA_DRIVER", str(path))
     from triton_reference import TritonReference, assert_same_launch
 
-    from fastkernel import _C, fastkernel
+    from fastkernel import _C, cache, fastkernel
 
     recording = RecordingDriver(path)
     stream = 0x5EED5
@@ -350,6 +352,7 @@ def _run(calls: int, seed: int, pool: int, report_every: int) -> dict[str, Any]:
     fastkernel_log = logging.getLogger("fastkernel")
     fastkernel_log.addHandler(misfits)
     start = time.perf_counter()
+    cache_before = cache.counters()
     try:
         _fuzz(
             calls,
@@ -376,6 +379,7 @@ def _run(calls: int, seed: int, pool: int, report_every: int) -> dict[str, Any]:
         "failures": failures,
         "seconds": time.perf_counter() - start,
         "stats": {name: dict(counter) for name, counter in stats.items()},
+        "cache": {k: n - cache_before[k] for k, n in cache.counters().items()},
     }
 
 
@@ -483,6 +487,11 @@ def main(argv: list[str]) -> int:
     hits = sum(s["hits"] for s in result["stats"].values())
     fallbacks = sum(s["fallbacks"] for s in result["stats"].values())
     print(f"  {'fastkernel native hits / fallbacks to Triton':48} {hits} / {fallbacks}")
+    served = result["cache"]
+    print(
+        f"  {'misses: compiled / from the disk cache (warm index)':48} {served['compiled']} / "
+        f"{served['loaded']} ({served['warm']})"
+    )
     print(f"  {'failures':48} {len(result['failures'])}")
     for failure in result["failures"][:20]:
         print(f"    {failure[:400]}")
