@@ -415,7 +415,8 @@ def stats() -> dict[str, dict[str, Any]]:
         Per kernel: ``hits``, ``misses``, ``fallbacks``, ``specializations``, ``evictions``,
         ``table_bytes`` (ints) and
         ``fallback_reasons`` (reason -> count). Kernels with the same name are merged by
-        summing their counters.
+        summing their counters. Where the misses' binaries came from (the disk cache, its warm
+        index, a compile) is counted for the whole process by ``fastkernel.cache.counters()``.
     """
     return stats_since(None)
 
