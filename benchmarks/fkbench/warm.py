@@ -146,8 +146,9 @@ def measure(
     dict
         Per system: medians of ``start_to_first_launch_s``, ``first_call_s`` and
         ``driver_map_s`` (0 on a GPU), every run's ``first_call_samples_s``,
-        ``triton_compiles`` and ``warm_index_loads``; ``absent``: system -> why; ``warm_speedup``: (c)'s first
-        call over (b)'s (None host-side); ``import``: :func:`import_cost`.
+        ``triton_compiles`` and ``warm_index_loads``; ``absent``: system -> why;
+        ``warm_speedup``: (c)'s first call over (b)'s (None host-side); ``import``:
+        :func:`import_cost`.
     """
     with tempfile.TemporaryDirectory(prefix="fastkernel-warm-") as tmp:
         env = dict(

@@ -29,7 +29,7 @@ from triton.runtime.jit import JITFunction, KernelInterface, KernelParam
 from . import _C, _env, _grid_program
 from . import _triton_abi as abi
 from . import cache as _cache
-from .cache import settings as _cache_settings
+from .cache.settings import count as cache_count
 from .cache.settings import log_once
 
 log = logging.getLogger("fastkernel")
@@ -659,9 +659,9 @@ class NativeDispatch(_C.Kernel):
                     del self._refused_keys[next(iter(self._refused_keys))]
                 return record
             if from_disk:
-                _cache_settings.count("loaded")
+                cache_count("loaded")
                 if warm is not None:
-                    _cache_settings.count("warm")
+                    cache_count("warm")
             self._compiled.append(compiled)
             self._registrations[key] = (target, spec, meta)
             while capacity_exceeded(self._registrations, self._capacity):

@@ -73,10 +73,13 @@ def always_compile() -> bool:
 _logged: set = set()
 
 
-def log_once(level: int, tag: tuple[Any, ...], msg: str, *args: Any) -> None:
-    if tag not in _logged:
-        _logged.add(tag)
-        log.log(level, msg, *args)
+def log_once(level: int, tag: tuple[Any, ...], msg: str, *args: Any) -> bool:
+    """Log ``msg`` unless a message with ``tag`` was logged before; whether it logged."""
+    if tag in _logged:
+        return False
+    _logged.add(tag)
+    log.log(level, msg, *args)
+    return True
 
 
 def usable_root() -> pathlib.Path | None:
@@ -119,16 +122,14 @@ def usable_root() -> pathlib.Path | None:
 def warn_untrusted(path: str | os.PathLike[str], exc: OSError) -> None:
     """Warns, once per path, that a file is not used because its path is not trusted (and
     counts the path)."""
-    tag = ("untrusted", str(path))
-    if tag not in _logged:
-        count("untrusted")
-    log_once(
+    if log_once(
         logging.WARNING,
-        tag,
+        ("untrusted", str(path)),
         "fastkernel: not using %s: %s; compiling instead",
         path,
         exc.strerror or exc,
-    )
+    ):
+        count("untrusted")
 
 
 # -- counters -------------------------------------------------------------------------------
@@ -171,8 +172,9 @@ def counters() -> dict[str, int]:
         autotune worker process, is not counted here); ``stored``: entries written;
         ``removed``: bad entries removed (damaged, foreign, of another toolchain, or unusable
         as a registration); ``untrusted``: paths of entries, warm index records and tuning
-        records not used because they are not trusted (each path once, as it is warned). A cache directory that
-        is refused as a whole counts nothing here: its misses count as ``compiled``.
+        records not used because they are not trusted (each path once, as it is warned). A
+        cache directory that is refused as a whole counts nothing here: its misses count as
+        ``compiled``.
     """
     with _counts_lock:
         return dict(_counts)
