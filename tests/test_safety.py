@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import struct
 import subprocess
@@ -96,6 +97,116 @@ def test_forked_child_never_reuses_parent_cuda_handles(stand_in):
     assert stand_in.launch_count() == 1  # the child launched nothing
     k[(1,)](x, x, x, 64, BLOCK=64)  # the parent is unaffected
     assert stand_in.launch_count() == 2
+
+
+def _child_outcome(body) -> str:
+    """Fork; the child runs ``body()`` (a string it returns is the outcome; a wait past 30 s ends
+    it by SIGALRM) and reports the outcome to the parent."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child leaves without running pytest's exit
+        import signal
+
+        signal.alarm(30)
+        try:
+            message = body()
+        except BaseException as exc:
+            message = f"{type(exc).__name__}: {exc}"
+        os.write(write_fd, message.encode())
+        os._exit(0)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    message = os.read(read_fd, 4096).decode()
+    os.close(read_fd)
+    assert os.WIFEXITED(status), f"the child was ended by signal {os.WTERMSIG(status)}"
+    return message
+
+
+def _held_by_another_thread(lock):
+    """A context holding ``lock`` in another thread for its extent, as a thread compiling,
+    tuning or patching at the moment of a fork holds it."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def held():
+        taken, done = threading.Event(), threading.Event()
+
+        def hold():
+            with lock:
+                taken.set()
+                done.wait()
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        taken.wait()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    return held()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_childs_miss_is_refused_though_another_thread_held_the_kernels_lock(stand_in):
+    """A thread of the parent in a miss (compiling under the kernel's lock) at the fork: the
+    child's own miss gets the fork error instead of waiting for ever on that lock."""
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    k[(1,)](x, x, x, 64, BLOCK=64)
+
+    def miss():
+        k[(1,)](x, x, x, 64, BLOCK=128)  # a specialization the parent never compiled
+        return "launched"
+
+    with _held_by_another_thread(k._lock):
+        outcome = _child_outcome(miss)
+    assert "forked after CUDA was initialized" in outcome, outcome
+    k[(1,)](x, x, x, 64, BLOCK=128)  # the parent is unaffected
+    assert stand_in.launch_count() == 2
+
+
+def _module_locks():
+    module = importlib.import_module  # fastkernel.patch is also the name of a function
+    return {
+        "patch": module("fastkernel.patch")._lock,
+        "triton kernel": module("fastkernel.cache.store")._TRITON_KERNEL_LOCK,
+        "host helpers": module("fastkernel._host_helpers")._lock,
+        "triton watch": module("fastkernel.kernel")._triton_watch_lock,
+        "cache counters": module("fastkernel.cache.settings")._counts_lock,
+    }
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("name", list(_module_locks()))
+def test_a_forked_child_can_take_each_lock_another_thread_held(name):
+    lock = _module_locks()[name]
+
+    def take():
+        return "taken" if lock.acquire(timeout=10) else "still held"
+
+    with _held_by_another_thread(lock):
+        assert _child_outcome(take) == "taken"
+    with lock:  # the parent's lock is its own again
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_keeps_the_reentrant_lock_its_forking_thread_holds():
+    """The forking thread holds the patch's lock: in the child it still does, and releases it as
+    it leaves the block (a lock made free at the fork would raise on that release)."""
+    patch = importlib.import_module("fastkernel.patch")
+
+    def take_and_leave():
+        with patch._lock:
+            pass
+        patch._lock.release()  # the outer hold, as the child leaves the parent's block
+        return "taken again" if patch._lock.acquire(blocking=False) else "held"
+
+    with patch._lock:
+        outcome = _child_outcome(take_and_leave)
+    assert outcome == "taken again"
 
 
 def test_a_daemon_thread_inside_a_launch_at_exit_lets_the_process_exit(stand_in):

@@ -35,7 +35,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction
 
-from . import _C, _env, _heuristic_code
+from . import _C, _env, _heuristic_code, _locks
 from . import _triton_abi as abi
 from . import cache as _cache
 from .cache import files as _cache_files
@@ -235,7 +235,7 @@ class Autotuned(NativeDispatch, Autotuner):
         self._user_post_hook = post_hook
         # One tuning per key at a time; other keys tune meanwhile (a launch hook of one tuning
         # may wait for another thread tuning another key).
-        self._tune_lock = threading.Lock()  # guards _key_locks
+        self._tune_lock = _locks.lock()  # guards _key_locks
         self._key_locks: dict[Any, threading.Lock] = {}
         # Everything a config can set, for Triton's conflict error.
         self._config_names = set()
@@ -338,7 +338,9 @@ class Autotuned(NativeDispatch, Autotuner):
                 f"prune, hook or timer) needs that key tuned: it cannot be tuned inside itself"
             )
         with self._tune_lock:
-            key_lock = self._key_locks.setdefault(tuning_key, threading.Lock())
+            key_lock = self._key_locks.get(tuning_key)
+            if key_lock is None:
+                key_lock = self._key_locks[tuning_key] = _locks.lock()
         mark = (id(self), tuning_key)
         if tuning_now and not key_lock.acquire(blocking=False):
             # This thread is tuning another key, and the thread tuning this one may be waiting

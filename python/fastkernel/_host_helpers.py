@@ -16,16 +16,15 @@ rest by their Python bodies.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import triton
 import triton.language
 from triton.runtime import jit as _triton_jit
 
-from . import _C
+from . import _C, _locks
 
-_lock = threading.Lock()
+_lock = _locks.lock()
 _saved_call: Any | None = None
 
 

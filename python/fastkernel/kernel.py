@@ -26,7 +26,7 @@ import triton
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction, KernelInterface, KernelParam
 
-from . import _C, _env, _grid_program
+from . import _C, _env, _grid_program, _locks
 from . import _triton_abi as abi
 from . import cache as _cache
 from .cache.settings import count as cache_count
@@ -53,7 +53,7 @@ except ImportError:
 # What the native path installs into Triton, at the first kernel creation (or by patch()):
 # under _triton_watch_lock, the knob classes' own __setattr__ / __delattr__ while replaced, and
 # whether a kernel outside the patch (which unpatch() leaves alone) needs them to stay.
-_triton_watch_lock = threading.Lock()
+_triton_watch_lock = _locks.lock()
 _saved_knob_methods: dict[type, tuple[Any, Any]] | None = None
 _knob_dicts_watched = False
 _watch_kept = False
@@ -483,7 +483,7 @@ class NativeDispatch(_C.Kernel):
         self._registrations: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
         self._keepalive: dict[int, Any] = {}  # identity-keyed constexpr objects, by id
         self._arg_kinds: dict[int, set] = {}
-        self._lock = threading.RLock()
+        self._lock = _locks.rlock()
         self._fallback_reasons: dict[str, int] = {}
         # Fallbacks decided on the miss path (the native entry counts the rest), less the calls
         # counted as fallbacks that Triton then rejected.

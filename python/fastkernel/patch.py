@@ -55,7 +55,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import _C, SUPPORTED_TRITON, _env, _heuristic_code
+from . import _C, SUPPORTED_TRITON, _env, _heuristic_code, _locks
 from . import _triton_abi as abi
 from . import cache as _cache
 from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_MAY_BE_PROVIDED, TUNE_VALUE
@@ -90,7 +90,7 @@ _HOOK_CHAIN = getattr(getattr(triton, "knobs", None), "HookChain", None)
 # The classes whose __getitem__ and run the patch replaces (and unpatch restores).
 _PATCHED_CLASSES = (JITFunction, Autotuner, TritonHeuristics, CompiledKernel, _cache.CachedKernel)
 
-_lock = threading.RLock()
+_lock = _locks.rlock()
 _saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they were, while patched
 # Every JITFunction given a dispatch, by id (JITFunctions need not be hashable).
 _served: dict[int, weakref.ref[JITFunction]] = {}

@@ -9,10 +9,9 @@ import logging
 import os
 import pathlib
 import sys
-import threading
 from typing import Any
 
-from .. import _env
+from .. import _env, _locks
 from . import files as _fs
 
 log = logging.getLogger("fastkernel.cache")
@@ -138,17 +137,7 @@ def warn_untrusted(path: str | os.PathLike[str], exc: OSError) -> None:
 COUNTERS = ("loaded", "warm", "compiled", "stored", "removed", "untrusted")
 
 _counts = dict.fromkeys(COUNTERS, 0)
-_counts_lock = threading.Lock()
-
-
-def _new_counts_lock() -> None:
-    """A forked child's own lock: another thread of the parent may have held it at the fork."""
-    global _counts_lock
-    _counts_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_counts_lock)
+_counts_lock = _locks.lock()
 
 
 def count(event: str) -> None:

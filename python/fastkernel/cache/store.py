@@ -17,13 +17,12 @@ import os
 import pathlib
 import re
 import stat
-import threading
 import time
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .. import _env
+from .. import _env, _locks
 from .. import _triton_abi as abi
 from . import files as _fs
 from .entry import (
@@ -67,7 +66,7 @@ _IMPORT_MAX_FILES = 1_000_000
 
 #: Held while a CachedKernel makes and loads its Triton CompiledKernel (re-entrant: Triton's
 #: load hooks may read the same CachedKernel).
-_TRITON_KERNEL_LOCK = threading.RLock()
+_TRITON_KERNEL_LOCK = _locks.rlock()
 
 
 @functools.cache
