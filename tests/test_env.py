@@ -75,6 +75,21 @@ x, y = torch.arange(100.0), torch.full((100,), 0.5)
 out = torch.empty(100)
 add_kernel[(2,)](x, y, out, 100, BLOCK=64)
 assert torch.equal(out, x + y)
+# Both decorators go above it as on the native path, giving Triton's own over Triton's kernel.
+import fastkernel as fk
+from triton.runtime.autotuner import Autotuner, Heuristics
+
+for tuned in (
+    fk.heuristics(values={"BLOCK": lambda a: 64})(add_kernel),
+    fk.heuristics(values={"BLOCK": lambda a: 64}, key=["n"])(add_kernel),
+    fk.autotune(configs=[triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})], key=["n"])(
+        add_kernel
+    ),
+):
+    assert isinstance(tuned, (Autotuner, Heuristics)), type(tuned)
+    out.zero_()
+    tuned[(4,)](x, y, out, 100)
+    assert torch.equal(out, x + y), type(tuned)
 try:
     fastkernel(add_kernel.fn, num_warps=4)
 except TypeError as e:

@@ -840,6 +840,10 @@ def heuristics(values: dict[str, Callable], key: Sequence[str] | None = None):
     """
 
     def decorator(kernel):
+        from .kernel import _InterpretedKernel
+
+        if isinstance(kernel, _InterpretedKernel):  # Triton's interpreter runs the kernel
+            kernel = kernel.fn
         if key is None or not isinstance(kernel, FastKernel):
             if (
                 isinstance(kernel, JITFunction)
