@@ -756,20 +756,6 @@ def test_patch_is_a_logged_no_op_when_disabled(variable, monkeypatch, caplog):
     assert all(_same_objects(before[k], after[k]) for k in before)
 
 
-def test_an_unsupported_triton_is_refused_and_nothing_is_patched(monkeypatch):
-    from fastkernel import _triton_abi
-
-    before = _triton_attributes()
-    monkeypatch.setattr(_triton_abi, "TRITON_VERSION", (3, 4))
-    with pytest.raises(
-        RuntimeError, match=r"Triton .* is not supported \(supported: 3\.5 to 3\.9\)"
-    ):
-        fastkernel.patch()
-    assert not fastkernel.is_patched()
-    after = _triton_attributes()
-    assert all(_same_objects(before[k], after[k]) for k in before)
-
-
 @pytest.mark.parametrize("through", ["kernel", "handle"])
 def test_unpatch_while_other_threads_launch(stand_in, through):
     """Threads launch the kernel (``kernel[grid]``) or its kept CompiledKernel handle

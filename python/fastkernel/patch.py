@@ -55,7 +55,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import _C, SUPPORTED_TRITON, _env, _heuristic_code, _locks
+from . import _C, _env, _heuristic_code, _locks
 from . import _triton_abi as abi
 from . import cache as _cache
 from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_MAY_BE_PROVIDED, TUNE_VALUE
@@ -776,12 +776,9 @@ def patch() -> bool:
     -------
     bool
         True when the patch is in effect; False when ``TRITON_INTERPRET=1`` or
-        ``FASTKERNEL_DISABLE=1`` make it a no-op (logged on the ``fastkernel`` logger).
-
-    Raises
-    ------
-    RuntimeError
-        The installed Triton is outside ``SUPPORTED_TRITON``; nothing is patched.
+        ``FASTKERNEL_DISABLE=1`` make it a no-op (logged on the ``fastkernel`` logger). A Triton
+        outside ``SUPPORTED_TRITON`` never gets here: ``import fastkernel`` refuses it with
+        ImportError.
     """
     global _saved
     with _lock:
@@ -791,12 +788,6 @@ def patch() -> bool:
         if reason is not None:
             log.info("fastkernel.patch(): not patching Triton: %s", reason)
             return False
-        low, high = SUPPORTED_TRITON
-        if not low <= abi.TRITON_VERSION <= high:
-            raise RuntimeError(
-                f"fastkernel.patch(): Triton {triton.__version__} is not supported (supported: "
-                f"{low[0]}.{low[1]} to {high[0]}.{high[1]}); nothing was patched"
-            )
         from . import _host_helpers
 
         saved = {
