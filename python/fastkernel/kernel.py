@@ -1191,7 +1191,10 @@ def fastkernel(fn: Callable | None = None, **jit_kwargs):
     Returns
     -------
     FastKernel
-        (or Triton's own object when ``FASTKERNEL_DISABLE=1`` or ``TRITON_INTERPRET=1``).
+        Or Triton's own ``JITFunction`` when ``FASTKERNEL_DISABLE=1``; under
+        ``TRITON_INTERPRET=1`` a thin wrapper whose ``kernel[grid](...)`` runs in Triton's
+        interpreter (``fn`` is Triton's kernel; ``fastkernel.autotune`` and
+        ``fastkernel.heuristics`` go above it and give Triton's own tuners).
 
     Examples
     --------

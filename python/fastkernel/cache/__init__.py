@@ -8,8 +8,9 @@ Each entry is one file holding a cubin and the launch metadata needed to registe
 native table (:class:`fastkernel._triton_abi.LaunchMetadata`), named by a key that covers
 everything that changes the binary (see :func:`entry_key`). On a miss the native entry asks
 :func:`load_or_compile` for the launch artifact; with a warm cache that is a file read and a
-checksum, and Triton's compiler is never called. The parameter plan is not stored: it comes from
-``_triton_abi.specialize``, which runs Triton's binder (not its compiler) on every miss anyway.
+checksum, and Triton's compiler is never called. The parameter plan is not stored: it is
+derived from the specialization's signature, which a cold miss takes from Triton's binder (not
+its compiler) and a warm miss from the warm index (:mod:`.index`).
 
 Controls (read at each call, never at import):
 

@@ -72,8 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("info", help="where the cache is, its state, entries and size")
-    sub.add_parser("list", help="one line per entry: key, kernel, target, size, age")
-    sub.add_parser("clear", help="remove every entry")
+    sub.add_parser("list", help="one line per entry: key, kernel, symbol, target, size, age")
+    sub.add_parser(
+        "clear",
+        help="remove every entry, warm index record, tuning record, toolchain memo, lock file "
+        "and temporary file (other files stay)",
+    )
     p = sub.add_parser(
         "prune",
         help="remove the temporary files that writers killed mid-write left (entries stay)",
