@@ -199,6 +199,37 @@ def test_export_needs_a_launched_kernel(tmp_path):
         fastkernel.export(kernels.add_kernel, tmp_path / "b")
 
 
+def test_export_checks_its_arguments_kinds_before_values(tmp_path):
+    with pytest.raises(TypeError, match="argument 'path' must be a str or os.PathLike, not int"):
+        fastkernel.export(fk(kernels.add_kernel), 5)  # unlaunched too: the kind comes first
+    with pytest.raises(TypeError, match="argument 'kernel' must be a @fastkernel kernel"):
+        fastkernel.export(kernels.add_kernel, 5)
+    assert not (tmp_path / "b").exists()
+
+
+@triton.jit
+def index_times_kernel(out_ptr, v, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, (offs * v).to(tl.float32))
+
+
+def test_a_failed_export_leaves_the_bundle_it_would_replace_as_it_was(stand_in, tmp_path):
+    """An export refused part-way (a specialization C++ cannot call) writes nothing: the
+    bundle already in the directory keeps its cubins, so it still loads."""
+    out = torch.empty(64)
+    bundle = tmp_path / "b"
+    first = fk(index_times_kernel)
+    first[(1,)](out, 3, BLOCK=64)
+    fastkernel.export(first, bundle)
+    before = {p.name: p.read_bytes() for p in bundle.iterdir()}
+    second = fk(index_times_kernel)
+    second[(1,)](out, 3, BLOCK=32)  # another cubin as its first entry
+    second[(1,)](out, tl.constexpr(5), BLOCK=32)  # then one whose v C++ cannot pass
+    with pytest.raises(ValueError, match="constexpr object"):
+        fastkernel.export(second, bundle)
+    assert {p.name: p.read_bytes() for p in bundle.iterdir()} == before
+
+
 @pytest.fixture(scope="module")
 def cpp_torch_program(tmp_path_factory):
     """tests/cpp_torch built against fastkernel's CMake package (fastkernel::torch)."""

@@ -13,6 +13,7 @@ compile time.
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 
 from . import _C
@@ -89,7 +90,8 @@ def export(kernel, path) -> list[pathlib.Path]:
     kernel : fastkernel.FastKernel
         A kernel that has been launched (each launch kind registers a specialization).
     path : str or os.PathLike
-        The bundle directory (created; an existing manifest is replaced atomically).
+        The bundle directory (created). Every entry is made and checked before anything is
+        written; the cubins are written, then the manifest replaces any earlier one atomically.
 
     Returns
     -------
@@ -100,25 +102,35 @@ def export(kernel, path) -> list[pathlib.Path]:
     Raises
     ------
     TypeError
-        ``kernel`` is not a fastkernel kernel.
+        ``kernel`` is not a ``@fastkernel`` kernel (an autotuner or heuristics wrapper is not:
+        export the kernel it wraps), or ``path`` is not a str or os.PathLike.
     ValueError
         It has no registered specialization, or one uses an argument kind C++ bundles do not
         support (constexpr objects in runtime parameters, tuples, host tensor descriptors).
+        Nothing is written.
+    OSError
+        The directory cannot be made or a file written (``path`` names a file, no permission,
+        a full disk).
     """
     from .kernel import FastKernel, _specialization_flags
 
     if not isinstance(kernel, FastKernel):
-        raise TypeError(f"export takes a fastkernel kernel, got {type(kernel).__name__}")
+        raise TypeError(
+            f"export(): argument 'kernel' must be a @fastkernel kernel, not {type(kernel).__name__}"
+        )
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"export(): argument 'path' must be a str or os.PathLike, not {type(path).__name__}"
+        )
     registrations = list(kernel._registrations.values())
     if not registrations:
         raise ValueError(f"{kernel.__name__} has no registered specialization: launch it first")
     root = pathlib.Path(path)
-    root.mkdir(parents=True, exist_ok=True)
     flags = [_specialization_flags(p) for p in kernel.jit_function.params]
     runtime = [(i, p) for i, p in enumerate(kernel.params) if not p.is_constexpr]
     runtime_index = {i: r for r, (i, _) in enumerate(runtime)}
     lines = [f"fastkernel-bundle {BUNDLE_VERSION}"]
-    written: list[pathlib.Path] = []
+    cubins: list[tuple[pathlib.Path, bytes]] = []
     # Two registrations can be one entry for C++ (Triton keys an annotated parameter by its
     # annotation, fastkernel's Python key by the value's kind): written once, or every call
     # matching them would be refused as ambiguous.
@@ -158,12 +170,15 @@ def export(kernel, path) -> list[pathlib.Path]:
         if identity in seen:
             continue
         seen.add(identity)
-        cubin = root / f"{meta.name}-{len(written)}.cubin"
-        atomic_write(cubin, meta.cubin)
-        written.append(cubin)
+        cubin = root / f"{meta.name}-{len(cubins)}.cubin"
+        cubins.append((cubin, meta.cubin))
         entry = [" ".join(str(x) for x in ("entry", kernel.__name__, cubin.name, *launch)), *body]
         lines += entry
         lines.append(f"digest {entry_digest(entry, meta.cubin)}")
         lines.append("end")
+    # Everything is checked: only now is anything written, the manifest last.
+    root.mkdir(parents=True, exist_ok=True)
+    for cubin, data in cubins:
+        atomic_write(cubin, data)
     atomic_write(root / "manifest.txt", ("\n".join(lines) + "\n").encode())
-    return written
+    return [cubin for cubin, _ in cubins]
