@@ -460,6 +460,64 @@ def test_compile_workers_do_not_patch_under_the_runner(stand_in, monkeypatch):
         assert probe.stdout.split() == ["False"]
 
 
+_GOOD_AUTOTUNE = {"configs": CONFIGS, "key": ["n"]}
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "match"),
+    [
+        ({"configs": 5}, TypeError, "'configs' must be a list of triton.Config, not int"),
+        ({"configs": triton.Config({"BLOCK": 64})}, TypeError, "'configs' must be a list"),
+        ({"key": None}, TypeError, "'key' must be a list of argument names, not NoneType"),
+        ({"key": [1]}, TypeError, r"'key' must hold argument names \(str\), not int"),
+        ({"prune_configs_by": 5}, TypeError, "'prune_configs_by' must be a dict or None"),
+        (
+            {"prune_configs_by": {"early_config_prune": 5}},
+            TypeError,
+            r"prune_configs_by\['early_config_prune'\]' must be callable or None",
+        ),
+        ({"prune_configs_by": {"top_k": "2"}}, TypeError, r"\['top_k'\]' must be an int or a"),
+        ({"prune_configs_by": {"bad": 1}}, ValueError, "'prune_configs_by' has 'bad'"),
+        ({"prune_configs_by": {"top_k": 2.0}}, ValueError, r"float <= 1.0 .*not 2.0"),
+        ({"reset_to_zero": 5}, TypeError, "'reset_to_zero' must be a list of argument names"),
+        ({"restore_value": [None]}, TypeError, "'restore_value' must hold argument names"),
+        ({"pre_hook": 5}, TypeError, "'pre_hook' must be callable or None, not int"),
+        ({"post_hook": "f"}, TypeError, "'post_hook' must be callable or None, not str"),
+        ({"warmup": "x"}, TypeError, "'warmup' must be a number of milliseconds, not str"),
+        ({"rep": None}, TypeError, "'rep' must be a number of milliseconds, not NoneType"),
+        ({"rep": True}, TypeError, "'rep' must be a number of milliseconds, not bool"),
+        ({"warmup": -1}, ValueError, "'warmup' must be finite and >= 0 ms, not -1"),
+        ({"rep": float("inf")}, ValueError, "'rep' must be finite and >= 0 ms, not inf"),
+        ({"do_bench": 5}, TypeError, "'do_bench' must be callable or None, not int"),
+        ({"cache_results": "no"}, TypeError, "'cache_results' must be a bool, not str"),
+        # Kinds before values, whatever the parameter order.
+        ({"warmup": -1, "cache_results": "no"}, TypeError, "'cache_results' must be a bool"),
+    ],
+)
+def test_autotune_refuses_a_bad_argument_when_the_decorator_is_made(bad, error, match):
+    with pytest.raises(error, match=match):
+        fastkernel.autotune(**{**_GOOD_AUTOTUNE, **bad})
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: fastkernel.heuristics(5), "'values' must be a dict of parameter name to"),
+        (lambda: fastkernel.heuristics([("BLOCK", max)]), "'values' must be a dict"),
+        (lambda: fastkernel.heuristics({1: max}), r"map parameter names \(str\), not int"),
+        (lambda: fastkernel.heuristics({"BLOCK": 64}), "'BLOCK' must be callable, not int"),
+        (lambda: fastkernel.heuristics({"BLOCK": max}, key=5), "'key' must be a list"),
+        (lambda: fastkernel.heuristics({"BLOCK": max}, key=[1]), "'key' must hold argument"),
+        (lambda: fastkernel.heuristics(fk(kernels.add_kernel)), "takes arguments"),
+        (lambda: fastkernel.heuristics({"BLOCK": max}, key=["n"])(5), "wraps a @fastkernel"),
+        (lambda: fastkernel.heuristics({"BLOCK": max})(5), "wraps a @fastkernel kernel, got int"),
+    ],
+)
+def test_heuristics_refuses_a_bad_argument_with_a_type_error_naming_it(call, match):
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
 def test_decoration_errors_name_the_problem():
     with pytest.raises(ValueError, match="'m'.*not arguments? of add_kernel"):
         fastkernel.autotune(configs=CONFIGS, key=["m"])(fk(kernels.add_kernel))

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import triton
 from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
-from triton.runtime.jit import JITFunction
+from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C, _env, _heuristic_code, _locks
 from . import _triton_abi as abi
@@ -124,7 +124,114 @@ def _describe(config: Config) -> str:
 
 
 class AutotuneError(RuntimeError):
-    """Every config of an autotuned kernel failed to compile or run for a key."""
+    """No config of an autotuned kernel could run for a key: every one failed to compile or
+    run, or ``early_config_prune`` returned none."""
+
+
+# -- decoration arguments -------------------------------------------------------------------
+# Checked when the decorator is made, kinds first (in parameter order), then values, so that a
+# mistake is named at the decorator rather than at the first tuning, where the benchmark loop
+# would report it as every config failing.
+
+_PRUNE_KEYS = ("perf_model", "top_k", "early_config_prune")
+
+
+def _kind_error(who: str, name: str, what: str, value: Any) -> TypeError:
+    return TypeError(f"{who}: argument '{name}' must be {what}, not {type(value).__name__}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_names_kind(who: str, name: str, value: Any, optional: bool) -> None:
+    """``value`` is a list or tuple of argument names (or None when ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, str):
+        raise TypeError(
+            f"{who}: argument '{name}' must be a list of argument names, got the string {value!r}"
+        )
+    if not isinstance(value, (list, tuple)):
+        raise _kind_error(who, name, "a list of argument names", value)
+    for item in value:
+        if not isinstance(item, str):
+            raise TypeError(
+                f"{who}: argument '{name}' must hold argument names (str), not "
+                f"{type(item).__name__} ({item!r})"
+            )
+
+
+def _check_callable_kind(who: str, name: str, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise _kind_error(who, name, "callable or None", value)
+
+
+def _check_autotune_arguments(
+    configs, key, prune_configs_by, reset_to_zero, restore_value, pre_hook, post_hook, warmup,
+    rep, do_bench, cache_results,
+) -> None:  # fmt: skip
+    """TypeError for an argument of :func:`autotune` of the wrong kind, then ValueError for one
+    of the right kind and a wrong value; each names the argument."""
+    who = "fastkernel.autotune"
+    if configs is not None and not isinstance(configs, (list, tuple)):
+        raise _kind_error(who, "configs", "a list of triton.Config", configs)
+    _check_names_kind(who, "key", key, optional=False)
+    if prune_configs_by is not None:
+        if not isinstance(prune_configs_by, dict):
+            raise _kind_error(who, "prune_configs_by", "a dict or None", prune_configs_by)
+        for name in ("perf_model", "early_config_prune"):
+            _check_callable_kind(who, f"prune_configs_by['{name}']", prune_configs_by.get(name))
+        top_k = prune_configs_by.get("top_k")
+        if top_k is not None and not _is_number(top_k):
+            raise _kind_error(who, "prune_configs_by['top_k']", "an int or a float", top_k)
+    _check_names_kind(who, "reset_to_zero", reset_to_zero, optional=True)
+    _check_names_kind(who, "restore_value", restore_value, optional=True)
+    _check_callable_kind(who, "pre_hook", pre_hook)
+    _check_callable_kind(who, "post_hook", post_hook)
+    for name, value in (("warmup", warmup), ("rep", rep)):
+        if not _is_number(value):
+            raise _kind_error(who, name, "a number of milliseconds", value)
+    _check_callable_kind(who, "do_bench", do_bench)
+    if not isinstance(cache_results, bool):
+        raise _kind_error(who, "cache_results", "a bool", cache_results)
+    if prune_configs_by is not None:
+        unknown = [k for k in prune_configs_by if k not in _PRUNE_KEYS]
+        if unknown:
+            raise ValueError(
+                f"{who}: argument 'prune_configs_by' has {', '.join(map(repr, unknown))}; it "
+                f"takes {', '.join(map(repr, _PRUNE_KEYS))}"
+            )
+        # Triton's own rule (triton/runtime/autotuner.py, prune_configs): a fraction of the
+        # configs as a float <= 1.0, else a count as an int.
+        top_k = prune_configs_by.get("top_k")
+        if isinstance(top_k, float) and top_k > 1.0:
+            raise ValueError(
+                f"{who}: argument prune_configs_by['top_k'] must be an int or a float <= 1.0 "
+                f"(a fraction of the configs), not {top_k!r}"
+            )
+    for name, value in (("warmup", warmup), ("rep", rep)):
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{who}: argument '{name}' must be finite and >= 0 ms, not {value!r}")
+
+
+def _check_heuristics_arguments(values: Any, key: Any) -> None:
+    """TypeError for an argument of :func:`heuristics` of the wrong kind, naming it."""
+    who = "fastkernel.heuristics"
+    if not isinstance(values, dict):
+        raise _kind_error(who, "values", "a dict of parameter name to function", values)
+    for name, fn in values.items():
+        if not isinstance(name, str):
+            raise TypeError(
+                f"{who}: argument 'values' must map parameter names (str), not "
+                f"{type(name).__name__} ({name!r})"
+            )
+        if not callable(fn):
+            raise TypeError(
+                f"{who}: argument 'values': the heuristic for {name!r} must be callable, not "
+                f"{type(fn).__name__}"
+            )
+    _check_names_kind(who, "key", key, optional=True)
 
 
 class Autotuned(NativeDispatch, Autotuner):
@@ -780,6 +887,8 @@ class Heuristics(NativeDispatch, TritonHeuristics):
         return f"Heuristics({self.fn!r}, {sorted(self.values)}, key={self.keys})"
 
     def check_conflicts(self, kwargs: dict[str, Any]) -> None:
+        """Raise ValueError naming each computed parameter the call's keywords ``kwargs``
+        pass: a value this decorator computes cannot also be passed."""
         conflicts = [k for k in kwargs if k in self.values]
         if conflicts:
             raise ValueError(
@@ -833,17 +942,34 @@ def heuristics(values: dict[str, Callable], key: Sequence[str] | None = None):
 
     Raises
     ------
-    TypeError, ValueError
-        At decoration: a computed name that is not a tl.constexpr parameter, a key name that is
-        not an argument, with a key a function that can read outside its arguments. At a
-        call: passing a computed parameter.
+    TypeError
+        When the decorator is made: ``values`` not a dict of names to callables, ``key`` not
+        a list of names (used bare, ``@fastkernel.heuristics`` without arguments). At
+        decoration: the decorated object is not a kernel; with a key, a computed name that is
+        not a tl.constexpr parameter, or a function that can read outside its arguments.
+    ValueError
+        With a key: at decoration, a key name that is not an argument, or a name both
+        computed and in the key; at a call, the call passes a computed parameter.
+    KeyError
+        With a key, at a miss: a function reads an argument outside the key. (Without a key
+        the checks after decoration are ``triton.heuristics``'s own.)
     """
+
+    if callable(values) and not isinstance(values, dict):
+        raise TypeError(
+            "fastkernel.heuristics takes arguments: @fastkernel.heuristics(values={...}, key=[...])"
+        )
+    _check_heuristics_arguments(values, key)
 
     def decorator(kernel):
         from .kernel import _InterpretedKernel
 
         if isinstance(kernel, _InterpretedKernel):  # Triton's interpreter runs the kernel
             kernel = kernel.fn
+        if not isinstance(kernel, KernelInterface):
+            raise TypeError(
+                f"fastkernel.heuristics wraps a @fastkernel kernel, got {type(kernel).__name__}"
+            )
         if key is None or not isinstance(kernel, FastKernel):
             if (
                 isinstance(kernel, JITFunction)
@@ -946,13 +1072,24 @@ def autotune(
 
     Raises
     ------
-    TypeError, ValueError
-        At decoration: a name in ``key``/``reset_to_zero``/``restore_value`` that is not an
-        argument; a config setting an unknown or non-constexpr parameter; not stacked above
-        ``@fastkernel``. At a call: Triton's "Conflicting meta-parameters" when the call passes
-        a tuned parameter.
+    TypeError
+        When the decorator is made: an argument of the wrong kind (``configs`` not a list,
+        ``key`` not a list of names, a hook, ``do_bench`` or a ``prune_configs_by`` function
+        not callable, ``warmup`` / ``rep`` not numbers, ``cache_results`` not a bool). At
+        decoration: a config that is not a ``triton.Config`` or sets a non-constexpr
+        parameter; not stacked above ``@fastkernel``.
+    ValueError
+        When the decorator is made: ``prune_configs_by`` with another key or a ``top_k``
+        float above 1.0; ``warmup`` / ``rep`` negative or not finite. At decoration: a name in
+        ``key`` / ``reset_to_zero`` / ``restore_value`` that is not an argument; a config
+        setting an unknown parameter. At a call: Triton's "Conflicting meta-parameters" when
+        the call passes a tuned parameter.
+    RuntimeError
+        A launch made while tuning a key (from a prune function, hook or timer) needs that
+        same key tuned.
     AutotuneError
-        Every config failed to compile or run; the message lists each failure.
+        Every config failed to compile or run (the message lists each failure), or
+        ``early_config_prune`` returned no config.
 
     Notes
     -----
@@ -964,6 +1101,10 @@ def autotune(
         raise TypeError(
             "fastkernel.autotune takes arguments: @fastkernel.autotune(configs=[...], key=[...])"
         )
+    _check_autotune_arguments(
+        configs, key, prune_configs_by, reset_to_zero, restore_value, pre_hook, post_hook,
+        warmup, rep, do_bench, cache_results,
+    )  # fmt: skip
 
     def decorator(kernel):
         if _env.native_path_off() and not isinstance(kernel, (FastKernel, Heuristics)):
