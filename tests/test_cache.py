@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import struct
 import subprocess
 import sys
@@ -792,6 +793,34 @@ def test_prune_checks_its_argument(cache_root, capsys):
         assert exc.value.code == 2
         assert "--older-than" in capsys.readouterr().err
     assert cache.prune(cache_root) == 0  # no cache directory yet: nothing to take
+
+
+def test_the_directory_functions_check_their_arguments_kinds_first(cache_root, tmp_path):
+    """Each path argument of the cache's directory functions is checked for its kind, with a
+    TypeError naming it, before any value is (prune's older_than included)."""
+    calls = {
+        "scan": (lambda: cache.scan(5), "scan(): argument 'root' must be a str or os.PathLike"),
+        "clear": (lambda: cache.clear(5), "clear(): argument 'root'"),
+        "prune": (lambda: cache.prune(5, older_than=-1), "prune(): argument 'root'"),
+        "export dest": (lambda: cache.export_entries(5), "export_entries(): argument 'dest'"),
+        "export root": (
+            lambda: cache.export_entries(tmp_path / "out", root=5.0),
+            "export_entries(): argument 'root' must be a str or os.PathLike or None, not float",
+        ),
+        "import src": (lambda: cache.import_entries(None), "import_entries(): argument 'src'"),
+        "import root": (
+            lambda: cache.import_entries(tmp_path, root=[cache_root]),
+            "import_entries(): argument 'root'",
+        ),
+    }
+    for call, match in calls.values():
+        with pytest.raises(TypeError, match=re.escape(match)):
+            call()
+    assert not (tmp_path / "out").exists()
+    # An int too large for a float is a value out of range, not an OverflowError.
+    with pytest.raises(ValueError, match="argument 'older_than' must be finite and >= 0"):
+        cache.prune(cache_root, 10**400)
+    assert cache.prune(str(cache_root), older_than=10**6) == 0  # a str path and an int: fine
 
 
 def test_cli_errors_are_messages_and_a_failing_exit(stand_in, cache_root, tmp_path, capsys):

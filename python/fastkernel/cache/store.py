@@ -581,6 +581,23 @@ def iter_entry_files(root: pathlib.Path, strict: bool = False) -> Iterator[pathl
     return _fs.walk_files(root, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES, strict)
 
 
+def _path_argument(who: str, name: str, value: Any, or_none: str = "") -> pathlib.Path:
+    """Argument ``name`` of ``who()``, a str or os.PathLike, as a path; TypeError naming the
+    argument for any other kind (``or_none``: what the message adds when None is allowed)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{who}(): argument '{name}' must be a str or os.PathLike{or_none}, not "
+            f"{type(value).__name__}"
+        )
+    return pathlib.Path(value)
+
+
+def _cache_root(who: str, root: Any) -> pathlib.Path:
+    """The cache directory argument ``root`` of ``who()``: a path, or None for
+    :func:`cache_dir`."""
+    return cache_dir() if root is None else _path_argument(who, "root", root, " or None")
+
+
 def scan(root: pathlib.Path | None = None) -> tuple[list[Entry], list[tuple[pathlib.Path, str]]]:
     """Read every entry under cache directory ``root`` (default :func:`cache_dir`).
 
@@ -589,8 +606,17 @@ def scan(root: pathlib.Path | None = None) -> tuple[list[Entry], list[tuple[path
     (entries, bad)
         The verified entries, and ``(path, reason)`` for each file that failed verification
         (left in place; a launch that needs one removes it).
+
+    Raises
+    ------
+    TypeError
+        ``root`` is not a str, os.PathLike or None.
+    RuntimeError
+        ``root`` is None and no cache directory can be found (:func:`cache_dir`).
+    fastkernel.cache.files.UntrustedPath
+        The entries directory is a symbolic link or not private to this user.
     """
-    root = cache_dir() if root is None else pathlib.Path(root)
+    root = _cache_root("scan", root)
     good, bad = [], []
     for path in iter_entry_files(entries_dir(root)):
         try:
@@ -697,11 +723,15 @@ def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
 
     Raises
     ------
+    TypeError
+        ``root`` is not a str, os.PathLike or None.
+    RuntimeError
+        ``root`` is None and no cache directory can be found (:func:`cache_dir`).
     OSError
         A file could not be removed (after every other one was); the error names it and how
         many failed.
     """
-    root = cache_dir() if root is None else pathlib.Path(root)
+    root = _cache_root("clear", root)
     removed, failed = _remove_cache_files(root, lambda name: True, lambda st: True)
     entries = [st for sub, name, st in removed if sub == "entries" and name.endswith(ENTRY_SUFFIX)]
     count, size = len(entries), sum(st.st_size for st in entries)
@@ -718,18 +748,23 @@ def clear(root: pathlib.Path | None = None) -> tuple[int, int]:
 
 
 def check_older_than(older_than: Any) -> float:
-    """``older_than`` as :func:`prune` takes it: an int or float of seconds, finite and >= 0.
-    Raises TypeError for another kind, ValueError for a negative, infinite or NaN value."""
+    """``older_than`` as :func:`prune` takes it: an int or float of seconds, finite and >= 0,
+    as a float. Raises TypeError for another kind, ValueError for a negative, infinite or NaN
+    value, or an int too large for a float."""
     if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
         raise TypeError(
             f"prune(): argument 'older_than' must be a number of seconds, not "
             f"{type(older_than).__name__}"
         )
-    if not 0 <= older_than < math.inf:
+    try:
+        seconds = float(older_than)
+    except OverflowError:
+        seconds = math.inf
+    if not 0 <= seconds < math.inf:
         raise ValueError(
             f"prune(): argument 'older_than' must be finite and >= 0 seconds, not {older_than!r}"
         )
-    return older_than
+    return seconds
 
 
 def prune(root: pathlib.Path | None = None, older_than: float = STALE_TEMP_SECONDS) -> int:
@@ -747,16 +782,20 @@ def prune(root: pathlib.Path | None = None, older_than: float = STALE_TEMP_SECON
     Raises
     ------
     TypeError
-        ``older_than`` is not an int or a float.
+        ``root`` is not a str, os.PathLike or None; ``older_than`` is not an int or a float.
     ValueError
-        ``older_than`` is negative, infinite or NaN.
+        ``older_than`` is negative, infinite, NaN or too large for a float.
+    RuntimeError
+        ``root`` is None and no cache directory can be found (:func:`cache_dir`).
     OSError
         A file could not be removed (after every other one was); the error names it and how
         many failed.
     """
-    check_older_than(older_than)
-    root = cache_dir() if root is None else pathlib.Path(root)
-    cutoff = time.time() - older_than
+    if root is not None:  # the kinds first, then the value
+        _path_argument("prune", "root", root, " or None")
+    seconds = check_older_than(older_than)
+    root = _cache_root("prune", root)
+    cutoff = time.time() - seconds
     removed, failed = _remove_cache_files(
         root, lambda name: _TEMP_NAME.fullmatch(name) is not None, lambda st: st.st_mtime <= cutoff
     )
@@ -775,11 +814,22 @@ def export_entries(dest: pathlib.Path, root: pathlib.Path | None = None) -> int:
     -------
     int
         Entries exported.
+
+    Raises
+    ------
+    TypeError
+        ``dest`` is not a str or os.PathLike, or ``root`` not one or None.
+    RuntimeError
+        ``root`` is None and no cache directory can be found (:func:`cache_dir`).
+    fastkernel.cache.files.UntrustedPath
+        The cache's entries directory is a symbolic link or not private to this user.
+    OSError
+        ``dest`` cannot be made (it names a file, no permission) or a file written.
     """
-    entries, bad = scan(root)
+    dest = _path_argument("export_entries", "dest", dest)
+    entries, bad = scan(_cache_root("export_entries", root))
     for path, reason in bad:
         log.warning("fastkernel: not exported %s: %s", path, reason)
-    dest = pathlib.Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         # Re-encoded from what was verified (the same bytes: headers are canonical JSON).
@@ -806,14 +856,18 @@ def import_entries(src: pathlib.Path, root: pathlib.Path | None = None) -> tuple
 
     Raises
     ------
+    TypeError
+        ``src`` is not a str or os.PathLike, or ``root`` not one or None.
     RuntimeError
-        ``root`` cannot be used (not creatable, or not private to this user).
+        ``root`` cannot be used (not creatable, or not private to this user), or is None and
+        no cache directory can be found.
     fastkernel.cache.files.UntrustedPath
         ``src`` holds more than ``_IMPORT_MAX_FILES`` entry files.
     OSError
         ``src`` is not a directory, or a directory under it cannot be read.
     """
-    root = cache_dir() if root is None else pathlib.Path(root)
+    src = _path_argument("import_entries", "src", src)
+    root = _cache_root("import_entries", root)
     imported = skipped = 0
     local: dict[tuple[str, int, int], dict[str, Any]] = {}
     problem = _fs.usable_root(root)
