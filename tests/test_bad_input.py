@@ -293,6 +293,15 @@ def test_decorator_rejects_non_functions():
         fastkernel(42)
 
 
+def test_jit_options_with_a_decorated_kernel_are_refused_not_dropped():
+    k = fastkernel(kernels.add_kernel)
+    assert fastkernel(k) is k
+    with pytest.raises(TypeError, match="jit options can only be given with a plain function"):
+        fastkernel(k, do_not_specialize=["n"])
+    with pytest.raises(TypeError, match="jit options can only be given with a plain function"):
+        fastkernel(kernels.add_kernel, do_not_specialize=["n"])
+
+
 # -- error order: arity and keywords, then kinds, then values ---------------------------------------
 
 

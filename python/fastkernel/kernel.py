@@ -1196,6 +1196,13 @@ def fastkernel(fn: Callable | None = None, **jit_kwargs):
         interpreter (``fn`` is Triton's kernel; ``fastkernel.autotune`` and
         ``fastkernel.heuristics`` go above it and give Triton's own tuners).
 
+    Raises
+    ------
+    TypeError
+        ``fn`` is not a function, a ``triton.jit`` function or a ``FastKernel``; it is a
+        ``triton.autotune`` / ``triton.heuristics`` wrapper (``@fastkernel`` goes below them);
+        ``jit_kwargs`` are given with anything but a plain function.
+
     Examples
     --------
     >>> @fastkernel
@@ -1206,6 +1213,8 @@ def fastkernel(fn: Callable | None = None, **jit_kwargs):
     if fn is None:
         return lambda f: fastkernel(f, **jit_kwargs)
     if isinstance(fn, FastKernel):
+        if jit_kwargs:  # its JITFunction is made: the options would be dropped
+            raise TypeError("jit options can only be given with a plain function")
         return fn
     interpreted = _is_interpreted(fn)
     if isinstance(fn, KernelInterface) and not (isinstance(fn, JITFunction) or interpreted):
