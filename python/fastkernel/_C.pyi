@@ -17,7 +17,8 @@ INT_WIDTHS: dict[str, int]
 VALUE_CLASSES: dict[str, int]
 """ValueClass values: ``not_specialized``, ``divisible_16``, ``other``, ``equals_one``."""
 TUNE_FLAGS: dict[str, int]
-"""TuneFlag bits: ``config_provided``, ``value``, ``layout``, ``sizes``."""
+"""TuneFlag bits (csrc/include/fastkernel/specialization.h): ``config_provided``, ``value``,
+``layout``, ``sizes``, ``strides``, ``may_be_provided``."""
 BUNDLE_FORMAT_VERSION: int
 """The manifest format version ``fastkernel::Bundle::load`` reads."""
 BUNDLE_ENTRY_FACTS: tuple[str, ...]

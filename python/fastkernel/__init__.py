@@ -127,12 +127,23 @@ def get_cmake_dir() -> str:
 
 
 def get_include() -> str:
-    """Directory holding ``fastkernel/fastkernel.h`` (the exported C++ API), for C++ builds."""
+    """Directory holding ``fastkernel/fastkernel.h`` (the exported C++ API), for C++ builds:
+    the installed package's ``include/``, or a source checkout's ``csrc/include`` when the
+    package runs from one.
+
+    Raises
+    ------
+    FileNotFoundError
+        When neither holds ``fastkernel/fastkernel.h``.
+    """
     here = os.path.dirname(os.path.abspath(__file__))
-    installed = os.path.join(here, "include")
-    if os.path.isdir(installed):
-        return installed
-    return os.path.join(os.path.dirname(os.path.dirname(here)), "csrc", "include")
+    for path in (
+        os.path.join(here, "include"),
+        os.path.join(os.path.dirname(os.path.dirname(here)), "csrc", "include"),
+    ):
+        if os.path.isfile(os.path.join(path, "fastkernel", "fastkernel.h")):
+            return path
+    raise FileNotFoundError(f"no fastkernel/fastkernel.h under {here}: install the wheel")
 
 
 if _env.flag("FASTKERNEL_PATCH"):

@@ -365,7 +365,9 @@ class Autotuned(NativeDispatch, Autotuner):
 
     def run(self, *args, grid, warmup: bool = False, **kwargs):
         """``Autotuner.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``
-        (how ``triton.heuristics`` stacked above calls it)."""
+        (how ``triton.heuristics`` stacked above calls it) and returns what that returns.
+        Raises NotImplementedError for ``warmup=True`` (a first call tunes and compiles), and
+        what the launch raises."""
         if warmup:
             raise NotImplementedError(
                 "fastkernel.autotune: warmup=True is not supported; call "
@@ -878,7 +880,9 @@ class Heuristics(NativeDispatch, TritonHeuristics):
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
 
     def run(self, *args, grid, warmup: bool = False, **kwargs):
-        """``Heuristics.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``."""
+        """``Heuristics.run``: ``run(*args, grid=g, **kw)`` launches as ``self[g](*args, **kw)``
+        and returns what that returns. Raises NotImplementedError for ``warmup=True``, and what
+        the launch raises."""
         if warmup:
             raise NotImplementedError("fastkernel.heuristics: warmup=True is not supported")
         return self[grid](*args, **kwargs)

@@ -918,6 +918,9 @@ class FastKernel(NativeDispatch, JITFunction):
         A CPU tensor for a GPU launch, or a malformed grid.
     fastkernel.DriverUnavailableError
         No CUDA driver (raised at the first launch, never at import).
+    RuntimeError
+        The installed torch has no CUDA support (a CPU-only build; a call with a tensor
+        argument gets the ValueError above first).
     fastkernel.CudaError
         A failed driver call; the message names the CUDA error and the kernel.
     """

@@ -60,7 +60,24 @@ def _seconds(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fastkernel cache info|list|clear|prune|export DIR|import DIR``."""
+    """``python -m fastkernel cache info|list|clear|prune|export DIR|import DIR``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments after ``cache`` (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit status: 0, or 1 after printing ``error: ...`` for a failed action (an
+        unusable directory, a file that could not be removed or written).
+
+    Raises
+    ------
+    SystemExit
+        From argparse, status 2, for arguments it does not accept (and 0 for ``--help``).
+    """
     try:
         default = str(default_cache_dir())
     except RuntimeError as exc:
