@@ -966,11 +966,12 @@ def heuristics(values: dict[str, Callable], key: Sequence[str] | None = None):
     _check_heuristics_arguments(values, key)
 
     def decorator(kernel):
-        from .kernel import _InterpretedKernel
+        from .kernel import _InterpretedKernel, _is_interpreted
 
         if isinstance(kernel, _InterpretedKernel):  # Triton's interpreter runs the kernel
             kernel = kernel.fn
-        if not isinstance(kernel, KernelInterface):
+        # Triton 3.5's InterpretedFunction is no KernelInterface (3.8's and later are).
+        if not (isinstance(kernel, KernelInterface) or _is_interpreted(kernel)):
             raise TypeError(
                 f"fastkernel.heuristics wraps a @fastkernel kernel, got {type(kernel).__name__}"
             )
