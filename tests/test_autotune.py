@@ -488,6 +488,7 @@ _GOOD_AUTOTUNE = {"configs": CONFIGS, "key": ["n"]}
         ({"rep": True}, TypeError, "'rep' must be a number of milliseconds, not bool"),
         ({"warmup": -1}, ValueError, "'warmup' must be finite and >= 0 ms, not -1"),
         ({"rep": float("inf")}, ValueError, "'rep' must be finite and >= 0 ms, not inf"),
+        ({"rep": 10**400}, ValueError, "'rep' must be finite and >= 0 ms"),  # no float holds it
         ({"do_bench": 5}, TypeError, "'do_bench' must be callable or None, not int"),
         ({"cache_results": "no"}, TypeError, "'cache_results' must be a bool, not str"),
         # Kinds before values, whatever the parameter order.

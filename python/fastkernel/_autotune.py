@@ -35,7 +35,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from . import _C, _env, _heuristic_code, _locks
+from . import _C, _arguments, _env, _heuristic_code, _locks
 from . import _triton_abi as abi
 from . import cache as _cache
 from .cache import files as _cache_files
@@ -140,10 +140,6 @@ def _kind_error(who: str, name: str, what: str, value: Any) -> TypeError:
     return TypeError(f"{who}: argument '{name}' must be {what}, not {type(value).__name__}")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_names_kind(who: str, name: str, value: Any, optional: bool) -> None:
     """``value`` is a list or tuple of argument names (or None when ``optional``)."""
     if value is None and optional:
@@ -183,14 +179,14 @@ def _check_autotune_arguments(
         for name in ("perf_model", "early_config_prune"):
             _check_callable_kind(who, f"prune_configs_by['{name}']", prune_configs_by.get(name))
         top_k = prune_configs_by.get("top_k")
-        if top_k is not None and not _is_number(top_k):
+        if top_k is not None and not _arguments.is_number(top_k):
             raise _kind_error(who, "prune_configs_by['top_k']", "an int or a float", top_k)
     _check_names_kind(who, "reset_to_zero", reset_to_zero, optional=True)
     _check_names_kind(who, "restore_value", restore_value, optional=True)
     _check_callable_kind(who, "pre_hook", pre_hook)
     _check_callable_kind(who, "post_hook", post_hook)
     for name, value in (("warmup", warmup), ("rep", rep)):
-        if not _is_number(value):
+        if not _arguments.is_number(value):
             raise _kind_error(who, name, "a number of milliseconds", value)
     _check_callable_kind(who, "do_bench", do_bench)
     if not isinstance(cache_results, bool):
@@ -211,7 +207,7 @@ def _check_autotune_arguments(
                 f"(a fraction of the configs), not {top_k!r}"
             )
     for name, value in (("warmup", warmup), ("rep", rep)):
-        if not 0 <= value < math.inf:
+        if _arguments.finite_nonnegative(value) is None:
             raise ValueError(f"{who}: argument '{name}' must be finite and >= 0 ms, not {value!r}")
 
 

@@ -13,10 +13,9 @@ compile time.
 from __future__ import annotations
 
 import hashlib
-import os
 import pathlib
 
-from . import _C
+from . import _C, _arguments
 from . import _triton_abi as abi
 from .cache import atomic_write
 
@@ -118,14 +117,10 @@ def export(kernel, path) -> list[pathlib.Path]:
         raise TypeError(
             f"export(): argument 'kernel' must be a @fastkernel kernel, not {type(kernel).__name__}"
         )
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"export(): argument 'path' must be a str or os.PathLike, not {type(path).__name__}"
-        )
+    root = _arguments.path("export", "path", path)
     registrations = list(kernel._registrations.values())
     if not registrations:
         raise ValueError(f"{kernel.__name__} has no registered specialization: launch it first")
-    root = pathlib.Path(path)
     flags = [_specialization_flags(p) for p in kernel.jit_function.params]
     runtime = [(i, p) for i, p in enumerate(kernel.params) if not p.is_constexpr]
     runtime_index = {i: r for r, (i, _) in enumerate(runtime)}

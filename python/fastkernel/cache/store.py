@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import pathlib
 import re
@@ -22,7 +21,7 @@ import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .. import _env, _locks
+from .. import _arguments, _env, _locks
 from .. import _triton_abi as abi
 from . import files as _fs
 from .entry import (
@@ -581,21 +580,17 @@ def iter_entry_files(root: pathlib.Path, strict: bool = False) -> Iterator[pathl
     return _fs.walk_files(root, ENTRY_SUFFIX, _IMPORT_MAX_DEPTH, _IMPORT_MAX_FILES, strict)
 
 
-def _path_argument(who: str, name: str, value: Any, or_none: str = "") -> pathlib.Path:
-    """Argument ``name`` of ``who()``, a str or os.PathLike, as a path; TypeError naming the
-    argument for any other kind (``or_none``: what the message adds when None is allowed)."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(
-            f"{who}(): argument '{name}' must be a str or os.PathLike{or_none}, not "
-            f"{type(value).__name__}"
-        )
-    return pathlib.Path(value)
+def _root_argument(who: str, root: Any) -> pathlib.Path | None:
+    """The cache directory argument ``root`` of ``who()`` as a path, or None (TypeError naming
+    it for another kind)."""
+    return None if root is None else _arguments.path(who, "root", root, " or None")
 
 
 def _cache_root(who: str, root: Any) -> pathlib.Path:
     """The cache directory argument ``root`` of ``who()``: a path, or None for
     :func:`cache_dir`."""
-    return cache_dir() if root is None else _path_argument(who, "root", root, " or None")
+    path = _root_argument(who, root)
+    return cache_dir() if path is None else path
 
 
 def scan(root: pathlib.Path | None = None) -> tuple[list[Entry], list[tuple[pathlib.Path, str]]]:
@@ -751,16 +746,13 @@ def check_older_than(older_than: Any) -> float:
     """``older_than`` as :func:`prune` takes it: an int or float of seconds, finite and >= 0,
     as a float. Raises TypeError for another kind, ValueError for a negative, infinite or NaN
     value, or an int too large for a float."""
-    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
+    if not _arguments.is_number(older_than):
         raise TypeError(
             f"prune(): argument 'older_than' must be a number of seconds, not "
             f"{type(older_than).__name__}"
         )
-    try:
-        seconds = float(older_than)
-    except OverflowError:
-        seconds = math.inf
-    if not 0 <= seconds < math.inf:
+    seconds = _arguments.finite_nonnegative(older_than)
+    if seconds is None:
         raise ValueError(
             f"prune(): argument 'older_than' must be finite and >= 0 seconds, not {older_than!r}"
         )
@@ -791,10 +783,9 @@ def prune(root: pathlib.Path | None = None, older_than: float = STALE_TEMP_SECON
         A file could not be removed (after every other one was); the error names it and how
         many failed.
     """
-    if root is not None:  # the kinds first, then the value
-        _path_argument("prune", "root", root, " or None")
+    root_path = _root_argument("prune", root)  # the kinds first, then the value
     seconds = check_older_than(older_than)
-    root = _cache_root("prune", root)
+    root = cache_dir() if root_path is None else root_path
     cutoff = time.time() - seconds
     removed, failed = _remove_cache_files(
         root, lambda name: _TEMP_NAME.fullmatch(name) is not None, lambda st: st.st_mtime <= cutoff
@@ -826,7 +817,7 @@ def export_entries(dest: pathlib.Path, root: pathlib.Path | None = None) -> int:
     OSError
         ``dest`` cannot be made (it names a file, no permission) or a file written.
     """
-    dest = _path_argument("export_entries", "dest", dest)
+    dest = _arguments.path("export_entries", "dest", dest)
     entries, bad = scan(_cache_root("export_entries", root))
     for path, reason in bad:
         log.warning("fastkernel: not exported %s: %s", path, reason)
@@ -866,7 +857,7 @@ def import_entries(src: pathlib.Path, root: pathlib.Path | None = None) -> tuple
     OSError
         ``src`` is not a directory, or a directory under it cannot be read.
     """
-    src = _path_argument("import_entries", "src", src)
+    src = _arguments.path("import_entries", "src", src)
     root = _cache_root("import_entries", root)
     imported = skipped = 0
     local: dict[tuple[str, int, int], dict[str, Any]] = {}
