@@ -4,6 +4,7 @@ bytes as from the Python launch. Runs against the recording stand-in driver (CPU
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import shutil
@@ -18,6 +19,7 @@ import triton
 import triton.language as tl
 
 import fastkernel
+from fastkernel import _C
 from fastkernel import fastkernel as fk
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -100,7 +102,7 @@ def test_cpp_program_launches_an_exported_bundle_like_python(stand_in, cpp_progr
     # The manifest lists the aligned entry first (registration order): out_ptr "%16" there.
     for number, launch, (o, n) in zip(range(2), python_launches, [(out, 4096), (out[1:], 4095)]):
         lines = run(x.data_ptr(), y.data_ptr(), o.data_ptr(), n)
-        assert lines[0] == f"entry add_kernel-{number}.cubin"
+        assert lines[0] == f"entry {cubins[number].name}"
         assert lines[1] == (f"grid 4 1 1 block 128 stream {0x5EED5} params " + launch.raw.hex())
         assert lines[2].startswith(
             "mismatch: fastkernel: no entry matches add_kernel(int, pointer,"
@@ -228,6 +230,92 @@ def test_a_failed_export_leaves_the_bundle_it_would_replace_as_it_was(stand_in, 
     with pytest.raises(ValueError, match="constexpr object"):
         fastkernel.export(second, bundle)
     assert {p.name: p.read_bytes() for p in bundle.iterdir()} == before
+
+
+def _named_in_manifest(bundle: pathlib.Path) -> set[str]:
+    lines = (bundle / "manifest.txt").read_text().splitlines()
+    return {line.split(" ")[2] for line in lines if line.startswith("entry ")}
+
+
+def test_a_re_export_replaces_the_bundle_and_removes_the_cubins_no_manifest_names(
+    stand_in, tmp_path
+):
+    """Cubins are named by their content (symbol and SHA-256 prefix); after a re-export the
+    directory holds the new manifest, its cubins and nothing of the bundle replaced, including
+    a cubin an older manifest named in the old numbered style."""
+    out = torch.empty(64)
+    bundle = tmp_path / "b"
+    first = fk(index_times_kernel)
+    first[(1,)](out, 3, BLOCK=64)
+    old = fastkernel.export(first, bundle)
+    assert [p.name for p in old] == [
+        f"index_times_kernel-{hashlib.sha256(old[0].read_bytes()).hexdigest()[:16]}.cubin"
+    ]
+    numbered = bundle / "index_times_kernel-0.cubin"
+    numbered.write_bytes(old[0].read_bytes())
+    manifest = bundle / "manifest.txt"
+    manifest.write_text(manifest.read_text().replace(old[0].name, numbered.name))
+    unrelated = bundle / "notes.txt"
+    unrelated.write_text("kept")
+    second = fk(index_times_kernel)
+    second[(1,)](out, 3, BLOCK=32)
+    second[(1,)](out, 1, BLOCK=32)
+    new = fastkernel.export(second, bundle)
+    assert len(new) == 2 and not {p.name for p in new} & {old[0].name}
+    assert _named_in_manifest(bundle) == {p.name for p in new}
+    assert {p.name for p in bundle.glob("*.cubin")} == {p.name for p in new}
+    assert unrelated.read_text() == "kept"
+    assert len(_C._testing.load_bundle(str(bundle))) == 2
+
+
+def test_an_export_stopped_before_its_manifest_leaves_the_old_bundle_whole(
+    stand_in, tmp_path, monkeypatch
+):
+    """An export that dies after writing its cubins and before its manifest (a kill, a full
+    disk) has overwritten no cubin the old manifest names: the old bundle loads, and the next
+    export removes the cubins the stopped one left."""
+    out = torch.empty(64)
+    bundle = tmp_path / "b"
+    first = fk(index_times_kernel)
+    first[(1,)](out, 3, BLOCK=64)
+    (old,) = fastkernel.export(first, bundle)
+    old_bytes = old.read_bytes()
+    second = fk(index_times_kernel)
+    second[(1,)](out, 3, BLOCK=32)
+    write = fastkernel.bundle.atomic_write
+
+    def stop_at_the_manifest(path, data):
+        if pathlib.Path(path).name == "manifest.txt":
+            raise OSError(28, "No space left on device")
+        write(path, data)
+
+    monkeypatch.setattr(fastkernel.bundle, "atomic_write", stop_at_the_manifest)
+    with pytest.raises(OSError, match="No space"):
+        fastkernel.export(second, bundle)
+    monkeypatch.undo()
+    assert len(list(bundle.glob("*.cubin"))) == 2  # the old one and the orphan
+    assert old.read_bytes() == old_bytes
+    assert _named_in_manifest(bundle) == {old.name}
+    assert len(_C._testing.load_bundle(str(bundle))) == 1
+    third = fk(index_times_kernel)
+    third[(1,)](out, 3, BLOCK=16)
+    (new,) = fastkernel.export(third, bundle)
+    assert [p.name for p in bundle.glob("*.cubin")] == [new.name]
+
+
+def test_export_replaces_a_manifest_that_is_no_regular_file(stand_in, tmp_path):
+    """The manifest being replaced is read only for the cubin names to remove, without
+    following a link or blocking on a FIFO; the export then replaces it."""
+    out = torch.empty(64)
+    k = fk(index_times_kernel)
+    k[(1,)](out, 3, BLOCK=64)
+    for name, make in (("fifo", os.mkfifo), ("link", lambda p: os.symlink("/dev/zero", p))):
+        bundle = tmp_path / name
+        bundle.mkdir()
+        make(bundle / "manifest.txt")
+        (cubin,) = fastkernel.export(k, bundle)
+        assert (bundle / "manifest.txt").is_file() and not (bundle / "manifest.txt").is_symlink()
+        assert _named_in_manifest(bundle) == {cubin.name}
 
 
 @pytest.fixture(scope="module")
@@ -381,7 +469,7 @@ def test_the_cpp_program_leaks_nothing_under_valgrind(stand_in, cpp_program, tmp
     x = torch.randn(4096)
     k[(4,)](x, x, x, 4096, BLOCK=1024)
     bundle = tmp_path / "bundle"
-    fastkernel.export(k, bundle)
+    (cubin,) = fastkernel.export(k, bundle)
     p = hex(x.data_ptr())
     # The program is uninstrumented: a sanitizer runtime preloaded into this interpreter (the
     # sanitizer pass of the suite) must not follow it into valgrind.
@@ -408,7 +496,7 @@ def test_the_cpp_program_leaks_nothing_under_valgrind(stand_in, cpp_program, tmp
         env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines()[0] == "entry add_kernel-0.cubin"
+    assert result.stdout.splitlines()[0] == f"entry {cubin.name}"
 
 
 def test_the_launch_table_keeps_a_pinned_record_when_an_allocation_fails(cpp_program):

@@ -50,7 +50,7 @@ def test_generated_calls_of_new_wrappers_are_served_by_the_warm_index():
 
 def test_writers_killed_mid_write_leave_nothing_that_loads_wrong(tmp_path):
     """25 writers of cache entries, index and tuning records and bundle exports killed with
-    SIGKILL at random points: every entry loads intact, a mixed bundle is refused."""
+    SIGKILL at random points: every entry loads intact, the bundle always loads whole."""
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "crash_writers.py"), "--kills", "25", "--seed", "3"],
         capture_output=True,
@@ -61,3 +61,4 @@ def test_writers_killed_mid_write_leave_nothing_that_loads_wrong(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^  failures +0$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^  entry loaded intact +25$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^  bundle loaded whole +25$", proc.stdout, re.M), proc.stdout

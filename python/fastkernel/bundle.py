@@ -13,7 +13,10 @@ compile time.
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
+import re
+import stat
 
 from . import _C, _arguments
 from . import _triton_abi as abi
@@ -81,6 +84,64 @@ def entry_digest(entry_lines: list[str], cubin: bytes) -> str:
     return hashlib.sha256("".join(line + "\n" for line in entry_lines).encode() + cubin).hexdigest()
 
 
+#: The file names ``export`` gives cubins: the symbol, then the first 16 hex digits of the
+#: cubin's SHA-256. A name follows from the content, so an export never rewrites a file that the
+#: manifest it replaces names with other bytes.
+_CUBIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{16}\.cubin")
+
+
+#: ``Bundle::load``'s limit on a manifest's size (csrc/bundle.cpp).
+_MAX_MANIFEST_BYTES = 16 << 20
+
+
+def _cubin_name(symbol: str, cubin: bytes) -> str:
+    return f"{symbol}-{hashlib.sha256(cubin).hexdigest()[:16]}.cubin"
+
+
+def _named_cubins(manifest: pathlib.Path) -> set[str]:
+    """The cubin names an existing manifest's entry lines give, read as untrusted text: plain
+    file names only; a manifest that is not a regular file (a link, a FIFO), unreadable or
+    over ``Bundle::load``'s size limit gives none."""
+    try:
+        fd = os.open(manifest, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return set()
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return set()
+        text = f.read(_MAX_MANIFEST_BYTES + 1)
+    if len(text) > _MAX_MANIFEST_BYTES:
+        return set()
+    names = set()
+    for line in text.decode("utf-8", "replace").splitlines():
+        fields = line.split(" ")
+        if len(fields) > 2 and fields[0] == "entry" and fields[2].endswith(".cubin"):
+            if "/" not in fields[2] and fields[2] not in (".", ".."):
+                names.add(fields[2])
+    return names
+
+
+def _write_bundle(root: pathlib.Path, manifest: bytes, cubins: dict[str, bytes]) -> None:
+    """Write the cubins, then replace the manifest, then remove the cubins that no manifest
+    names any more: those of the manifest replaced and those an export killed before its
+    manifest left. A kill at any point leaves a manifest whose cubins are all in place."""
+    from .cache.store import cross_process_lock
+
+    root.mkdir(parents=True, exist_ok=True)
+    with cross_process_lock(lambda: root / ".export.lock", f"exporting a bundle to {root}"):
+        stale = _named_cubins(root / "manifest.txt")
+        for name, data in cubins.items():
+            atomic_write(root / name, data)
+        atomic_write(root / "manifest.txt", manifest)
+        with os.scandir(root) as it:
+            stale.update(e.name for e in it if _CUBIN_NAME.fullmatch(e.name))
+        for name in stale - cubins.keys():
+            try:
+                os.unlink(root / name)
+            except OSError:  # gone already, or not a file: no manifest names it either way
+                pass
+
+
 def export(kernel, path) -> list[pathlib.Path]:
     """Write ``kernel``'s registered specializations to the bundle directory ``path``.
 
@@ -90,7 +151,11 @@ def export(kernel, path) -> list[pathlib.Path]:
         A kernel that has been launched (each launch kind registers a specialization).
     path : str or os.PathLike
         The bundle directory (created). Every entry is made and checked before anything is
-        written; the cubins are written, then the manifest replaces any earlier one atomically.
+        written; the cubins are written under names made from their SHA-256, then the
+        manifest replaces any earlier one atomically, then the cubins no manifest names any
+        more are removed. A reader, or an export killed at any point, sees a whole bundle:
+        the earlier one or the new one. One export into a directory at a time (a lock file,
+        ``.export.lock``, serializes processes).
 
     Returns
     -------
@@ -125,7 +190,7 @@ def export(kernel, path) -> list[pathlib.Path]:
     runtime = [(i, p) for i, p in enumerate(kernel.params) if not p.is_constexpr]
     runtime_index = {i: r for r, (i, _) in enumerate(runtime)}
     lines = [f"fastkernel-bundle {BUNDLE_VERSION}"]
-    cubins: list[tuple[pathlib.Path, bytes]] = []
+    cubins: dict[str, bytes] = {}
     # Two registrations can be one entry for C++ (Triton keys an annotated parameter by its
     # annotation, fastkernel's Python key by the value's kind): written once, or every call
     # matching them would be refused as ambiguous.
@@ -165,15 +230,12 @@ def export(kernel, path) -> list[pathlib.Path]:
         if identity in seen:
             continue
         seen.add(identity)
-        cubin = root / f"{meta.name}-{len(cubins)}.cubin"
-        cubins.append((cubin, meta.cubin))
-        entry = [" ".join(str(x) for x in ("entry", kernel.__name__, cubin.name, *launch)), *body]
+        cubin = _cubin_name(meta.name, meta.cubin)
+        cubins[cubin] = meta.cubin
+        entry = [" ".join(str(x) for x in ("entry", kernel.__name__, cubin, *launch)), *body]
         lines += entry
         lines.append(f"digest {entry_digest(entry, meta.cubin)}")
         lines.append("end")
-    # Everything is checked: only now is anything written, the manifest last.
-    root.mkdir(parents=True, exist_ok=True)
-    for cubin, data in cubins:
-        atomic_write(cubin, data)
-    atomic_write(root / "manifest.txt", ("\n".join(lines) + "\n").encode())
-    return [cubin for cubin, _ in cubins]
+    # Everything is checked: only now is anything written.
+    _write_bundle(root, ("\n".join(lines) + "\n").encode(), cubins)
+    return [root / name for name in cubins]
