@@ -823,6 +823,94 @@ def test_the_directory_functions_check_their_arguments_kinds_first(cache_root, t
     assert cache.prune(str(cache_root), older_than=10**6) == 0  # a str path and an int: fine
 
 
+def _kernel_target_spec():
+    x = torch.empty(64)
+    spec = abi.specialize(kernels.add_kernel, T90, (x, x, x, 64), {"BLOCK": 64})
+    return kernels.add_kernel, T90, spec
+
+
+_J, _T, _S = (
+    "jit_fn' must be a triton.runtime.jit.JITFunction",
+    "target' must be a",
+    "spec' must be",
+)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda j, t, s, d: cache.decode_entry("x"), "decode_entry(): argument 'data' must be a"),
+        (lambda j, t, s, d: cache.decode_entry(b"", 5), "decode_entry(): argument 'path'"),
+        (lambda j, t, s, d: cache.encode_entry(5, 5), "encode_entry(): argument 'header'"),
+        (lambda j, t, s, d: cache.encode_entry({}, "x"), "encode_entry(): argument 'cubin'"),
+        (lambda j, t, s, d: cache.entry_path(5, "x"), "entry_path(): argument 'root'"),
+        (lambda j, t, s, d: cache.entry_path(d, 5), "entry_path(): argument 'key' must be a str"),
+        (lambda j, t, s, d: cache.read_entry(None), "read_entry(): argument 'path'"),
+        (lambda j, t, s, d: cache.read_entry(d, "yes"), "read_entry(): argument 'trusted'"),
+        (lambda j, t, s, d: cache.iter_entry_files(5), "iter_entry_files(): argument 'root'"),
+        (lambda j, t, s, d: cache.iter_entry_files(d, 1), "iter_entry_files(): argument 'strict'"),
+        (lambda j, t, s, d: cache.atomic_write(5, b""), "atomic_write(): argument 'path'"),
+        (lambda j, t, s, d: cache.atomic_write(d / "f", "x"), "atomic_write(): argument 'data'"),
+        (lambda j, t, s, d: cache.discard(5, "r"), "discard(): argument 'handle'"),
+        (
+            lambda j, t, s, d: cache.toolchain_fingerprint(None),
+            "toolchain_fingerprint(): argument 'target'",
+        ),
+        (
+            lambda j, t, s, d: cache.toolchain_fingerprint(t, 5),
+            "toolchain_fingerprint(): argument 'memo_dir'",
+        ),
+        (lambda j, t, s, d: cache.key_document(j.fn, t, s), "key_document(): argument '" + _J),
+        (lambda j, t, s, d: cache.key_document(j, (9, 0), s), "key_document(): argument '" + _T),
+        (lambda j, t, s, d: cache.key_document(j, t, None), "key_document(): argument '" + _S),
+        (lambda j, t, s, d: cache.key_document(j, t, s, env={}), "key_document(): argument 'env'"),
+        (
+            lambda j, t, s, d: cache.entry_key(j, t, s, memo_dir=1),
+            "entry_key(): argument 'memo_dir'",
+        ),
+        (lambda j, t, s, d: cache.entry_key(5, None, None), "entry_key(): argument '" + _J),
+        (lambda j, t, s, d: cache.is_cached(j, t, {}), "is_cached(): argument '" + _S),
+        (
+            lambda j, t, s, d: cache.load_or_compile(j, "sm90", s),
+            "load_or_compile(): argument '" + _T,
+        ),
+        (
+            lambda j, t, s, d: cache.compile_and_store(j, t, 5),
+            "compile_and_store(): argument '" + _S,
+        ),
+        (lambda j, t, s, d: cache.warm_lookup(j, t, "k"), "warm_lookup(): argument 'native_key'"),
+        (lambda j, t, s, d: cache.warm_lookup(j, t, b"", 5), "warm_lookup(): argument 'tuned'"),
+        (lambda j, t, s, d: cache.warm_store(j, t, b"", None), "warm_store(): argument '" + _S),
+        (
+            lambda j, t, s, d: cache.decode_index_record("{}", "i", "k", t),
+            "decode_index_record(): argument 'data'",
+        ),
+        (
+            lambda j, t, s, d: cache.decode_index_record(b"{}", "i", b"k", t),
+            "decode_index_record(): argument 'native_key'",
+        ),
+        (
+            lambda j, t, s, d: cache.decode_index_record(b"{}", "i", "k", 90),
+            "decode_index_record(): argument '" + _T,
+        ),
+    ],
+)
+def test_the_cache_functions_name_an_argument_of_the_wrong_kind(cache_root, call, match):
+    """The lower-level functions of fastkernel.cache refuse an argument of the wrong kind with
+    a TypeError naming it, before using any value (a wrong kind is not an uncacheable kernel,
+    a corrupt entry or a malformed record)."""
+    with pytest.raises(TypeError, match=re.escape(match)):
+        call(*_kernel_target_spec(), cache_root)
+    assert not cache_root.exists() or entry_files(cache_root) == []
+
+
+@pytest.mark.parametrize("key", ["", "ab", "../" + "0" * 61, "A" * 64, "0" * 65])
+def test_entry_path_takes_only_entry_keys(tmp_path, key):
+    with pytest.raises(ValueError, match="argument 'key' must be 64 lowercase hex digits"):
+        cache.entry_path(tmp_path, key)
+    assert cache.entry_path(tmp_path, "0" * 64).name == "0" * 64 + cache.ENTRY_SUFFIX
+
+
 def test_cli_errors_are_messages_and_a_failing_exit(stand_in, cache_root, tmp_path, capsys):
     x = torch.randn(64)
     fk(kernels.add_kernel)[(1,)](x, x, x, 64, BLOCK=64)

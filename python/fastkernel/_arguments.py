@@ -34,3 +34,10 @@ def path(who: str, name: str, value: Any, or_none: str = "") -> pathlib.Path:
             f"{type(value).__name__}"
         )
     return pathlib.Path(value)
+
+
+def instance(who: str, name: str, value: Any, kinds: type | tuple[type, ...], what: str) -> None:
+    """TypeError naming argument ``name`` of ``who()`` unless ``value`` is an instance of
+    ``kinds`` (``what``: the kinds in words, "a GPUTarget")."""
+    if not isinstance(value, kinds):
+        raise TypeError(f"{who}(): argument '{name}' must be {what}, not {type(value).__name__}")

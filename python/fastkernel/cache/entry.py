@@ -18,6 +18,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from .. import _arguments
 from .. import _triton_abi as abi
 from . import files as _fs
 
@@ -85,7 +86,21 @@ def entry_file(root: str | os.PathLike[str], key: str) -> str:
 
 
 def entry_path(root: pathlib.Path, key: str) -> pathlib.Path:
-    """:func:`entry_file` as a path."""
+    """:func:`entry_file` as a path.
+
+    Raises
+    ------
+    TypeError
+        ``root`` is not a str or os.PathLike, or ``key`` not a str.
+    ValueError
+        ``key`` is not an entry key (64 lowercase hex digits).
+    """
+    root = _arguments.path("entry_path", "root", root)
+    _arguments.instance("entry_path", "key", key, str, "a str")
+    if not is_sha256_hex(key):
+        raise ValueError(
+            f"entry_path(): argument 'key' must be 64 lowercase hex digits, not {key!r:.80}"
+        )
     return pathlib.Path(entry_file(root, key))
 
 
@@ -125,7 +140,10 @@ class Entry:
 
 
 def encode_entry(header: Mapping[str, Any], cubin: bytes) -> bytes:
-    """The bytes of an entry file: the fixed fields, the sha256 of the rest, header, cubin."""
+    """The bytes of an entry file: the fixed fields, the sha256 of the rest, header, cubin.
+    TypeError naming the argument when ``header`` is not a mapping or ``cubin`` not bytes."""
+    _arguments.instance("encode_entry", "header", header, Mapping, "a mapping")
+    _arguments.instance("encode_entry", "cubin", cubin, (bytes, bytearray), "bytes")
     header_bytes = canonical(dict(header))
     fixed = _FIXED.pack(_MAGIC, FORMAT_VERSION, len(header_bytes), len(cubin))
     digest = hashlib.sha256(fixed + header_bytes + cubin).digest()
@@ -214,10 +232,17 @@ def decode_entry(data: bytes, path: pathlib.Path = pathlib.Path("<bytes>")) -> E
 
     Raises
     ------
+    TypeError
+        ``data`` is not bytes, bytearray or memoryview, or ``path`` not a str or os.PathLike.
     CorruptEntry
         When the magic, format version, lengths (a truncated or extended file), checksum
         (sha256 over the whole file) or header schema do not match.
     """
+    _arguments.instance(
+        "decode_entry", "data", data, (bytes, bytearray, memoryview), "a bytes-like object"
+    )
+    path = _arguments.path("decode_entry", "path", path)
+    data = bytes(data)
     if len(data) < _PREFIX_SIZE:
         raise CorruptEntry(f"{len(data)} bytes, shorter than the fixed header")
     magic, version, header_len, cubin_len = _FIXED.unpack_from(data)
@@ -254,12 +279,16 @@ def read_entry(path: pathlib.Path, trusted: bool = True) -> Entry:
 
     Raises
     ------
+    TypeError
+        ``path`` is not a str or os.PathLike, or ``trusted`` not a bool.
     FileNotFoundError
         No such file.
     CorruptEntry
         As :func:`decode_entry`; when the file's name is not its header's key; when it is a
         link, not a regular file, too large or (``trusted``) not private.
     """
+    path = _arguments.path("read_entry", "path", path)
+    _arguments.instance("read_entry", "trusted", trusted, bool, "a bool")
     try:
         data = _fs.read_file(pathlib.Path(path), MAX_ENTRY_FILE, trusted)[0]
     except _fs.UntrustedPath as exc:

@@ -11,13 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import triton
+from triton.backends.compiler import GPUTarget
 
+from .. import _arguments
 from .. import _triton_abi as abi
 from . import files as _fs
 from .entry import canonical, entry_file, entry_path, is_sha256_hex
 from .key import (
+    _NO_SPEC,
     Uncacheable,
     cache_env,
+    check_compile_inputs,
     key_document,
     render,
     target_dict,
@@ -138,10 +142,18 @@ def decode_index_record(
 
     Raises
     ------
+    TypeError
+        ``data`` is not bytes, ``index`` or ``native_key`` not a str, ``target`` not a
+        GPUTarget.
     ValueError
         For anything else: not JSON, nested past the recursion limit, a missing or mistyped
         field, a checksum that does not hold, another key's record, an unknown option or tag.
     """
+    who = "decode_index_record"
+    _arguments.instance(who, "data", data, bytes, "bytes")
+    _arguments.instance(who, "index", index, str, "a str")
+    _arguments.instance(who, "native_key", native_key, str, "a str")
+    _arguments.instance(who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget")
     try:
         if not (
             data.startswith(_CHECKSUM_PREFIX)
@@ -222,11 +234,21 @@ def _index_file(root: str | os.PathLike[str], digest: str) -> str:
     return os.path.join(root, _INDEX, digest[:2], f"{digest}.json")
 
 
+def _check_warm_arguments(who: str, jit_fn, target, native_key, tuned, spec=_NO_SPEC) -> None:
+    """TypeError naming the first argument of the wrong kind, in parameter order."""
+    check_compile_inputs(who, jit_fn, target)
+    _arguments.instance(who, "native_key", native_key, bytes, "bytes")
+    if spec is not _NO_SPEC:
+        check_compile_inputs(who, jit_fn, target, spec)
+    _arguments.instance(who, "tuned", tuned, (Mapping, type(None)), "a mapping or None")
+
+
 def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | None = None):
     """``(spec, meta, handle)`` for a native key whose specialization the warm index holds and
     whose entry verifies, else None (then the caller specializes with Triton's binder). ``tuned``:
     the values a tuned config (or keyed heuristics) gave, which a tuned kernel's native key does
-    not hold. Never raises for cache problems."""
+    not hold. Never raises for cache problems; TypeError naming an argument of the wrong kind."""
+    _check_warm_arguments("warm_lookup", jit_fn, target, native_key, tuned)
     if not enabled() or always_compile():
         return None
     root = usable_root()
@@ -272,7 +294,9 @@ def warm_store(
     tuned: Mapping[str, Any] | None = None,
 ) -> None:
     """Record ``native_key -> spec`` in the warm index (after its entry was written). Skipped
-    quietly when the cache is off or a value has no JSON encoding."""
+    quietly when the cache is off or a value has no JSON encoding; TypeError naming an argument
+    of the wrong kind."""
+    _check_warm_arguments("warm_store", jit_fn, target, native_key, tuned, spec)
     root = usable_root()
     if root is None:
         return

@@ -12,7 +12,10 @@ import sysconfig
 from typing import Any
 
 import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import JITFunction
 
+from .. import _arguments
 from .. import _triton_abi as abi
 from . import files as _fs
 from .entry import FORMAT_VERSION, canonical, is_sha256_hex
@@ -259,6 +262,28 @@ def cache_env() -> list[list[str]]:
     return sorted([str(k), str(v)] for k, v in get_cache_invalidating_env_vars().items())
 
 
+_NO_SPEC: Any = object()
+
+
+def check_compile_inputs(who: str, jit_fn: Any, target: Any, spec: Any = _NO_SPEC) -> None:
+    """TypeError naming the argument of ``who()`` unless ``jit_fn`` is a Triton JITFunction,
+    ``target`` a GPUTarget and ``spec`` (when given) a Specialization."""
+    _arguments.instance(who, "jit_fn", jit_fn, JITFunction, "a triton.runtime.jit.JITFunction")
+    _arguments.instance(who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget")
+    if spec is not _NO_SPEC:
+        _arguments.instance(
+            who, "spec", spec, abi.Specialization, "a fastkernel._triton_abi.Specialization"
+        )
+
+
+def _memo_dir(who: str, memo_dir: Any) -> str | None:
+    """``memo_dir`` checked (str, os.PathLike or None) and as a str, or None."""
+    if memo_dir is None:
+        return None
+    _arguments.path(who, "memo_dir", memo_dir, " or None")
+    return os.fspath(memo_dir) or None
+
+
 def toolchain_dir(root: str | os.PathLike[str]) -> str:
     """Where the toolchain digests are memoized under cache directory ``root``."""
     return os.path.join(root, "toolchain")
@@ -283,15 +308,24 @@ def toolchain_fingerprint(target, memo_dir: str | os.PathLike[str] | None = None
         version), ``triton_key`` (sha256 of ``triton.runtime.cache.triton_key()``), ``backend``
         (sha256 of the backend's ``hash()``: for CUDA the ptxas version text and the arch,
         triton/backends/nvidia/compiler.py ``CUDABackend.hash``).
+
+    Raises
+    ------
+    TypeError
+        ``target`` is not a GPUTarget, or ``memo_dir`` not a str, os.PathLike or None.
     """
     import fastkernel
 
+    _arguments.instance(
+        "toolchain_fingerprint", "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget"
+    )
+    memo = _memo_dir("toolchain_fingerprint", memo_dir)
     return {
         "format": FORMAT_VERSION,
         "fastkernel": fastkernel.__version__,
         "triton": triton.__version__,
-        "triton_key": _triton_key_digest(str(memo_dir) if memo_dir else None),
-        "backend": _backend_digest(target, str(memo_dir) if memo_dir else None),
+        "triton_key": _triton_key_digest(memo),
+        "backend": _backend_digest(target, memo),
     }
 
 
@@ -341,12 +375,21 @@ def key_document(
 
     Raises
     ------
+    TypeError
+        An argument of the wrong kind (named).
     Uncacheable
         When the kernel's source or dependencies cannot be hashed, a value has no stable
         rendering, or ``TRITON_KERNEL_OVERRIDE`` substitutes IR from files outside the key.
     """
     from triton import knobs
     from triton.compiler import ASTSource
+
+    check_compile_inputs("key_document", jit_fn, target, spec)
+    memo = _memo_dir("key_document", memo_dir)
+    _arguments.instance("key_document", "env", env, (list, type(None)), "a list or None")
+    _arguments.instance(
+        "key_document", "toolchain", toolchain, (dict, type(None)), "a dict or None"
+    )
 
     if knobs.compilation.override:
         raise Uncacheable("TRITON_KERNEL_OVERRIDE substitutes IR from files outside the key")
@@ -365,7 +408,7 @@ def key_document(
     globals_used.sort()
     return {
         "format": FORMAT_VERSION,
-        "toolchain": toolchain_fingerprint(target, memo_dir) if toolchain is None else toolchain,
+        "toolchain": toolchain_fingerprint(target, memo) if toolchain is None else toolchain,
         "target": target_dict(target),
         "source": source_key,
         "kernel": kernel_key,
@@ -373,7 +416,7 @@ def key_document(
         "signature": [[str(name), str(ty)] for name, ty in spec.signature.items()],
         "constexprs": sorted([list(path), render(v)] for path, v in spec.constexprs.items()),
         "attrs": sorted([list(path), render(v)] for path, v in spec.attrs.items()),
-        "options": options_digest(spec.options, str(memo_dir) if memo_dir else None),
+        "options": options_digest(spec.options, memo),
         "env": cache_env() if env is None else env,
     }
 
@@ -382,5 +425,8 @@ def entry_key(
     jit_fn, target, spec: abi.Specialization, memo_dir: str | os.PathLike[str] | None = None
 ) -> str:
     """The entry key: the sha256 (hex) of :func:`key_document` serialized canonically (JSON,
-    sorted keys, no whitespace). Raises Uncacheable as :func:`key_document` does."""
+    sorted keys, no whitespace). Raises TypeError and Uncacheable as :func:`key_document`
+    does."""
+    check_compile_inputs("entry_key", jit_fn, target, spec)
+    _memo_dir("entry_key", memo_dir)
     return hashlib.sha256(canonical(key_document(jit_fn, target, spec, memo_dir))).hexdigest()

@@ -40,6 +40,7 @@ from .entry import (
 )
 from .key import (
     Uncacheable,
+    check_compile_inputs,
     entry_key,
     key_document,
     memos_written,
@@ -242,8 +243,12 @@ def atomic_write(path: pathlib.Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one (see
     :func:`fastkernel.cache.files.write_file`), creating the directory if needed. For files
     outside the cache (bundles, exports): mode 0666 less the umask, like any file the user
-    creates. Files inside the cache are written private to the user."""
-    path = pathlib.Path(path)
+    creates. Files inside the cache are written private to the user. TypeError naming the
+    argument when ``path`` is not a str or os.PathLike or ``data`` not bytes."""
+    path = _arguments.path("atomic_write", "path", path)
+    _arguments.instance(
+        "atomic_write", "data", data, (bytes, bytearray, memoryview), "a bytes-like object"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     _fs.write_file(path, data, 0o666)
 
@@ -377,12 +382,15 @@ def load_or_compile(jit_fn, target, spec: abi.Specialization):
 
     Raises
     ------
+    TypeError
+        An argument of the wrong kind (named).
     fastkernel._triton_abi.UnsupportedByNativePath
         For a binary the native launcher cannot call (then nothing is written).
     Exception
         Whatever Triton's compiler raises. Cache problems are never raised: an unreadable or bad
         entry is logged, removed and compiled again; a failed write is logged.
     """
+    check_compile_inputs("load_or_compile", jit_fn, target, spec)
     root = usable_root()
     if root is None:
         return _compile(jit_fn, target, spec)
@@ -524,6 +532,7 @@ def compile_and_store(jit_fn, target, spec: abi.Specialization):
     """Compile a specialization with Triton and write its entry (replacing any), as
     :func:`load_or_compile` does on a miss; for a caller that found the cached entry unusable.
     Returns and raises as :func:`load_or_compile`."""
+    check_compile_inputs("compile_and_store", jit_fn, target, spec)
     root = usable_root()
     if root is None:
         return _compile(jit_fn, target, spec)
@@ -537,7 +546,10 @@ def compile_and_store(jit_fn, target, spec: abi.Specialization):
 
 def discard(handle: CachedKernel, reason: str) -> None:
     """Remove the entry ``handle`` was read from, which verified but could not become a native
-    registration (``reason``); logged once per entry file."""
+    registration (``reason``); logged once per entry file. TypeError naming the argument when
+    ``handle`` is not a CachedKernel or ``reason`` not a str."""
+    _arguments.instance("discard", "handle", handle, CachedKernel, "a CachedKernel")
+    _arguments.instance("discard", "reason", reason, str, "a str")
     log_once(
         logging.WARNING,
         ("discard", handle.path),
@@ -551,7 +563,9 @@ def discard(handle: CachedKernel, reason: str) -> None:
 
 def is_cached(jit_fn, target, spec: abi.Specialization) -> bool:
     """Whether the on-disk cache has an entry file for this specialization (not verified;
-    :func:`load_or_compile` verifies it). False when the cache is off or the kernel uncacheable."""
+    :func:`load_or_compile` verifies it). False when the cache is off or the kernel uncacheable.
+    TypeError naming an argument of the wrong kind."""
+    check_compile_inputs("is_cached", jit_fn, target, spec)
     if not enabled():
         return False
     try:
@@ -570,8 +584,10 @@ def iter_entry_files(root: pathlib.Path, strict: bool = False) -> Iterator[pathl
     ``_IMPORT_MAX_DEPTH`` directories down, never through a symbolic link, in sorted order.
     Raises ``files.UntrustedPath`` past ``_IMPORT_MAX_FILES`` files. A ``root`` that is not a
     directory has none; with ``strict`` it raises OSError instead, as does a directory under it
-    that cannot be read."""
-    root = pathlib.Path(root)
+    that cannot be read. TypeError naming the argument when ``root`` is not a str or
+    os.PathLike or ``strict`` not a bool."""
+    root = _arguments.path("iter_entry_files", "root", root)
+    _arguments.instance("iter_entry_files", "strict", strict, bool, "a bool")
     if not root.is_dir():
         if strict:
             code = errno.ENOTDIR if root.exists() else errno.ENOENT
