@@ -519,6 +519,41 @@ def test_heuristics_refuses_a_bad_argument_with_a_type_error_naming_it(call, mat
         call()
 
 
+def _tuned_and_heuristics():
+    tuned = tuned_add(None)
+    heuristics = fastkernel.heuristics({"BLOCK": lambda a: 64}, key=["n"])(fk(kernels.add_kernel))
+    return tuned, heuristics
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda t, h: t.tuning_key(["n"]), "tuning_key(): argument 'named' must be a mapping"),
+        (lambda t, h: t.prune(None, {}), "prune(): argument 'named' must be a mapping"),
+        (lambda t, h: t.prune({}, [("num_warps", 4)]), "prune(): argument 'kwargs' must be a"),
+        (
+            lambda t, h: t.record_document(["n"], abi.cuda_target(9, 0)),
+            "record_document(): argument 'tuning_key' must be a tuple, not list",
+        ),
+        (
+            lambda t, h: t.record_document((64,), "sm_90"),
+            "record_document(): argument 'target' must be a triton.backends.compiler.GPUTarget",
+        ),
+        (
+            lambda t, h: t.record_document((64,), abi.cuda_target(9, 0), [{"BLOCK": 64}]),
+            "record_document(): argument 'configs' must be a sequence of triton.Config or None",
+        ),
+        (lambda t, h: h.check_conflicts(5), "check_conflicts(): argument 'kwargs' must be a"),
+        (lambda t, h: h.values_for(None), "values_for(): argument 'named' must be a mapping"),
+    ],
+)
+def test_tuning_methods_name_an_argument_of_the_wrong_kind(call, match):
+    """The public methods of an autotuned or heuristics kernel refuse an argument of the wrong
+    kind with a TypeError naming it, not an AttributeError from its first use."""
+    with pytest.raises(TypeError, match=re.escape(match)):
+        call(*_tuned_and_heuristics())
+
+
 def test_decoration_errors_name_the_problem():
     with pytest.raises(ValueError, match="'m'.*not arguments? of add_kernel"):
         fastkernel.autotune(configs=CONFIGS, key=["m"])(fk(kernels.add_kernel))

@@ -27,10 +27,11 @@ import subprocess
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import triton
+from triton.backends.compiler import GPUTarget
 from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction, KernelInterface
@@ -379,7 +380,9 @@ class Autotuned(NativeDispatch, Autotuner):
     def tuning_key(self, named: dict[str, Any]) -> tuple[Any, ...]:
         """The autotune key of a bound call: each named argument's value (a tensor's sizes), then
         every tensor's dtype and stride classes (0, 1, other). Equal native keys give equal
-        tuning keys (the native key holds every part)."""
+        tuning keys (the native key holds every part). TypeError naming ``named`` when it is
+        not a mapping."""
+        _arguments.instance("tuning_key", "named", named, Mapping, "a mapping")
         parts: list[Any] = []
         for name in self.keys:
             value = named.get(name)
@@ -500,7 +503,10 @@ class Autotuned(NativeDispatch, Autotuner):
     def prune(self, named: dict[str, Any], kwargs: dict[str, Any]) -> list[Config]:
         """The configs to benchmark: ``early_config_prune(configs, named_args, **kwargs)``, then
         the ``top_k`` best by ``perf_model(**named_args, **kwargs, **config.all_kwargs())``
-        (Triton's ``prune_configs_by``; ``top_k`` a count, or a fraction of the configs)."""
+        (Triton's ``prune_configs_by``; ``top_k`` a count, or a fraction of the configs).
+        TypeError naming ``named`` or ``kwargs`` when one is not a mapping."""
+        _arguments.instance("prune", "named", named, Mapping, "a mapping")
+        _arguments.instance("prune", "kwargs", kwargs, Mapping, "a mapping")
         configs = list(self.configs)
         # Triton passes the positional arguments by name (Autotuner.nargs) and the keywords apart.
         named = {k: v for k, v in named.items() if k not in kwargs}
@@ -685,7 +691,21 @@ class Autotuned(NativeDispatch, Autotuner):
         source, the jit functions it calls and the constexpr globals it reads), the configs
         benchmarked (``configs``, the call's pruned ones; default all), the key names and the
         key, the target, the toolchain fingerprint (fastkernel/cache/key.py) and Triton's
-        cache-invalidating environment variables. Raises ``cache.Uncacheable``."""
+        cache-invalidating environment variables. Raises ``cache.Uncacheable``; TypeError naming
+        the argument when ``tuning_key`` is not a tuple, ``target`` not a GPUTarget or
+        ``configs`` not a sequence of triton.Config (or None)."""
+        who = "record_document"
+        _arguments.instance(who, "tuning_key", tuning_key, tuple, "a tuple")
+        _arguments.instance(
+            who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget"
+        )
+        if configs is not None and not (
+            isinstance(configs, Sequence) and all(isinstance(c, Config) for c in configs)
+        ):
+            raise TypeError(
+                f"{who}(): argument 'configs' must be a sequence of triton.Config or None, "
+                f"not {type(configs).__name__}"
+            )
         try:
             kernel_key = self.jit_function.cache_key
         except Exception as exc:
@@ -888,7 +908,9 @@ class Heuristics(NativeDispatch, TritonHeuristics):
 
     def check_conflicts(self, kwargs: dict[str, Any]) -> None:
         """Raise ValueError naming each computed parameter the call's keywords ``kwargs``
-        pass: a value this decorator computes cannot also be passed."""
+        pass: a value this decorator computes cannot also be passed. TypeError naming
+        ``kwargs`` when it is not a mapping."""
+        _arguments.instance("check_conflicts", "kwargs", kwargs, Mapping, "a mapping")
         conflicts = [k for k in kwargs if k in self.values]
         if conflicts:
             raise ValueError(
@@ -898,7 +920,9 @@ class Heuristics(NativeDispatch, TritonHeuristics):
 
     def values_for(self, named: dict[str, Any]) -> dict[str, Any]:
         """The computed values for a bound call, each function seeing the key's arguments, the
-        constexprs, the tuned config's values and the values computed before it."""
+        constexprs, the tuned config's values and the values computed before it. TypeError
+        naming ``named`` when it is not a mapping."""
+        _arguments.instance("values_for", "named", named, Mapping, "a mapping")
         visible = {k: named[k] for k in (*self.keys, *self._constexprs) if k in named}
         visible.update(
             {k: v for k, v in named.items() if k not in self.arg_names}
