@@ -28,6 +28,8 @@ def finite_nonnegative(value: int | float) -> float | None:
 def path(who: str, name: str, value: Any, or_none: str = "") -> pathlib.Path:
     """Argument ``name`` of ``who()``, a str or os.PathLike, as a path; TypeError naming the
     argument for any other kind (``or_none``: what the message adds when None is allowed)."""
+    if isinstance(value, pathlib.Path):  # before the os.PathLike ABC test, the costlier one
+        return value
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(
             f"{who}(): argument '{name}' must be a str or os.PathLike{or_none}, not "

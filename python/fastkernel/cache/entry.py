@@ -238,11 +238,12 @@ def decode_entry(data: bytes, path: pathlib.Path = pathlib.Path("<bytes>")) -> E
         When the magic, format version, lengths (a truncated or extended file), checksum
         (sha256 over the whole file) or header schema do not match.
     """
-    _arguments.instance(
-        "decode_entry", "data", data, (bytes, bytearray, memoryview), "a bytes-like object"
-    )
-    path = _arguments.path("decode_entry", "path", path)
-    data = bytes(data)
+    if type(data) is not bytes or not isinstance(path, pathlib.Path):  # the usual kinds
+        _arguments.instance(
+            "decode_entry", "data", data, (bytes, bytearray, memoryview), "a bytes-like object"
+        )
+        path = _arguments.path("decode_entry", "path", path)
+        data = bytes(data)
     if len(data) < _PREFIX_SIZE:
         raise CorruptEntry(f"{len(data)} bytes, shorter than the fixed header")
     magic, version, header_len, cubin_len = _FIXED.unpack_from(data)
@@ -287,13 +288,14 @@ def read_entry(path: pathlib.Path, trusted: bool = True) -> Entry:
         As :func:`decode_entry`; when the file's name is not its header's key; when it is a
         link, not a regular file, too large or (``trusted``) not private.
     """
-    path = _arguments.path("read_entry", "path", path)
-    _arguments.instance("read_entry", "trusted", trusted, bool, "a bool")
+    if not isinstance(path, pathlib.Path) or type(trusted) is not bool:
+        path = _arguments.path("read_entry", "path", path)
+        _arguments.instance("read_entry", "trusted", trusted, bool, "a bool")
     try:
-        data = _fs.read_file(pathlib.Path(path), MAX_ENTRY_FILE, trusted)[0]
+        data = _fs.read_file(path, MAX_ENTRY_FILE, trusted)[0]
     except _fs.UntrustedPath as exc:
         raise CorruptEntry(exc.strerror or str(exc)) from exc
-    entry = decode_entry(data, pathlib.Path(path))
+    entry = decode_entry(data, path)
     if pathlib.Path(path).name != entry.key + ENTRY_SUFFIX:
         raise CorruptEntry(f"file name does not match the entry's key {entry.key[:16]}")
     return entry

@@ -12,6 +12,7 @@ from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import JITFunction
 
 from .. import _arguments
 from .. import _triton_abi as abi
@@ -149,11 +150,19 @@ def decode_index_record(
         For anything else: not JSON, nested past the recursion limit, a missing or mistyped
         field, a checksum that does not hold, another key's record, an unknown option or tag.
     """
-    who = "decode_index_record"
-    _arguments.instance(who, "data", data, bytes, "bytes")
-    _arguments.instance(who, "index", index, str, "a str")
-    _arguments.instance(who, "native_key", native_key, str, "a str")
-    _arguments.instance(who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget")
+    if not (
+        type(data) is bytes
+        and type(index) is str
+        and type(native_key) is str
+        and isinstance(target, GPUTarget)
+    ):
+        who = "decode_index_record"
+        _arguments.instance(who, "data", data, bytes, "bytes")
+        _arguments.instance(who, "index", index, str, "a str")
+        _arguments.instance(who, "native_key", native_key, str, "a str")
+        _arguments.instance(
+            who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget"
+        )
     try:
         if not (
             data.startswith(_CHECKSUM_PREFIX)
@@ -240,7 +249,9 @@ def _check_warm_arguments(who: str, jit_fn, target, native_key, tuned, spec=_NO_
     _arguments.instance(who, "native_key", native_key, bytes, "bytes")
     if spec is not _NO_SPEC:
         check_compile_inputs(who, jit_fn, target, spec)
-    _arguments.instance(who, "tuned", tuned, (Mapping, type(None)), "a mapping or None")
+    # None is tested first: the first isinstance(None, Mapping) in a process walks the ABC's
+    # subclass tree (about 0.1 ms).
+    _arguments.instance(who, "tuned", tuned, (type(None), Mapping), "a mapping or None")
 
 
 def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | None = None):
@@ -248,7 +259,13 @@ def warm_lookup(jit_fn, target, native_key: bytes, tuned: Mapping[str, Any] | No
     whose entry verifies, else None (then the caller specializes with Triton's binder). ``tuned``:
     the values a tuned config (or keyed heuristics) gave, which a tuned kernel's native key does
     not hold. Never raises for cache problems; TypeError naming an argument of the wrong kind."""
-    _check_warm_arguments("warm_lookup", jit_fn, target, native_key, tuned)
+    if not (
+        isinstance(jit_fn, JITFunction)
+        and isinstance(target, GPUTarget)
+        and type(native_key) is bytes
+        and (tuned is None or type(tuned) is dict)
+    ):
+        _check_warm_arguments("warm_lookup", jit_fn, target, native_key, tuned)
     if not enabled() or always_compile():
         return None
     root = usable_root()

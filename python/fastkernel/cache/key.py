@@ -267,7 +267,9 @@ _NO_SPEC: Any = object()
 
 def check_compile_inputs(who: str, jit_fn: Any, target: Any, spec: Any = _NO_SPEC) -> None:
     """TypeError naming the argument of ``who()`` unless ``jit_fn`` is a Triton JITFunction,
-    ``target`` a GPUTarget and ``spec`` (when given) a Specialization."""
+    ``target`` a GPUTarget and ``spec`` (when given) a Specialization. (The functions on the
+    warm start's path test the usual kinds inline first and call this only when one differs:
+    the first call of a Python function costs a fresh process microseconds.)"""
     _arguments.instance(who, "jit_fn", jit_fn, JITFunction, "a triton.runtime.jit.JITFunction")
     _arguments.instance(who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget")
     if spec is not _NO_SPEC:
@@ -316,10 +318,17 @@ def toolchain_fingerprint(target, memo_dir: str | os.PathLike[str] | None = None
     """
     import fastkernel
 
-    _arguments.instance(
-        "toolchain_fingerprint", "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget"
-    )
-    memo = _memo_dir("toolchain_fingerprint", memo_dir)
+    if isinstance(target, GPUTarget) and (memo_dir is None or type(memo_dir) is str):
+        memo = memo_dir or None
+    else:
+        _arguments.instance(
+            "toolchain_fingerprint",
+            "target",
+            target,
+            GPUTarget,
+            "a triton.backends.compiler.GPUTarget",
+        )
+        memo = _memo_dir("toolchain_fingerprint", memo_dir)
     return {
         "format": FORMAT_VERSION,
         "fastkernel": fastkernel.__version__,
@@ -384,12 +393,22 @@ def key_document(
     from triton import knobs
     from triton.compiler import ASTSource
 
-    check_compile_inputs("key_document", jit_fn, target, spec)
-    memo = _memo_dir("key_document", memo_dir)
-    _arguments.instance("key_document", "env", env, (list, type(None)), "a list or None")
-    _arguments.instance(
-        "key_document", "toolchain", toolchain, (dict, type(None)), "a dict or None"
-    )
+    if (
+        isinstance(jit_fn, JITFunction)
+        and isinstance(target, GPUTarget)
+        and isinstance(spec, abi.Specialization)
+        and (memo_dir is None or type(memo_dir) is str)
+        and (env is None or type(env) is list)
+        and (toolchain is None or type(toolchain) is dict)
+    ):
+        memo = memo_dir or None
+    else:
+        check_compile_inputs("key_document", jit_fn, target, spec)
+        memo = _memo_dir("key_document", memo_dir)
+        _arguments.instance("key_document", "env", env, (list, type(None)), "a list or None")
+        _arguments.instance(
+            "key_document", "toolchain", toolchain, (dict, type(None)), "a dict or None"
+        )
 
     if knobs.compilation.override:
         raise Uncacheable("TRITON_KERNEL_OVERRIDE substitutes IR from files outside the key")
