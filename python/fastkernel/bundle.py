@@ -160,8 +160,9 @@ def export(kernel, path) -> list[pathlib.Path]:
     Returns
     -------
     list of pathlib.Path
-        The cubin files written, one per entry (registrations that are one entry for C++,
-        with the same argument patterns, launch facts and cubin, are written once).
+        The cubin files the manifest names, one per distinct binary (entries whose cubins
+        are the same bytes share one file; registrations that are one entry for C++, with
+        the same argument patterns, launch facts and cubin, are written as one entry).
 
     Raises
     ------
