@@ -282,14 +282,14 @@ def test_an_export_stopped_before_its_manifest_leaves_the_old_bundle_whole(
     old_bytes = old.read_bytes()
     second = fk(index_times_kernel)
     second[(1,)](out, 3, BLOCK=32)
-    write = fastkernel.bundle.atomic_write
+    write = fastkernel.cache.files.write_file
 
-    def stop_at_the_manifest(path, data):
+    def stop_at_the_manifest(path, data, mode=0o600):
         if pathlib.Path(path).name == "manifest.txt":
             raise OSError(28, "No space left on device")
-        write(path, data)
+        write(path, data, mode)
 
-    monkeypatch.setattr(fastkernel.bundle, "atomic_write", stop_at_the_manifest)
+    monkeypatch.setattr(fastkernel.cache.files, "write_file", stop_at_the_manifest)
     with pytest.raises(OSError, match="No space"):
         fastkernel.export(second, bundle)
     monkeypatch.undo()

@@ -13,14 +13,10 @@ compile time.
 from __future__ import annotations
 
 import hashlib
-import os
 import pathlib
-import re
-import stat
 
-from . import _C, _arguments
+from . import _C, _arguments, _bundle_files
 from . import _triton_abi as abi
-from .cache import atomic_write
 
 # The C++ enums' values, as the native module exports them (csrc/python/module.cpp).
 _KIND = _C.ARG_KINDS
@@ -84,62 +80,14 @@ def entry_digest(entry_lines: list[str], cubin: bytes) -> str:
     return hashlib.sha256("".join(line + "\n" for line in entry_lines).encode() + cubin).hexdigest()
 
 
-#: The file names ``export`` gives cubins: the symbol, then the first 16 hex digits of the
-#: cubin's SHA-256. A name follows from the content, so an export never rewrites a file that the
-#: manifest it replaces names with other bytes.
-_CUBIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{16}\.cubin")
-
-
-#: ``Bundle::load``'s limit on a manifest's size (csrc/bundle.cpp).
-_MAX_MANIFEST_BYTES = 16 << 20
-
-
-def _cubin_name(symbol: str, cubin: bytes) -> str:
-    return f"{symbol}-{hashlib.sha256(cubin).hexdigest()[:16]}.cubin"
-
-
-def _named_cubins(manifest: pathlib.Path) -> set[str]:
-    """The cubin names an existing manifest's entry lines give, read as untrusted text: plain
-    file names only; a manifest that is not a regular file (a link, a FIFO), unreadable or
-    over ``Bundle::load``'s size limit gives none."""
-    try:
-        fd = os.open(manifest, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return set()
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return set()
-        text = f.read(_MAX_MANIFEST_BYTES + 1)
-    if len(text) > _MAX_MANIFEST_BYTES:
-        return set()
-    names = set()
-    for line in text.decode("utf-8", "replace").splitlines():
-        fields = line.split(" ")
-        if len(fields) > 2 and fields[0] == "entry" and fields[2].endswith(".cubin"):
-            if "/" not in fields[2] and fields[2] not in (".", ".."):
-                names.add(fields[2])
-    return names
-
-
 def _write_bundle(root: pathlib.Path, manifest: bytes, cubins: dict[str, bytes]) -> None:
-    """Write the cubins, then replace the manifest, then remove the cubins that no manifest
-    names any more: those of the manifest replaced and those an export killed before its
-    manifest left. A kill at any point leaves a manifest whose cubins are all in place."""
+    """:func:`fastkernel._bundle_files.write` under a lock file (``.export.lock``), so that
+    processes exporting into one directory take turns."""
     from .cache.store import cross_process_lock
 
     root.mkdir(parents=True, exist_ok=True)
     with cross_process_lock(lambda: root / ".export.lock", f"exporting a bundle to {root}"):
-        stale = _named_cubins(root / "manifest.txt")
-        for name, data in cubins.items():
-            atomic_write(root / name, data)
-        atomic_write(root / "manifest.txt", manifest)
-        with os.scandir(root) as it:
-            stale.update(e.name for e in it if _CUBIN_NAME.fullmatch(e.name))
-        for name in stale - cubins.keys():
-            try:
-                os.unlink(root / name)
-            except OSError:  # gone already, or not a file: no manifest names it either way
-                pass
+        _bundle_files.write(root, manifest, cubins)
 
 
 def export(kernel, path) -> list[pathlib.Path]:
@@ -231,7 +179,7 @@ def export(kernel, path) -> list[pathlib.Path]:
         if identity in seen:
             continue
         seen.add(identity)
-        cubin = _cubin_name(meta.name, meta.cubin)
+        cubin = _bundle_files.cubin_name(meta.name, meta.cubin)
         cubins[cubin] = meta.cubin
         entry = [" ".join(str(x) for x in ("entry", kernel.__name__, cubin, *launch)), *body]
         lines += entry

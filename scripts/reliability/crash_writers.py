@@ -5,11 +5,12 @@ The parent makes real artifacts on CPU (Triton compiles, launches go to the reco
 driver): two versions of a cache entry for one key (the same cubin, different creation times),
 two versions of a warm index record and of a tuning record, and two bundle exports of one kernel
 with different specializations. A writer process then rewrites them in a loop, each time with a
-version picked at random, through the same write primitive fastkernel uses for each of them
-(``fastkernel.cache.files.write_file``: a private temporary file, fsync, rename; a bundle's
-cubins first, under names made from their content, then its manifest, then the other version's
-cubins removed, as ``fastkernel.export`` writes them). The parent kills it with
-SIGKILL after a random delay and, after every kill, reads everything back:
+version picked at random, through the code fastkernel writes each of them with: the cache's
+files with ``fastkernel.cache.files.write_file`` (a private temporary file, fsync, rename), the
+bundle with ``fastkernel._bundle_files.write``, which ``fastkernel.export`` calls (the cubins
+under names made from their content, then the manifest, then the cubins no manifest names any
+more removed). The parent kills it with SIGKILL after a random delay and, after every kill,
+reads everything back:
 
 - the cache entry must load and verify (``fastkernel.cache.read_entry``) and hold the key's
   cubin: a torn or foreign entry would be a failure;
@@ -44,24 +45,30 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 
-# The writer imports nothing but the standard library and fastkernel's file module (loaded by
-# path, without the package and torch), so that it starts in tens of milliseconds.
+# The writer imports nothing but the standard library, fastkernel's file module and its bundle
+# writer: `fastkernel` and `fastkernel.cache` are made bare packages (their __init__, which
+# imports torch and the extension, is not run), so that it starts in tens of milliseconds.
 WRITER = textwrap.dedent("""
-    import importlib.util, json, pathlib, random, sys
-    spec = importlib.util.spec_from_file_location("cache_files", sys.argv[1])
-    files = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(files)
+    import json, pathlib, random, sys, types
+    package = pathlib.Path(sys.argv[1])
+    for name, path in (("fastkernel", package), ("fastkernel.cache", package / "cache")):
+        module = types.ModuleType(name)
+        module.__path__ = [str(path)]
+        sys.modules[name] = module
+    from fastkernel import _bundle_files
+    from fastkernel.cache import files
     plan = json.loads(pathlib.Path(sys.argv[2]).read_text())
     rng = random.Random(int(sys.argv[3]))
+    read = lambda path: pathlib.Path(path).read_bytes()
     print("ready", flush=True)
     while True:
         for group in plan:
             version = rng.choice(group["versions"])
-            for target, source in version["write"]:
-                files.write_file(pathlib.Path(target), pathlib.Path(source).read_bytes(),
-                                 group["mode"])
-            for target in version.get("remove", []):
-                pathlib.Path(target).unlink(missing_ok=True)
+            if group["kind"] == "bundle":
+                cubins = {name: read(path) for name, path in version["cubins"].items()}
+                _bundle_files.write(pathlib.Path(group["root"]), read(version["manifest"]), cubins)
+            else:
+                files.write_file(pathlib.Path(group["target"]), read(version), 0o600)
 """)
 
 
@@ -120,18 +127,18 @@ def make_artifacts(work: pathlib.Path) -> dict:
         )
         tuning_versions.append(path)
 
-    # Two bundle exports of add_kernel, each written as export writes it: cubins (named by
-    # their content), then the manifest, then the other export's cubins removed.
-    bundle_versions: list[list[pathlib.Path]] = []
+    # Two bundle exports of add_kernel, rewritten by fastkernel's own bundle writer.
+    bundle_versions: list[dict] = []
     bundle_cubins: list[dict[str, bytes]] = []
     for i, block in enumerate((64, 128)):
         k = fk(triton.jit(kernels.add_kernel.fn))
         k[(1,)](x, x, x, 64, BLOCK=block)
         k[(1,)](x, x, x[1:], 64, BLOCK=block)
         out = versions / f"bundle-{i}"
-        fastkernel.export(k, out)
-        names = sorted(p.name for p in out.glob("*.cubin"))
-        bundle_versions.append([out / n for n in names] + [out / "manifest.txt"])
+        names = sorted(p.name for p in fastkernel.export(k, out))
+        bundle_versions.append(
+            {"manifest": str(out / "manifest.txt"), "cubins": {n: str(out / n) for n in names}}
+        )
         bundle_cubins.append({n: (out / n).read_bytes() for n in names})
     assert not set(bundle_cubins[0]) & set(bundle_cubins[1]), "the exports' cubins differ"
 
@@ -144,8 +151,9 @@ def make_artifacts(work: pathlib.Path) -> dict:
     for d in (entry_target.parent, index_target.parent, tuning_target.parent):
         d.mkdir(parents=True, mode=0o700, exist_ok=True)
     bundle_target.mkdir(parents=True)
-    for path in bundle_versions[0]:  # a whole first version in place before the first kill
-        shutil.copyfile(path, bundle_target / path.name)
+    shutil.copyfile(bundle_versions[0]["manifest"], bundle_target / "manifest.txt")
+    for name, path in bundle_versions[0]["cubins"].items():  # a whole version before any kill
+        shutil.copyfile(path, bundle_target / name)
     for version, target_path in (
         (entry_versions[0], entry_target),
         (index_versions[0], index_target),
@@ -153,30 +161,14 @@ def make_artifacts(work: pathlib.Path) -> dict:
     ):
         shutil.copyfile(version, target_path)
     plan = [
+        {"kind": "file", "target": str(entry_target), "versions": [str(v) for v in entry_versions]},
+        {"kind": "file", "target": str(index_target), "versions": [str(v) for v in index_versions]},
         {
-            "mode": 0o600,
-            "versions": [{"write": [[str(entry_target), str(v)]]} for v in entry_versions],
+            "kind": "file",
+            "target": str(tuning_target),
+            "versions": [str(v) for v in tuning_versions],
         },
-        {
-            "mode": 0o600,
-            "versions": [{"write": [[str(index_target), str(v)]]} for v in index_versions],
-        },
-        {
-            "mode": 0o600,
-            "versions": [{"write": [[str(tuning_target), str(v)]]} for v in tuning_versions],
-        },
-        {
-            "mode": 0o666,
-            "versions": [
-                {
-                    "write": [[str(bundle_target / p.name), str(p)] for p in version],
-                    "remove": [
-                        str(bundle_target / n) for n in bundle_cubins[1 - i] if n not in names
-                    ],
-                }
-                for i, (version, names) in enumerate(zip(bundle_versions, bundle_cubins))
-            ],
-        },
+        {"kind": "bundle", "root": str(bundle_target), "versions": bundle_versions},
     ]
     (work / "plan.json").write_text(json.dumps(plan))
     return {
@@ -255,7 +247,7 @@ def main(argv: list[str]) -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="fastkernel-crash-"))
     try:
         artifacts = make_artifacts(work)
-        from fastkernel.cache import files as _cache_files
+        import fastkernel
 
         outcomes = {
             "entry loaded intact": 0,
@@ -270,7 +262,7 @@ def main(argv: list[str]) -> int:
                     sys.executable,
                     "-c",
                     WRITER,
-                    _cache_files.__file__,
+                    str(pathlib.Path(fastkernel.__file__).parent),
                     str(work / "plan.json"),
                     str(opts.seed * 100003 + kill),
                 ],
