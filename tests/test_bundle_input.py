@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import pathlib
 import struct
+import subprocess
+import sys
 
 import kernels
 import pytest
@@ -376,3 +378,64 @@ def test_a_sound_record_is_checked_without_a_failing_driver_call_where_the_drive
     launcher.run((1, 1, 1), 0x5EED5, 1)
     assert len(stand_in.launches()) == 1
     assert stand_in.param_info_failures() == (0 if param_count_api else 1)
+
+
+def test_check_bundle_runs_the_loaders_checks_from_python(bundle):
+    """fastkernel.check_bundle is Bundle::load's verdict: the entries the C++ loader describes
+    for a good bundle (str or path), its error as a BundleError (a ValueError) for a damaged
+    one."""
+    described = _C._testing.load_bundle(str(bundle))
+    assert fastkernel.check_bundle(bundle) == described
+    assert fastkernel.check_bundle(str(bundle)) == described
+    assert len(described) == 2
+    assert described[0].startswith("add_kernel[*fp32 %16, *fp32 %16, *fp32 %16, i32 %16]")
+    cubin = bundle / entry_fields(manifest_lines(bundle))[2]
+    image = bytearray(cubin.read_bytes())
+    image[-1] ^= 1
+    cubin.write_bytes(bytes(image))
+    with pytest.raises(fastkernel.BundleError, match="does not match its digest") as refused:
+        fastkernel.check_bundle(bundle)
+    assert isinstance(refused.value, ValueError)
+    with pytest.raises(RuntimeError) as loader:
+        _C._testing.load_bundle(str(bundle))
+    assert str(refused.value) == str(loader.value)
+
+
+def test_check_bundle_checks_its_argument_kind_then_the_directory(tmp_path):
+    with pytest.raises(TypeError, match="check_bundle\\(\\): argument 'path' must be a str or"):
+        fastkernel.check_bundle(5)
+    with pytest.raises(FileNotFoundError, match="is not a bundle directory"):
+        fastkernel.check_bundle(tmp_path / "missing")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="is not a bundle directory"):
+        fastkernel.check_bundle(tmp_path / "file")
+    with pytest.raises(fastkernel.BundleError, match="manifest.txt"):
+        fastkernel.check_bundle(tmp_path)  # a directory with no manifest
+
+
+def test_the_bundle_command_needs_no_driver_and_fails_on_a_refused_bundle(bundle):
+    """``python -m fastkernel bundle DIR`` in a process with no CUDA driver to open: the
+    entries and exit 0 for the bundle, the loader's message and exit 1 once a plan line is
+    changed."""
+    env = {**os.environ, "FASTKERNEL_CUDA_DRIVER": str(bundle / "no-such-libcuda.so")}
+
+    def command():
+        return subprocess.run(
+            [sys.executable, "-m", "fastkernel", "bundle", str(bundle)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+
+    ok = command()
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lines = ok.stdout.splitlines()
+    assert lines[0] == f"{bundle}: 2 entries, each checked as Bundle::load checks it"
+    assert [line.strip() for line in lines[1:]] == _C._testing.load_bundle(str(bundle))
+    lines = manifest_lines(bundle)
+    plan = first(lines, "plan")
+    rewrite(bundle, lines[:plan] + lines[plan + 1 :])  # an entry that packs one parameter less
+    refused = command()
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("fastkernel: bundle refused: "), refused.stderr

@@ -426,6 +426,45 @@ PYBIND11_MODULE(_C, m) {
       py::arg("config_provided") = int(kTuneConfigProvided), py::arg("value") = int(kTuneValue),
       py::arg("layout") = int(kTuneLayout), py::arg("sizes") = int(kTuneSizes),
       py::arg("strides") = int(kTuneStrides), py::arg("may_be_provided") = int(kTuneMayBeProvided));
+  // Bundle::load's checks from Python, for a bundle about to ship to C++ callers: nothing is
+  // loaded on a device, so no driver or GPU is needed.
+  PyObject* bundle_error = PyErr_NewExceptionWithDoc(
+      "fastkernel.BundleError",
+      "A kernel bundle refused by fastkernel::Bundle::load (csrc/bundle.cpp): a file unreadable, "
+      "of the wrong kind or too large, a malformed or out-of-range manifest line, a plan other "
+      "than Triton's, a cubin whose ELF extents or digest do not hold. The message is the "
+      "loader's.",
+      PyExc_ValueError, nullptr);
+  if (bundle_error == nullptr) {
+    throw py::error_already_set();
+  }
+  // One reference kept for good, as for CudaError: the function below raises it.
+  m.add_object("BundleError", py::reinterpret_borrow<py::object>(bundle_error));
+  m.def(
+      "check_bundle",
+      [bundle_error](const std::string& directory) {
+        std::vector<std::string> entries;
+        std::string refused;
+        {
+          py::gil_scoped_release release;  // reads and hashes up to the bundle's size limit
+          try {
+            const Bundle bundle = Bundle::load(directory);
+            for (const auto& e : bundle.entries()) {
+              entries.push_back(e->describe());
+            }
+          } catch (const BundleError& e) {
+            refused = e.what();
+          }
+        }
+        if (!refused.empty()) {
+          PyErr_SetString(bundle_error, refused.c_str());
+          throw py::error_already_set();
+        }
+        return entries;
+      },
+      py::arg("directory"),
+      "Bundle::load(directory) without a device; each entry described as a mismatch lists it. "
+      "Raises fastkernel.BundleError with the loader's message.");
   m.attr("BUNDLE_FORMAT_VERSION") = kBundleFormatVersion;
   m.attr("BUNDLE_ENTRY_FACTS") = py::tuple(
       py::cast(std::vector<std::string>(kBundleEntryFacts.begin(), kBundleEntryFacts.end())));

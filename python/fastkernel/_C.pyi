@@ -26,6 +26,11 @@ BUNDLE_ENTRY_FACTS: tuple[str, ...]
 GRID_PROGRAM_STEPS: tuple[str, ...]
 """The step names of a grid program (fastkernel._grid_program), in the evaluator's order."""
 
+class BundleError(ValueError):
+    """A kernel bundle refused by ``fastkernel::Bundle::load``; the message is the loader's."""
+
+def check_bundle(directory: str) -> list[str]: ...
+
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the CUDA error."""
 

@@ -60,8 +60,8 @@ _check_triton_version(_triton.__version__)
 from . import _C as _C
 from . import _env, _host_helpers
 from ._autotune import Autotuned, AutotuneError, Heuristics, autotune, heuristics
-from ._C import CudaError, DriverUnavailableError
-from .bundle import export
+from ._C import BundleError, CudaError, DriverUnavailableError
+from .bundle import check_bundle, export
 from .kernel import FastKernel, fastkernel, stats
 from .patch import is_patched, patch, patched, unpatch
 
@@ -106,6 +106,8 @@ __all__ = [
     "get_include",
     "get_cmake_dir",
     "export",
+    "check_bundle",
+    "BundleError",
     "stats",
     "__version__",
 ]

@@ -13,6 +13,7 @@ compile time.
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 
 from . import _C, _arguments, _bundle_files
@@ -78,6 +79,43 @@ def entry_digest(entry_lines: list[str], cubin: bytes) -> str:
     loader recomputes it, so a changed launch fact, plan line or cubin byte, or a cubin swapped
     for another entry's, is refused at load."""
     return hashlib.sha256("".join(line + "\n" for line in entry_lines).encode() + cubin).hexdigest()
+
+
+def check_bundle(path) -> list[str]:
+    """Load the bundle directory ``path`` as ``fastkernel::Bundle::load`` does, with every check
+    it makes (csrc/bundle.cpp: files opened without following links, regular and within the
+    size limits; plain cubin names; each number in range; each entry's parameter plan exactly
+    Triton's; each cubin's ELF extents inside its file; each entry's SHA-256 digest over its
+    lines and cubin), without a GPU or driver: nothing is loaded on a device. For a bundle
+    about to ship, or one received.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The bundle directory (``manifest.txt`` and the cubins it names).
+
+    Returns
+    -------
+    list of str
+        Each entry as a C++ mismatch error lists it, in manifest order:
+        ``"add_kernel[*fp32 %16, *fp32 %16, *fp32 %16, i32 %16] {BLOCK=1024} sm_90"``
+        (each runtime parameter's type and specialization, the constexprs, the target).
+
+    Raises
+    ------
+    TypeError
+        ``path`` is not a str or os.PathLike.
+    FileNotFoundError, NotADirectoryError
+        ``path`` does not exist, or is not a directory.
+    fastkernel.BundleError
+        ``Bundle::load`` refused the bundle (a ValueError; the message is the loader's, naming
+        the file and line).
+    """
+    root = _arguments.path("check_bundle", "path", path)
+    if not root.is_dir():
+        error = NotADirectoryError if root.exists() else FileNotFoundError
+        raise error(f"check_bundle(): '{root}' is not a bundle directory")
+    return _C.check_bundle(os.fspath(root))
 
 
 def _write_bundle(root: pathlib.Path, manifest: bytes, cubins: dict[str, bytes]) -> None:
