@@ -25,16 +25,20 @@ def finite_nonnegative(value: int | float) -> float | None:
     return number if 0 <= number < math.inf else None
 
 
+def kind_error(who: str, name: str, what: str, value: Any) -> TypeError:
+    """The TypeError for argument ``name`` of ``who`` (as the message names the callable:
+    ``"entry_path()"``, ``"fastkernel.autotune"``) given ``value``, where it takes ``what`` (the
+    kinds in words: ``"a bool"``)."""
+    return TypeError(f"{who}: argument '{name}' must be {what}, not {type(value).__name__}")
+
+
 def path(who: str, name: str, value: Any, or_none: str = "") -> pathlib.Path:
     """Argument ``name`` of ``who()``, a str or os.PathLike, as a path; TypeError naming the
     argument for any other kind (``or_none``: what the message adds when None is allowed)."""
     if isinstance(value, pathlib.Path):  # before the os.PathLike ABC test, the costlier one
         return value
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(
-            f"{who}(): argument '{name}' must be a str or os.PathLike{or_none}, not "
-            f"{type(value).__name__}"
-        )
+        raise kind_error(f"{who}()", name, f"a str or os.PathLike{or_none}", value)
     return pathlib.Path(value)
 
 
@@ -42,4 +46,4 @@ def instance(who: str, name: str, value: Any, kinds: type | tuple[type, ...], wh
     """TypeError naming argument ``name`` of ``who()`` unless ``value`` is an instance of
     ``kinds`` (``what``: the kinds in words, "a GPUTarget")."""
     if not isinstance(value, kinds):
-        raise TypeError(f"{who}(): argument '{name}' must be {what}, not {type(value).__name__}")
+        raise kind_error(f"{who}()", name, what, value)

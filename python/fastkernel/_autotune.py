@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import triton
-from triton.backends.compiler import GPUTarget
 from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction, KernelInterface
@@ -41,7 +40,7 @@ from . import _triton_abi as abi
 from . import cache as _cache
 from .cache import files as _cache_files
 from .cache.entry import canonical
-from .cache.key import cache_env, render, target_dict, toolchain_dir
+from .cache.key import cache_env, check_target, render, target_dict, toolchain_dir
 from .cache.settings import log_once, usable_root, warn_untrusted
 from .cache.store import cross_process_lock
 from .kernel import FastKernel, NativeDispatch, _params_spec
@@ -137,10 +136,6 @@ class AutotuneError(RuntimeError):
 _PRUNE_KEYS = ("perf_model", "top_k", "early_config_prune")
 
 
-def _kind_error(who: str, name: str, what: str, value: Any) -> TypeError:
-    return TypeError(f"{who}: argument '{name}' must be {what}, not {type(value).__name__}")
-
-
 def _check_names_kind(who: str, name: str, value: Any, optional: bool) -> None:
     """``value`` is a list or tuple of argument names (or None when ``optional``)."""
     if value is None and optional:
@@ -150,7 +145,7 @@ def _check_names_kind(who: str, name: str, value: Any, optional: bool) -> None:
             f"{who}: argument '{name}' must be a list of argument names, got the string {value!r}"
         )
     if not isinstance(value, (list, tuple)):
-        raise _kind_error(who, name, "a list of argument names", value)
+        raise _arguments.kind_error(who, name, "a list of argument names", value)
     for item in value:
         if not isinstance(item, str):
             raise TypeError(
@@ -161,7 +156,7 @@ def _check_names_kind(who: str, name: str, value: Any, optional: bool) -> None:
 
 def _check_callable_kind(who: str, name: str, value: Any) -> None:
     if value is not None and not callable(value):
-        raise _kind_error(who, name, "callable or None", value)
+        raise _arguments.kind_error(who, name, "callable or None", value)
 
 
 def _check_autotune_arguments(
@@ -172,26 +167,28 @@ def _check_autotune_arguments(
     of the right kind and a wrong value; each names the argument."""
     who = "fastkernel.autotune"
     if configs is not None and not isinstance(configs, (list, tuple)):
-        raise _kind_error(who, "configs", "a list of triton.Config", configs)
+        raise _arguments.kind_error(who, "configs", "a list of triton.Config", configs)
     _check_names_kind(who, "key", key, optional=False)
     if prune_configs_by is not None:
         if not isinstance(prune_configs_by, dict):
-            raise _kind_error(who, "prune_configs_by", "a dict or None", prune_configs_by)
+            raise _arguments.kind_error(who, "prune_configs_by", "a dict or None", prune_configs_by)
         for name in ("perf_model", "early_config_prune"):
             _check_callable_kind(who, f"prune_configs_by['{name}']", prune_configs_by.get(name))
         top_k = prune_configs_by.get("top_k")
         if top_k is not None and not _arguments.is_number(top_k):
-            raise _kind_error(who, "prune_configs_by['top_k']", "an int or a float", top_k)
+            raise _arguments.kind_error(
+                who, "prune_configs_by['top_k']", "an int or a float", top_k
+            )
     _check_names_kind(who, "reset_to_zero", reset_to_zero, optional=True)
     _check_names_kind(who, "restore_value", restore_value, optional=True)
     _check_callable_kind(who, "pre_hook", pre_hook)
     _check_callable_kind(who, "post_hook", post_hook)
     for name, value in (("warmup", warmup), ("rep", rep)):
         if not _arguments.is_number(value):
-            raise _kind_error(who, name, "a number of milliseconds", value)
+            raise _arguments.kind_error(who, name, "a number of milliseconds", value)
     _check_callable_kind(who, "do_bench", do_bench)
     if not isinstance(cache_results, bool):
-        raise _kind_error(who, "cache_results", "a bool", cache_results)
+        raise _arguments.kind_error(who, "cache_results", "a bool", cache_results)
     if prune_configs_by is not None:
         unknown = [k for k in prune_configs_by if k not in _PRUNE_KEYS]
         if unknown:
@@ -216,7 +213,7 @@ def _check_heuristics_arguments(values: Any, key: Any) -> None:
     """TypeError for an argument of :func:`heuristics` of the wrong kind, naming it."""
     who = "fastkernel.heuristics"
     if not isinstance(values, dict):
-        raise _kind_error(who, "values", "a dict of parameter name to function", values)
+        raise _arguments.kind_error(who, "values", "a dict of parameter name to function", values)
     for name, fn in values.items():
         if not isinstance(name, str):
             raise TypeError(
@@ -696,15 +693,12 @@ class Autotuned(NativeDispatch, Autotuner):
         ``configs`` not a sequence of triton.Config (or None)."""
         who = "record_document"
         _arguments.instance(who, "tuning_key", tuning_key, tuple, "a tuple")
-        _arguments.instance(
-            who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget"
-        )
+        check_target(who, target)
         if configs is not None and not (
             isinstance(configs, Sequence) and all(isinstance(c, Config) for c in configs)
         ):
-            raise TypeError(
-                f"{who}(): argument 'configs' must be a sequence of triton.Config or None, "
-                f"not {type(configs).__name__}"
+            raise _arguments.kind_error(
+                f"{who}()", "configs", "a sequence of triton.Config or None", configs
             )
         try:
             kernel_key = self.jit_function.cache_key

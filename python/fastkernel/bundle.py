@@ -165,10 +165,7 @@ def export(kernel, path) -> list[pathlib.Path]:
     """
     from .kernel import FastKernel, _specialization_flags
 
-    if not isinstance(kernel, FastKernel):
-        raise TypeError(
-            f"export(): argument 'kernel' must be a @fastkernel kernel, not {type(kernel).__name__}"
-        )
+    _arguments.instance("export", "kernel", kernel, FastKernel, "a @fastkernel kernel")
     root = _arguments.path("export", "path", path)
     registrations = list(kernel._registrations.values())
     if not registrations:

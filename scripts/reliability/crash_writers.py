@@ -186,7 +186,7 @@ def make_artifacts(work: pathlib.Path) -> dict:
 
 def check(artifacts: dict, outcomes: dict[str, int]) -> list[str]:
     """Read everything back after a kill; returns the failures (empty when all is well)."""
-    from fastkernel import _C, cache
+    from fastkernel import _C, _bundle_files, cache
 
     failures = []
     try:
@@ -211,11 +211,7 @@ def check(artifacts: dict, outcomes: dict[str, int]) -> list[str]:
     except RuntimeError as exc:
         failures.append(f"the bundle was refused: {exc}")
     else:
-        named = {
-            line.split(" ")[2]
-            for line in (artifacts["bundle"] / "manifest.txt").read_text().splitlines()
-            if line.startswith("entry ")
-        }
+        named = _bundle_files.named_cubins(artifacts["bundle"] / _bundle_files.MANIFEST)
         on_disk = {n: (artifacts["bundle"] / n).read_bytes() for n in named}
         if on_disk not in artifacts["bundle_cubins"]:
             failures.append("the bundle loaded with cubins of two versions")

@@ -296,6 +296,6 @@ def read_entry(path: pathlib.Path, trusted: bool = True) -> Entry:
     except _fs.UntrustedPath as exc:
         raise CorruptEntry(exc.strerror or str(exc)) from exc
     entry = decode_entry(data, path)
-    if pathlib.Path(path).name != entry.key + ENTRY_SUFFIX:
+    if path.name != entry.key + ENTRY_SUFFIX:
         raise CorruptEntry(f"file name does not match the entry's key {entry.key[:16]}")
     return entry

@@ -23,6 +23,8 @@ from .key import (
     Uncacheable,
     cache_env,
     check_compile_inputs,
+    check_specialization,
+    check_target,
     key_document,
     render,
     target_dict,
@@ -160,9 +162,7 @@ def decode_index_record(
         _arguments.instance(who, "data", data, bytes, "bytes")
         _arguments.instance(who, "index", index, str, "a str")
         _arguments.instance(who, "native_key", native_key, str, "a str")
-        _arguments.instance(
-            who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget"
-        )
+        check_target(who, target)
     try:
         if not (
             data.startswith(_CHECKSUM_PREFIX)
@@ -248,7 +248,7 @@ def _check_warm_arguments(who: str, jit_fn, target, native_key, tuned, spec=_NO_
     check_compile_inputs(who, jit_fn, target)
     _arguments.instance(who, "native_key", native_key, bytes, "bytes")
     if spec is not _NO_SPEC:
-        check_compile_inputs(who, jit_fn, target, spec)
+        check_specialization(who, spec)
     # None is tested first: the first isinstance(None, Mapping) in a process walks the ABC's
     # subclass tree (about 0.1 ms).
     _arguments.instance(who, "tuned", tuned, (type(None), Mapping), "a mapping or None")

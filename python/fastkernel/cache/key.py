@@ -265,17 +265,27 @@ def cache_env() -> list[list[str]]:
 _NO_SPEC: Any = object()
 
 
+def check_target(who: str, target: Any) -> None:
+    """TypeError naming argument ``target`` of ``who()`` unless it is a GPUTarget."""
+    _arguments.instance(who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget")
+
+
+def check_specialization(who: str, spec: Any) -> None:
+    """TypeError naming argument ``spec`` of ``who()`` unless it is a Specialization."""
+    _arguments.instance(
+        who, "spec", spec, abi.Specialization, "a fastkernel._triton_abi.Specialization"
+    )
+
+
 def check_compile_inputs(who: str, jit_fn: Any, target: Any, spec: Any = _NO_SPEC) -> None:
     """TypeError naming the argument of ``who()`` unless ``jit_fn`` is a Triton JITFunction,
     ``target`` a GPUTarget and ``spec`` (when given) a Specialization. (The functions on the
     warm start's path test the usual kinds inline first and call this only when one differs:
     the first call of a Python function costs a fresh process microseconds.)"""
     _arguments.instance(who, "jit_fn", jit_fn, JITFunction, "a triton.runtime.jit.JITFunction")
-    _arguments.instance(who, "target", target, GPUTarget, "a triton.backends.compiler.GPUTarget")
+    check_target(who, target)
     if spec is not _NO_SPEC:
-        _arguments.instance(
-            who, "spec", spec, abi.Specialization, "a fastkernel._triton_abi.Specialization"
-        )
+        check_specialization(who, spec)
 
 
 def _memo_dir(who: str, memo_dir: Any) -> str | None:
@@ -321,13 +331,7 @@ def toolchain_fingerprint(target, memo_dir: str | os.PathLike[str] | None = None
     if isinstance(target, GPUTarget) and (memo_dir is None or type(memo_dir) is str):
         memo = memo_dir or None
     else:
-        _arguments.instance(
-            "toolchain_fingerprint",
-            "target",
-            target,
-            GPUTarget,
-            "a triton.backends.compiler.GPUTarget",
-        )
+        check_target("toolchain_fingerprint", target)
         memo = _memo_dir("toolchain_fingerprint", memo_dir)
     return {
         "format": FORMAT_VERSION,

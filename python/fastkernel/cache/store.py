@@ -763,10 +763,7 @@ def check_older_than(older_than: Any) -> float:
     as a float. Raises TypeError for another kind, ValueError for a negative, infinite or NaN
     value, or an int too large for a float."""
     if not _arguments.is_number(older_than):
-        raise TypeError(
-            f"prune(): argument 'older_than' must be a number of seconds, not "
-            f"{type(older_than).__name__}"
-        )
+        raise _arguments.kind_error("prune()", "older_than", "a number of seconds", older_than)
     seconds = _arguments.finite_nonnegative(older_than)
     if seconds is None:
         raise ValueError(
