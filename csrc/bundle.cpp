@@ -322,6 +322,30 @@ std::string BundleEntry::describe() const {
   return text + "] {" + constexprs + "} sm_" + std::to_string(arch);
 }
 
+namespace {
+
+// The descriptions of `entries`, of those of `kernel` only when it is not null.
+std::vector<std::string> describe_each(const std::vector<std::unique_ptr<BundleEntry>>& entries,
+                                       const std::string* kernel) {
+  std::vector<std::string> described;
+  for (const auto& e : entries) {
+    if (kernel == nullptr || e->kernel == *kernel) {
+      described.push_back(e->describe());
+    }
+  }
+  return described;
+}
+
+}  // namespace
+
+std::vector<std::string> Bundle::describe_entries() const {
+  return describe_each(entries_, nullptr);
+}
+
+std::vector<std::string> Bundle::describe_entries(const std::string& kernel) const {
+  return describe_each(entries_, &kernel);
+}
+
 Bundle Bundle::load(const std::string& directory) {
   if (directory.empty()) {
     throw BundleError("fastkernel: Bundle::load: the bundle directory is empty");
@@ -560,10 +584,8 @@ BundleEntry& Bundle::select(const std::string& kernel, const ArgValue* args, siz
     return *chosen;
   }
   std::string listing;
-  for (auto& e : entries_) {
-    if (e->kernel == kernel) {
-      listing += "\n  " + e->describe();
-    }
+  for (const std::string& entry : describe_entries(kernel)) {
+    listing += "\n  " + entry;
   }
   std::string call = kernel + "(";
   for (size_t i = 0; i < num_args; ++i) {

@@ -448,10 +448,7 @@ PYBIND11_MODULE(_C, m) {
         {
           py::gil_scoped_release release;  // reads and hashes up to the bundle's size limit
           try {
-            const Bundle bundle = Bundle::load(directory);
-            for (const auto& e : bundle.entries()) {
-              entries.push_back(e->describe());
-            }
+            entries = Bundle::load(directory).describe_entries();
           } catch (const BundleError& e) {
             refused = e.what();
           }

@@ -119,12 +119,7 @@ void register_testing(py::module_& m) {
       "load_bundle",
       [](const std::string& directory) {
         // Bundle::load as a C++ caller runs it; a BundleError arrives as RuntimeError.
-        const Bundle bundle = Bundle::load(directory);
-        std::vector<std::string> entries;
-        for (const auto& e : bundle.entries()) {
-          entries.push_back(e->describe());
-        }
-        return entries;
+        return Bundle::load(directory).describe_entries();
       },
       py::arg("directory"), "Load a kernel bundle and describe its entries (tests only).");
   t.def(

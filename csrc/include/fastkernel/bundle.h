@@ -162,6 +162,11 @@ class Bundle {
   /// The entries, for listing.
   const std::vector<std::unique_ptr<BundleEntry>>& entries() const { return entries_; }
 
+  /// Every entry, or those of `kernel`, each as BundleEntry::describe() gives it, in manifest
+  /// order: what a mismatch error lists.
+  std::vector<std::string> describe_entries() const;
+  std::vector<std::string> describe_entries(const std::string& kernel) const;
+
  private:
   std::vector<std::unique_ptr<BundleEntry>> entries_;
   std::unique_ptr<std::mutex> load_mutex_ = std::make_unique<std::mutex>();  ///< guards `loaded`
