@@ -22,6 +22,8 @@ constexpr std::string_view kMagic = "fastkernel-bundle";
 // Bounds on what a manifest may ask for: a bundle is read as untrusted input.
 constexpr size_t kMaxManifestBytes = size_t(16) << 20;
 constexpr size_t kMaxCubinBytes = size_t(256) << 20;
+// How many manifests Bundle::load reads of a bundle re-exported while it loads.
+constexpr int kMaxLoadAttempts = 8;
 constexpr size_t kMaxBundleCubinBytes = size_t(1) << 30;
 constexpr uint64_t kMaxArgs = 4096;
 constexpr uint64_t kMaxScratchPerCta = uint64_t(1) << 32;
@@ -33,15 +35,27 @@ struct FdCloser {
   ~FdCloser() { ::close(fd); }
 };
 
+// Thrown by read_regular_file for a file that does not exist.
+class MissingFile : public BundleError {
+ public:
+  using BundleError::BundleError;
+};
+
 // The whole of `path`, which must be a regular file (not a symbolic link, FIFO or device) of at
 // most `limit` bytes. Plain POSIX reads: nothing here depends on the C++ stream library, whose
 // locale state is per copy of libstdc++ and breaks when a toolchain links a private copy in.
+// Throws MissingFile when there is no such file, BundleError for the rest.
 std::string read_regular_file(const std::string& path, size_t limit) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
-    throw BundleError("fastkernel: cannot read '" + path + "': " +
-                      (err == ELOOP ? std::string("it is a symbolic link") : std::strerror(err)));
+    std::string message =
+        "fastkernel: cannot read '" + path +
+        "': " + (err == ELOOP ? std::string("it is a symbolic link") : std::strerror(err));
+    if (err == ENOENT) {
+      throw MissingFile(message);
+    }
+    throw BundleError(message);
   }
   FdCloser closer{fd};
   struct stat st {};
@@ -351,10 +365,29 @@ Bundle Bundle::load(const std::string& directory) {
     throw BundleError("fastkernel: Bundle::load: the bundle directory is empty");
   }
   const std::string manifest_path = directory + "/manifest.txt";
-  return parse(read_regular_file(manifest_path, kMaxManifestBytes), manifest_path,
-               [&directory](const std::string& file_name) {
-                 return read_regular_file(directory + "/" + file_name, kMaxCubinBytes);
-               });
+  const auto read_cubin = [&directory](const std::string& file_name) {
+    return read_regular_file(directory + "/" + file_name, kMaxCubinBytes);
+  };
+  std::string manifest = read_regular_file(manifest_path, kMaxManifestBytes);
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return parse(manifest, manifest_path, read_cubin);
+    } catch (const MissingFile&) {
+      // fastkernel.export writes a bundle's new cubins, then replaces its manifest atomically,
+      // then removes the cubins of the manifest it replaced: a cubin named by a manifest that
+      // has since been replaced can be gone. The new manifest's cubins were written before it.
+      // A manifest read again unchanged means the cubin is missing, and so does one that keeps
+      // changing past kMaxLoadAttempts.
+      if (attempt == kMaxLoadAttempts) {
+        throw;
+      }
+      std::string again = read_regular_file(manifest_path, kMaxManifestBytes);
+      if (again == manifest) {
+        throw;
+      }
+      manifest = std::move(again);
+    }
+  }
 }
 
 Bundle Bundle::parse(std::string_view text, const std::string& manifest_path,

@@ -200,6 +200,17 @@ def test_symbolic_links_are_not_followed(bundle, tmp_path):
         _C._testing.load_bundle(str(bundle))
 
 
+def test_a_missing_cubin_is_refused_naming_it(bundle):
+    """A cubin gone while its manifest stays the same is missing, not re-exported: Bundle::load
+    reads the manifest again, finds it unchanged, and refuses the bundle."""
+    cubin = entry_fields(manifest_lines(bundle))[2]
+    (bundle / cubin).unlink()
+    with pytest.raises(RuntimeError, match=f"cannot read '.*/{cubin}': No such file"):
+        _C._testing.load_bundle(str(bundle))
+    with pytest.raises(fastkernel.BundleError, match=f"{cubin}': No such file"):
+        fastkernel.check_bundle(bundle)
+
+
 def test_a_fifo_or_device_is_refused_without_reading_it(bundle):
     """A FIFO would block forever and /dev/zero never ends: neither is a regular file."""
     cubin = entry_fields(manifest_lines(bundle))[2]
@@ -439,3 +450,72 @@ def test_the_bundle_command_needs_no_driver_and_fails_on_a_refused_bundle(bundle
     refused = command()
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.startswith("fastkernel: bundle refused: "), refused.stderr
+
+
+# Rewrites a bundle directory over and over, alternating between two exports of it, with the
+# writer fastkernel.export uses (argv: the directory, a JSON list of the two versions, each a
+# {"manifest": path, "cubins": {name: path}}, the number of rewrites).
+_REEXPORT_WRITER = """
+import json, pathlib, sys
+from fastkernel import _bundle_files
+root = pathlib.Path(sys.argv[1])
+versions = [
+    (pathlib.Path(v["manifest"]).read_bytes(),
+     {n: pathlib.Path(p).read_bytes() for n, p in v["cubins"].items()})
+    for v in json.loads(sys.argv[2])
+]
+print("ready", flush=True)
+for i in range(int(sys.argv[3])):
+    _bundle_files.write(root, *versions[i % 2])
+"""
+
+
+def test_a_bundle_loaded_while_it_is_re_exported_loads_one_whole_export(stand_in, tmp_path):
+    """A program loading a bundle while another process re-exports it into the same directory
+    loads the export it read the manifest of, or the next one: the export removes the cubins
+    of the manifest it replaced, and Bundle::load then reads the new manifest and loads that.
+    Never refused, never a mix."""
+    import json
+
+    import triton
+
+    x = torch.randn(64)
+    versions, described = [], []
+    for block in (64, 128):
+        k = fk(triton.jit(kernels.add_kernel.fn))
+        k[(1,)](x, x, x, 64, BLOCK=block)
+        out = tmp_path / f"export-{block}"
+        cubins = {p.name: str(p) for p in fastkernel.export(k, out)}
+        versions.append({"manifest": str(out / "manifest.txt"), "cubins": cubins})
+        described.append(fastkernel.check_bundle(out))
+    assert described[0] != described[1]
+    target = tmp_path / "bundle"
+    target.mkdir()
+    from fastkernel import _bundle_files
+
+    _bundle_files.write(
+        target,
+        pathlib.Path(versions[0]["manifest"]).read_bytes(),
+        {n: pathlib.Path(p).read_bytes() for n, p in versions[0]["cubins"].items()},
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _REEXPORT_WRITER, str(target), json.dumps(versions), "3000"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout.readline().strip() == "ready"
+    loads, refusals, others = 0, [], []
+    while writer.poll() is None:
+        try:
+            entries = fastkernel.check_bundle(target)
+        except fastkernel.BundleError as e:
+            refusals.append(str(e))
+            continue
+        loads += 1
+        if entries not in described:
+            others.append(entries)
+    assert writer.wait(timeout=300) == 0
+    writer.stdout.close()
+    assert loads > 100, "too few loads overlapped the rewrites to test anything"
+    assert refusals == [], f"{len(refusals)} of {loads + len(refusals)}: {refusals[0]}"
+    assert others == []

@@ -139,8 +139,9 @@ def export(kernel, path) -> list[pathlib.Path]:
         The bundle directory (created). Every entry is made and checked before anything is
         written; the cubins are written under names made from their SHA-256, then the
         manifest replaces any earlier one atomically, then the cubins no manifest names any
-        more are removed. A reader, or an export killed at any point, sees a whole bundle:
-        the earlier one or the new one. One export into a directory at a time (a lock file,
+        more are removed. A reader (``Bundle::load`` reads the new manifest when a cubin of
+        the one it read is gone), or an export killed at any point, sees a whole bundle: the
+        earlier one or the new one. One export into a directory at a time (a lock file,
         ``.export.lock``, serializes processes).
 
     Returns

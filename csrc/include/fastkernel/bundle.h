@@ -111,7 +111,10 @@ struct BundleEntry {
 class Bundle {
  public:
   /// Reads `directory`/manifest.txt and the cubins it names (regular files only, no symbolic
-  /// links, size-capped) and checks them as `parse` does. Throws BundleError.
+  /// links, size-capped) and checks them as `parse` does. A bundle re-exported while it loads
+  /// (fastkernel.export removes the replaced manifest's cubins after writing the new manifest)
+  /// is loaded from the new manifest when a cubin of the one it read is gone: one export or
+  /// the other, whole. Throws BundleError.
   static Bundle load(const std::string& directory);
 
   /// Returns the bytes of the cubin a manifest names (a plain file name, never a path).
