@@ -13,7 +13,9 @@
 #include <charconv>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <string_view>
+#include <utility>
 
 namespace fastkernel {
 namespace {
@@ -38,7 +40,9 @@ struct FdCloser {
 // Thrown by read_regular_file for a file that does not exist.
 class MissingFile : public BundleError {
  public:
-  using BundleError::BundleError;
+  MissingFile(const std::string& message, std::string path)
+      : BundleError(message), path(std::move(path)) {}
+  std::string path;  ///< the file missing
 };
 
 // The whole of `path`, which must be a regular file (not a symbolic link, FIFO or device) of at
@@ -53,7 +57,7 @@ std::string read_regular_file(const std::string& path, size_t limit) {
         "fastkernel: cannot read '" + path +
         "': " + (err == ELOOP ? std::string("it is a symbolic link") : std::strerror(err));
     if (err == ENOENT) {
-      throw MissingFile(message);
+      throw MissingFile(message, path);
     }
     throw BundleError(message);
   }
@@ -372,17 +376,19 @@ Bundle Bundle::load(const std::string& directory) {
   for (int attempt = 1;; ++attempt) {
     try {
       return parse(manifest, manifest_path, read_cubin);
-    } catch (const MissingFile&) {
+    } catch (const MissingFile& missing) {
       // fastkernel.export writes a bundle's new cubins, then replaces its manifest atomically,
       // then removes the cubins of the manifest it replaced: a cubin named by a manifest that
       // has since been replaced can be gone. The new manifest's cubins were written before it.
-      // A manifest read again unchanged means the cubin is missing, and so does one that keeps
-      // changing past kMaxLoadAttempts.
+      // A manifest read again unchanged, its cubin still absent, means the cubin is missing
+      // (present again, the bundle went back to that manifest meanwhile), and so does a
+      // manifest that keeps changing past kMaxLoadAttempts.
       if (attempt == kMaxLoadAttempts) {
         throw;
       }
       std::string again = read_regular_file(manifest_path, kMaxManifestBytes);
-      if (again == manifest) {
+      struct stat st {};
+      if (again == manifest && ::lstat(missing.path.c_str(), &st) != 0) {
         throw;
       }
       manifest = std::move(again);
