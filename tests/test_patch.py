@@ -35,6 +35,7 @@ from triton_reference import TritonReference, assert_same_launch
 
 import fastkernel
 from fastkernel import _C
+from fastkernel import _triton_abi as abi
 from fastkernel import fastkernel as fk
 from fastkernel.kernel import (
     COMPILED_GETITEM,
@@ -625,12 +626,60 @@ def test_handle_launches_native_launch_does_not_take_go_to_tritons_runner_counte
         with pytest.raises(IndexError):
             compiled[(4, 1)](*args)  # Triton's runner reads grid[1] and grid[2]
         with pytest.raises(TypeError):
-            compiled[(4, 1, 1)](x, y, out, N)
+            compiled[(4, 1, 1)](x, y, out)  # a runtime argument missing
         assert stand_in.launch_count() == launches
     stats = _handle_stats(kernels.add_kernel)
     assert _stats_of(kernels.add_kernel)["fallbacks"] == 0  # counted as the handle's
     assert stats["fallback_reasons"] == {COMPILED_LAUNCH_REASON: 2, COMPILED_KEYWORDS_REASON: 1}
     assert COMPILED_KEYWORDS_REASON in caplog.text and COMPILED_LAUNCH_REASON in caplog.text
+
+
+def test_a_handle_launch_may_stop_before_the_trailing_constexprs_as_tritons_runner_takes(
+    stand_in, patch_on
+):
+    """From Triton 3.7 its launcher steps over a constexpr's position without reading an
+    argument there, so a handle's launch may stop before the trailing constexprs (FlagGems'
+    ``LibEntry`` launches its handles with the runtime arguments only): native, byte for byte
+    Triton's runner's launch, a miss then hits, through ``compiled[grid]`` and through the
+    handle's ``run``. Triton 3.5 and 3.6 parse every argument: both raise TypeError. A runtime argument left out is a TypeError naming it (Triton's launcher
+    would read past its arguments), nothing launched."""
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
+        launches = stand_in.launch_count()
+        with pytest.raises(TypeError, match="add_kernel missing required argument 'n'"):
+            compiled[(4, 1, 1)](x, y, out)
+        if abi.TRITON_VERSION < (3, 7):
+            with pytest.raises(TypeError):
+                _tritons_runner(compiled, (4, 1, 1))(x, y, out, N)
+            with pytest.raises(TypeError, match="missing required argument 'BLOCK'"):
+                compiled[(4, 1, 1)](x, y, out, N)
+            assert stand_in.launch_count() == launches
+            return
+        assert stand_in.launch_count() == launches
+        _tritons_runner(compiled, (4, 1, 1))(x, y, out, N)
+        theirs = stand_in.last_launch()
+        for _ in range(2):
+            assert compiled[(4, 1, 1)](x, y, out, N) is None
+            assert_same_launch(stand_in.last_launch(), theirs)
+        run = compiled.run  # the launcher object launch caches keep (vLLM's CachedKernel)
+        assert type(run) is _C.RunLauncher
+        assert run(*_run_args(compiled), x, y, out, N) is None
+        assert_same_launch(stand_in.last_launch(), theirs)
+    stats = _handle_stats(kernels.add_kernel)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0), stats
+
+
+def test_a_handle_launch_may_leave_out_only_constexprs_after_the_last_runtime_parameter():
+    """handle_omissible_from: the position after the last runtime parameter from Triton 3.7;
+    the parameter count (none left out) before, or when the last parameter is a runtime one."""
+    from fastkernel.kernel import handle_omissible_from
+
+    newer = abi.TRITON_VERSION >= (3, 7)
+    assert handle_omissible_from([False, False, True, True]) == (2 if newer else 4)
+    assert handle_omissible_from([False, True, False]) == 3  # a constexpr between: none
+    assert handle_omissible_from([True, True]) == (0 if newer else 2)
+    assert handle_omissible_from([]) == 0
 
 
 @pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "patched"])

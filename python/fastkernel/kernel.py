@@ -963,16 +963,33 @@ class FastKernel(NativeDispatch, JITFunction):
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
 
 
+def handle_omissible_from(is_constexpr: Iterator[bool] | list[bool]) -> int:
+    """The first parameter a handle's launch may leave out, with every one after it: past the
+    last runtime parameter on Triton 3.7 and later, whose launcher (``launchKernel`` in
+    triton/backends/nvidia/driver.c, ``extractArgs``) steps over a constexpr's position without
+    reading an argument there, so a call may stop before the trailing constexprs (FlagGems'
+    ``LibEntry`` launches its handles so from Triton 3.7: the runtime arguments only); none
+    (the parameter count) on Triton 3.5 and 3.6, whose generated launcher parses every
+    argument, constexprs included (``PyArg_ParseTuple`` in triton/backends/nvidia/driver.py).
+
+    ``is_constexpr``: whether each declared parameter is a constexpr, in order."""
+    flags = list(is_constexpr)
+    if abi.TRITON_VERSION < (3, 7):
+        return len(flags)
+    return max((i + 1 for i, constexpr in enumerate(flags) if not constexpr), default=0)
+
+
 class CompiledLaunch(NativeDispatch):
     """The native launch of one ``CompiledKernel``'s binary: what ``compiled[grid](*args)``
     does (``CompiledKernel.__getitem__``'s runner, triton/compiler/compiler.py), as Triton's
-    launcher does it. Triton's runner passes every argument, constexprs included, to the
+    launcher does it. Triton's runner passes its arguments, constexprs included, to the
     launcher made for the binary's signature, which packs the non-constexpr ones by that
     signature whatever the arguments' own specialization, on the current device's current
     stream, and returns None; so does this launch: the arguments are bound and keyed as for the
-    kernel itself (every parameter required, by position), and every key launches the one
-    binary, loaded per device. No pre-run hook runs and no global is checked, as Triton's runner
-    runs and checks none.
+    kernel itself (by position; every parameter required, except the constexprs after the last
+    runtime parameter from Triton 3.7, as its launcher takes calls that stop before them:
+    :func:`handle_omissible_from`), and every key launches the one binary, loaded per device.
+    No pre-run hook runs and no global is checked, as Triton's runner runs and checks none.
 
     A call given keywords (``stream=``, which Triton's runner takes, or parameters by name,
     which it rejects) goes to Triton's runner, counted as a fallback for
@@ -1011,7 +1028,10 @@ class CompiledLaunch(NativeDispatch):
         self._handle = weakref.ref(compiled)
         self._refusals: dict[int, str] = {}  # why the binary does not load, by device
         jit_fn = kernel.jit_function
-        spec = [(n, c, s, a, 0, False, None) for n, c, s, a, *_ in _params_spec(jit_fn)]
+        params = _params_spec(jit_fn)
+        omissible = handle_omissible_from(p[1] for p in params)
+        # A left-out constexpr is keyed as None: its value is never read.
+        spec = [(n, c, s, a, 0, i >= omissible, None) for i, (n, c, s, a, *_) in enumerate(params)]
         self._init_native(jit_fn, spec, None, options=["stream"])
 
     def _through_triton(self, grid, args: tuple, kwargs: dict, reason: str) -> None:
