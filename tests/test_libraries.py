@@ -17,6 +17,7 @@ The libraries are test dependencies (scripts/dev.sh installs them); a machine wi
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import warnings
 from collections.abc import Callable
 
@@ -541,6 +542,104 @@ def _conch_cases() -> dict[str, Callable[[], Callable[[], object]]]:
 def test_conch_ops_launch_as_triton_does_and_hit_natively(case, stand_in):
     pytest.importorskip("conch", reason="conch-triton-kernels is a test dependency")
     run_case(stand_in, _conch_cases()[case]())
+
+
+# FlagGems: the ops it registers for torch's aten ops, called as its own functions. Each kernel
+# is wrapped in FlagGems' LibEntry, a launch cache: the first call of a specialization runs the
+# kernel (JITFunction.run, or its autotuner's), later ones launch the CompiledKernel handle it
+# kept (from Triton 3.7 with the runtime arguments only). Its pointwise ops are generated with
+# block pointers, which Triton 3.9 removed; its matmuls ask the device's properties.
+FLAGGEMS_CASES = [
+    "softmax",
+    "log_softmax",
+    "rms_norm",
+    "layer_norm",
+    "layer_norm wide",
+    "skip_layer_norm",
+    "fused_add_rms_norm",
+    "sum",
+    "sum_dim",
+    "mean",
+    "argmax",
+    "cumsum",
+    "var_mean",
+    "vector_norm",
+    "embedding",
+    "topk",
+    "index_select",
+    "gather",
+]
+
+
+@pytest.fixture(scope="session")
+def flag_gems(tmp_path_factory):
+    """flag_gems, imported as on a machine with one NVIDIA GPU: its vendor named
+    (``GEMS_VENDOR``, instead of probing for vendors' tools), its tuning database and generated
+    code in a temporary directory (``FLAGGEMS_DB_URL``, ``FLAGGEMS_CACHE_DIR``; the database's
+    default name asks torch for the device's name), and one CUDA device counted while it
+    imports (its launch caches keep one table per device)."""
+    if importlib.util.find_spec("flag_gems") is None:  # not imported yet: it needs the below
+        pytest.skip("flag-gems is a test dependency")
+    root = tmp_path_factory.mktemp("flag_gems")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GEMS_VENDOR", "nvidia")
+        mp.setenv("FLAGGEMS_DB_URL", f"sqlite:///{root / 'tuned.db'}")
+        mp.setenv("FLAGGEMS_CACHE_DIR", str(root / "code"))
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as during_import:
+            # It asks the device's properties at import and warns that there are none; its
+            # autotuners pass Triton's deprecated warmup and rep.
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            during_import.setattr(torch.cuda, "device_count", lambda: 1)
+            import flag_gems
+        yield flag_gems
+
+
+def _flag_gems_cases(flag_gems) -> dict[str, Callable[[], Callable[[], object]]]:
+    ops = flag_gems.ops
+    return {
+        "softmax": lambda: lambda x=_x(8, 128): ops.softmax(x, -1),
+        "log_softmax": lambda: lambda x=_x(8, 128): ops.log_softmax(x, -1),
+        "rms_norm": lambda: lambda x=_x(8, 128), w=_x(128): ops.rms_norm(x, [128], w, 1e-6),
+        "layer_norm": lambda: (
+            lambda x=_x(8, 128), w=_x(128), b=_x(128): ops.layer_norm(x, [128], w, b, 1e-5)
+        ),
+        "layer_norm wide": lambda: (
+            lambda x=_x(8, 1024), w=_x(1024), b=_x(1024): ops.layer_norm(x, [1024], w, b, 1e-5)
+        ),
+        "skip_layer_norm": lambda: (
+            lambda x=_x(8, 128), r=_x(8, 128), w=_x(128), b=_x(128): flag_gems.skip_layer_norm(
+                x, r, [128], w, b, 1e-5
+            )
+        ),
+        "fused_add_rms_norm": lambda: (
+            lambda x=_x(8, 128), r=_x(8, 128), w=_x(128): flag_gems.fused_add_rms_norm(
+                x, r, [128], w, 1e-5
+            )
+        ),
+        "sum": lambda: lambda x=_x(8, 128): ops.sum(x),
+        "sum_dim": lambda: lambda x=_x(8, 128): ops.sum_dim(x, [1]),
+        "mean": lambda: lambda x=_x(8, 128): ops.mean(x),
+        "argmax": lambda: lambda x=_x(8, 128): ops.argmax(x, 1),
+        "cumsum": lambda: lambda x=_x(8, 128): ops.cumsum(x, 1),
+        "var_mean": lambda: lambda x=_x(8, 128): ops.var_mean(x, [1]),
+        "vector_norm": lambda: lambda x=_x(8, 128): ops.vector_norm(x),
+        "embedding": lambda: lambda w=_x(64, 32), i=_ints(64, 16): ops.embedding(w, i),
+        "topk": lambda: lambda x=_x(8, 128): ops.topk(x, 4),
+        "index_select": lambda: lambda x=_x(64, 32), i=_ints(64, 16): ops.index_select(x, 0, i),
+        "gather": lambda: lambda x=_x(8, 128), i=_ints(128, 8, 4): ops.gather(x, 1, i),
+    }
+
+
+@pytest.mark.parametrize("case", FLAGGEMS_CASES)
+def test_flag_gems_ops_launch_as_triton_does_and_hit_natively(
+    case, stand_in, flag_gems, monkeypatch
+):
+    # FlagGems enters torch.cuda.device(index) around each launch and keys its launch caches
+    # by torch.cuda.current_device(): the one device the stand-in drives.
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    run_case(stand_in, _flag_gems_cases(flag_gems)[case]())
 
 
 @pytest.mark.parametrize("case", list(LIGER_CASES))
