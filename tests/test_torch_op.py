@@ -5,6 +5,7 @@ errors. GPU: the launch itself, eager and under torch.compile."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import subprocess
@@ -21,7 +22,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def ops():
-    build = ROOT / "build" / "test-torch-op"
+    # One build directory per environment: CMake keeps the torch it configured against, and
+    # another environment's (a version-matrix cell's, since removed) would not build.
+    environment = hashlib.sha256(f"{sys.prefix}\0{torch.__version__}".encode()).hexdigest()
+    build = ROOT / "build" / "test-torch-op" / environment[:16]
     env = {
         **os.environ,
         "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
