@@ -42,7 +42,7 @@ fi
 # own triton pin and replace the Triton this environment was asked for. FlagGems imports PyYAML
 # and SQLAlchemy (its tuning database).
 "${pip[@]}" install --no-deps liger-kernel==0.8.5 fla-core==0.6.0 einops==0.8.2 conch-triton-kernels==1.3 \
-  flag-gems==5.0.2 pyyaml==6.0.4 sqlalchemy==2.1.9
+  flag-gems==5.0.2 pyyaml==6.0.4 sqlalchemy==2.0.58
 # The hygiene tools `lint` runs, pinned so that their verdicts do not drift.
 "${pip[@]}" install ruff==0.17.6 mypy==2.4.1 clang-format==18.1.8
 # The Python fuzzers' engine (scripts/fuzz.sh); a Python it has no wheel for skips it here and

@@ -30,13 +30,14 @@ export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
 # The kernel libraries the tests call (Liger-Kernel, fla-core and its einops,
-# conch-triton-kernels) are not on the GPU machines and nothing can be fetched there: download their wheels here first with
+# conch-triton-kernels, FlagGems and its PyYAML and SQLAlchemy) are not on the GPU machines and nothing can be fetched there: download their wheels here first with
 #   scripts/gpu_session.sh wheels      (into .whl/, which .gitignore keeps out of commits)
 # and name .whl in the device call's carry; they are installed beside the image's packages.
 if [ "$step" = wheels ]; then
   "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 -d .whl \
-    liger-kernel==0.8.5 fla-core==0.6.0 einops==0.8.2 conch-triton-kernels==1.3
+    liger-kernel==0.8.5 fla-core==0.6.0 einops==0.8.2 conch-triton-kernels==1.3 \
+    flag-gems==5.0.2 pyyaml==6.0.4 sqlalchemy==2.0.58
   ls .whl
   exit 0
 fi

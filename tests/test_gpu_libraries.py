@@ -11,6 +11,7 @@ import warnings
 import pytest
 import test_libraries as libraries
 import torch
+from test_libraries import flag_gems  # noqa: F401 - a fixture used below
 
 import fastkernel
 
@@ -22,13 +23,16 @@ def _cases():
     # the slowest part under a time limit (scripts/gpu_session.sh all).
     cases = [("liger", name) for name in libraries.LIGER_CASES]
     cases += [("conch", name) for name in libraries.CONCH_CASES]
+    cases += [("flag_gems", name) for name in libraries.FLAGGEMS_CASES]
     cases += [("fla", name) for name in libraries.FLA_CASES]
     return cases
 
 
-def _factory(library: str, name: str):
+def _factory(library: str, name: str, request):
     if library == "liger":
         return libraries.LIGER_CASES[name]
+    if library == "flag_gems":
+        return libraries._flag_gems_cases(request.getfixturevalue("flag_gems"))[name]
     if library == "fla":
         pytest.importorskip("fla", reason="fla-core is a test dependency")
         with warnings.catch_warnings():
@@ -53,8 +57,8 @@ def on_cuda(monkeypatch):
 
 
 @pytest.mark.parametrize("library,name", _cases())
-def test_a_patched_library_op_computes_what_triton_computes(library, name, on_cuda):
-    factory = _factory(library, name)
+def test_a_patched_library_op_computes_what_triton_computes(library, name, on_cuda, request):
+    factory = _factory(library, name, request)
 
     def run():
         torch.manual_seed(0)  # the same inputs every time (some ops write into theirs)
