@@ -4,9 +4,9 @@ point, finds a whole bundle: the one replaced or the new one, never a mix.
 Cubins are named by their content, so writing the new ones touches no file the manifest being
 replaced names; the manifest is then replaced atomically; last, the cubins that no manifest
 names any more are removed. A reader that read the replaced manifest and finds one of its
-cubins gone reads the new manifest (``Bundle::load``, csrc/bundle.cpp). The standard library and :mod:`fastkernel.cache.files` only (no
-torch), so that the crash test (``scripts/reliability/crash_writers.py``) kills processes that
-run this very code.
+cubins gone reads the new manifest (``Bundle::load``, csrc/bundle.cpp). The standard library
+and :mod:`fastkernel.cache.files` only (no torch), so that the crash test
+(``scripts/reliability/crash_writers.py``) kills processes that run this very code.
 """
 
 from __future__ import annotations

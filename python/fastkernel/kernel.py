@@ -19,7 +19,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import triton
@@ -963,7 +963,7 @@ class FastKernel(NativeDispatch, JITFunction):
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
 
 
-def handle_omissible_from(is_constexpr: Iterator[bool] | list[bool]) -> int:
+def handle_omissible_from(is_constexpr: Iterable[bool]) -> int:
     """The first parameter a handle's launch may leave out, with every one after it: past the
     last runtime parameter on Triton 3.7 and later, whose launcher (``launchKernel`` in
     triton/backends/nvidia/driver.c, ``extractArgs``) steps over a constexpr's position without
