@@ -1605,6 +1605,38 @@ def _reads_h0_twice(args):
     return args["h0"] is not None and args["h0"].shape[0] > 2
 
 
+def _pow2(n):  # SGLang's triton.next_power_of_2 (sglang/srt/utils/common.py), its code
+    return 1 << (n - 1).bit_length() if n > 0 else 1
+
+
+def _pow2_capped(n, cap=1024):  # a helper calling a helper, with a constant default
+    return min(_pow2(n), cap)
+
+
+def _times_n(n):
+    return n * N
+
+
+def _through_times_n(n):
+    return _pow2(_times_n(n))
+
+
+def _pow2_with_table(n, table=[1, 2, 4]):  # noqa: B006 - the mutable default is the case
+    return table[n]
+
+
+def _closure_helper():
+    scale = [2]
+    return lambda n: n * scale[0]
+
+
+_SCALED = _closure_helper()
+
+
+def _reads_the_block(args):
+    return args["BLOCK"]
+
+
 @pytest.mark.parametrize(
     "fn, identity_only, outside",
     [
@@ -1618,6 +1650,25 @@ def _reads_h0_twice(args):
         (lambda args: N, set(), "reads 'N', which the key does not hold"),
         (lambda args: math.pi, set(), "reads 'math.pi', which the key does not hold"),
         (lambda args: __import__("os"), set(), "reads '__import__', which the key does not hold"),
+        (lambda args: _pow2(args["n"]), set(), None),
+        (lambda args: _pow2_capped(args["n"]) + _pow2(2), set(), None),
+        (lambda args: _reads_the_block(args), set(), None),
+        (
+            lambda args: _times_n(args["n"]),
+            set(),
+            "calls '_times_n', which reads 'N', which the key does not hold",
+        ),
+        (
+            lambda args: _through_times_n(args["n"]),
+            set(),
+            "calls '_through_times_n', which reads 'N', which the key does not hold",
+        ),
+        (
+            lambda args: _pow2_with_table(args["n"]),
+            set(),
+            "calls '_pow2_with_table', which reads its default argument 'table'",
+        ),
+        (lambda args: _SCALED(args["n"]), set(), "calls '_SCALED', which reads closure variable"),
     ],
     ids=[
         "is-not-none",
@@ -1630,6 +1681,13 @@ def _reads_h0_twice(args):
         "global",
         "module-constant",
         "import",
+        "pure-helper",
+        "helper-calling-helper",
+        "helper-given-the-mapping",
+        "helper-reading-global",
+        "helper-calling-helper-reading-global",
+        "helper-mutable-default",
+        "helper-closure",
     ],
 )
 def test_heuristic_code_analysis(fn, identity_only, outside):
@@ -1637,7 +1695,42 @@ def test_heuristic_code_analysis(fn, identity_only, outside):
 
     reads = _heuristic_code.analyze(fn)
     assert reads.identity_only == identity_only
-    assert reads.outside == outside
+    if outside is not None and outside.endswith("closure variable"):
+        assert reads.outside is not None and reads.outside.startswith(outside)
+    else:
+        assert reads.outside == outside
+
+
+def test_a_helper_given_the_mapping_has_the_names_it_spells_keyed():
+    from fastkernel import _heuristic_code
+
+    reads = _heuristic_code.analyze(lambda args: _reads_the_block(args))
+    assert "BLOCK" in reads.spelled
+
+
+def test_a_heuristic_calling_a_replaced_next_power_of_2_is_one_native_hit(stand_in, monkeypatch):
+    # SGLang's runtime replaces triton.next_power_of_2 with a Python function of its own when it
+    # is imported (sglang/srt/utils/common.py); a heuristic calling it, as SGLang's Mamba
+    # kernels' do, still reads only its arguments and is served natively.
+    monkeypatch.setattr(triton, "next_power_of_2", _pow2)
+    heuristic = triton.heuristics({"BLOCK": lambda args: triton.next_power_of_2(args["n"] // 8)})(
+        _fresh_add_kernel()
+    )
+    _KEPT.append(heuristic)
+    x, y, out = _tensors()
+    calls = (N, N // 2, N, N // 2, N)
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = {n: reference.launch(heuristic, _grid_by_block, x, y, out, n) for n in (N, N // 2)}
+    stand_in.reset()
+    with fastkernel.patched():
+        for n in calls:
+            heuristic[_grid_by_block](x, y, out, n)
+        stats = _stats_of(heuristic)
+    ours = stand_in.launches()
+    for n, launch in zip(calls, ours):
+        assert_same_launch(launch, theirs[n])
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0), stats
+    assert [launch.grid[0] for launch in ours] == [8, 8, 8, 8, 8]
 
 
 _SMALL_BLOCKS = {"on": False}
@@ -1657,7 +1750,8 @@ def _closure_heuristic():
         ),
         (
             lambda args: 256 if torch.are_deterministic_algorithms_enabled() else 1024,
-            "the heuristic for 'BLOCK' reads 'torch.are_deterministic_algorithms_enabled'",
+            "the heuristic for 'BLOCK' calls 'torch.are_deterministic_algorithms_enabled', "
+            "which reads '_C._get_deterministic_algorithms'",
         ),
         (_closure_heuristic(), "the heuristic for 'BLOCK' reads closure variable 'switch'"),
     ],

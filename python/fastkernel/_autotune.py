@@ -871,7 +871,8 @@ class Heuristics(NativeDispatch, TritonHeuristics):
                 raise TypeError(
                     f"fastkernel.heuristics: the heuristic for {name!r} {outside}; with a key "
                     f"each value is computed once per key, so it may read only the key's "
-                    f"arguments (and min, max, math, triton.cdiv, triton.next_power_of_2). "
+                    f"arguments (and min, max, math, triton.cdiv, triton.next_power_of_2, and "
+                    f"Python functions whose own code reads only theirs). "
                     f"Without a key the functions run on every call"
                 )
         TritonHeuristics.__init__(self, kernel, arg_names, dict(values))

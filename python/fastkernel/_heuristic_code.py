@@ -7,7 +7,9 @@ that a function reads nothing else: no global variable, closure variable, import
 whose value could change between calls without the key changing. :func:`analyze` reads the
 function's code (nested functions and comprehensions included) with :mod:`dis`; anything it
 does not recognise counts as an outside read, so an unknown construct keeps the heuristic on
-Triton's path rather than risking a stale value.
+Triton's path rather than risking a stale value. A plain Python function it calls (a helper
+such as SGLang's replacement of ``triton.next_power_of_2``, which its runtime assigns on
+import) is read the same way, with its own globals, and trusted when its code is.
 """
 
 from __future__ import annotations
@@ -110,22 +112,44 @@ def _pure_callable(obj: Any) -> bool:
     return any(obj is f for f in _PURE_CALLABLES)
 
 
-def _global_problem(globals_: dict, instructions: list[dis.Instruction], i: int) -> str | None:
-    """Why the global loaded by ``instructions[i]`` (with the module attributes loaded right
-    after it) may change between calls, or None when it is a pure callable."""
-    missing = object()
+#: The most helper functions one heuristic's analysis reads (each read once); one that calls
+#: more counts as reading outside its arguments.
+_MAX_HELPERS = 16
+
+_MISSING = object()
+
+
+def _loaded_global(globals_: dict, instructions: list[dis.Instruction], i: int) -> tuple[str, Any]:
+    """The name (``triton.cdiv``) and current value of the global loaded by ``instructions[i]``
+    with the module attributes loaded right after it; ``_MISSING`` when there is none."""
     chain = instructions[i].argval
-    obj = globals_.get(chain, missing)
-    if obj is missing:
-        obj = getattr(builtins, chain, missing)
+    obj = globals_.get(chain, _MISSING)
+    if obj is _MISSING:
+        obj = getattr(builtins, chain, _MISSING)
     for follow in instructions[i + 1 :]:
         if not isinstance(obj, types.ModuleType) or follow.opname not in _ATTRIBUTE_LOADS:
             break
         chain += "." + follow.argval
-        obj = getattr(obj, follow.argval, missing)
-    if obj is not missing and _pure_callable(obj):
-        return None
-    return f"reads {chain!r}, which the key does not hold"
+        obj = getattr(obj, follow.argval, _MISSING)
+    return chain, obj
+
+
+def _signature_problem(fn: types.FunctionType, first: str | None) -> str | None:
+    """Why ``fn`` may read state outside its arguments through its closure or its defaults: a
+    free variable (the enclosing scope can rebind it) or a default other than an immutable
+    constant (other than ``first``'s), or None."""
+    code = fn.__code__
+    if code.co_freevars:
+        return f"reads closure variable {sorted(code.co_freevars)[0]!r}"
+    defaults = dict(fn.__kwdefaults__ or {})
+    positional = code.co_varnames[: code.co_argcount]
+    defaults.update(
+        zip(positional[len(positional) - len(fn.__defaults__ or ()) :], fn.__defaults__ or ())
+    )
+    for name, value in defaults.items():
+        if name != first and not _constant(value):
+            return f"reads its default argument {name!r}"
+    return None
 
 
 def _strings_in(value: Any) -> list[str]:
@@ -156,43 +180,52 @@ def analyze(fn: types.FunctionType) -> HeuristicReads:
     A free variable (a closure) is an outside read: the enclosing scope can rebind it. So is a
     parameter after the first whose default is not an immutable constant, and every global or
     built-in other than the pure callables of ``_PURE_CALLABLES`` and the functions of
-    :mod:`math`, reached directly or through module attributes (``triton.cdiv``).
+    :mod:`math`, reached directly or through module attributes (``triton.cdiv``), and plain
+    Python functions whose own code reads nothing else by the same rules (any default of theirs
+    counts, and at most ``_MAX_HELPERS`` of them). A helper's string constants count as spelled:
+    it may be given the argument mapping.
     """
     outer = fn.__code__
-    outside: str | None = None
-    if outer.co_freevars:
-        outside = f"reads closure variable {sorted(outer.co_freevars)[0]!r}"
     # Triton calls a heuristic with one argument: the others take their defaults, objects that
     # can be changed (or rebound through __defaults__) unless they are immutable constants.
-    defaults = dict(fn.__kwdefaults__ or {})
     positional = outer.co_varnames[: outer.co_argcount]
-    defaults.update(
-        zip(positional[len(positional) - len(fn.__defaults__ or ()) :], fn.__defaults__ or ())
-    )
-    first = positional[0] if positional else None
-    for name, value in defaults.items():
-        if outside is None and name != first and not _constant(value):
-            outside = f"reads its default argument {name!r}"
+    outside = _signature_problem(fn, positional[0] if positional else None)
     spelled: set[str] = set()  # every string constant, nested code and tuple constants included
     identity_uses: set[str] = set()
     other_uses: set[str] = set()
-    pending = [outer]
+    # (code, its function's globals, the helper it belongs to: None for fn's own code)
+    pending: list[tuple[types.CodeType, dict, str | None]] = [(outer, fn.__globals__, None)]
+    helpers: set[int] = set()
     while pending:
-        code = pending.pop()
+        code, globals_, helper = pending.pop()
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
-                pending.append(const)
+                pending.append((const, globals_, helper))
             else:
                 spelled.update(_strings_in(const))
         args_name = code.co_varnames[0] if code is outer and code.co_argcount else None
         instructions = list(dis.get_instructions(code))
         for i, ins in enumerate(instructions):
             op = ins.opname
-            if outside is None:
-                if op in _OUTSIDE_EFFECTS:
-                    outside = f"imports or writes a global ({op})"
-                elif op in _GLOBAL_LOADS:
-                    outside = _global_problem(fn.__globals__, instructions, i)
+            problem, where = None, helper
+            if outside is not None:
+                pass
+            elif op in _OUTSIDE_EFFECTS:
+                problem = f"imports or writes a global ({op})"
+            elif op in _GLOBAL_LOADS:
+                chain, obj = _loaded_global(globals_, instructions, i)
+                if obj is not _MISSING and _pure_callable(obj):
+                    pass
+                elif type(obj) is types.FunctionType and len(helpers) < _MAX_HELPERS:
+                    if id(obj) not in helpers:
+                        helpers.add(id(obj))
+                        where = helper or chain  # a problem of its signature names it
+                        problem = _signature_problem(obj, None)
+                        pending.append((obj.__code__, obj.__globals__, where))
+                else:
+                    problem = f"reads {chain!r}, which the key does not hold"
+            if problem is not None:
+                outside = problem if where is None else f"calls {where!r}, which {problem}"
             names = _strings_in(ins.argval) if op not in _GLOBAL_LOADS else []
             if (
                 names

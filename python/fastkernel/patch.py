@@ -387,8 +387,9 @@ class PatchedHeuristics(NativeDispatch):
     the mapping as a whole, a computed parameter passed by the caller) sends that call through
     Triton's ``Heuristics.run``, counted with the reason; its launch underneath is still native.
     So does every call of a function whose code may read state outside its arguments (a global
-    other than a pure built-in, ``math`` function, ``triton.cdiv`` or ``triton.next_power_of_2``;
-    a closure variable; an import), found from its bytecode (``fastkernel._heuristic_code``).
+    other than a pure built-in, ``math`` function, ``triton.cdiv``, ``triton.next_power_of_2`` or
+    a Python function whose own code reads none; a closure variable; an import), found from its
+    bytecode (``fastkernel._heuristic_code``).
     """
 
     _serves_patch = True
