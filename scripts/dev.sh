@@ -43,6 +43,19 @@ fi
 # and SQLAlchemy (its tuning database).
 "${pip[@]}" install --no-deps liger-kernel==0.8.5 fla-core==0.6.0 einops==0.8.2 conch-triton-kernels==1.3 \
   flag-gems==5.0.2 pyyaml==6.0.4 sqlalchemy==2.0.58
+# SGLang (Python 3.11 and newer): its package imports its runtime's utilities on any import, so
+# its kernels need what those import, pinned here (its own torch, flashinfer and CUDA pins are
+# left out: only its Triton kernels are called).
+sglang_only="; python_version >= '3.11'"
+"${pip[@]}" install --no-deps "sglang==0.5.23$sglang_only" "orjson==3.13.0$sglang_only" \
+  "psutil==7.2.2$sglang_only" "pybase64==1.5.1$sglang_only" "requests==2.34.2$sglang_only" \
+  "urllib3==2.8.0$sglang_only" "idna==3.21$sglang_only" "certifi==2026.10.19.post1$sglang_only" \
+  "pillow==13.0.0$sglang_only" "starlette==1.10.0$sglang_only" "anyio==4.16.0$sglang_only" \
+  "msgspec==0.23.0$sglang_only" "pydantic==2.14.4$sglang_only" "pydantic-core==2.50.5$sglang_only" \
+  "typing-inspection==0.4.5$sglang_only" "pyzmq==27.3.0$sglang_only" "ipython==9.19.1$sglang_only" \
+  "traitlets==5.16.1$sglang_only" "aiohttp==3.14.5$sglang_only" "multidict==7.2.1$sglang_only" \
+  "attrs==26.1.0$sglang_only" "yarl==1.25.1$sglang_only" "propcache==0.5.4$sglang_only" \
+  "aiohappyeyeballs==2.7.1$sglang_only" "aiosignal==1.4.0$sglang_only" "frozenlist==1.8.0$sglang_only"
 # The hygiene tools `lint` runs, pinned so that their verdicts do not drift.
 "${pip[@]}" install ruff==0.17.6 mypy==2.4.1 clang-format==18.1.8
 # The Python fuzzers' engine (scripts/fuzz.sh); a Python it has no wheel for skips it here and

@@ -30,7 +30,9 @@ export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
 # The kernel libraries the tests call (Liger-Kernel, fla-core and its einops,
-# conch-triton-kernels, FlagGems and its PyYAML and SQLAlchemy) are not on the GPU machines and nothing can be fetched there: download their wheels here first with
+# conch-triton-kernels, FlagGems and its PyYAML and SQLAlchemy, SGLang and what its package
+# imports that the GPU machines' image lacks) are not on the GPU machines and nothing can be
+# fetched there: download their wheels here first with
 #   scripts/gpu_session.sh wheels      (into .whl/, which .gitignore keeps out of commits)
 # and name .whl in the device call's carry; they are installed beside the image's packages.
 if [ "$step" = wheels ]; then
@@ -38,6 +40,14 @@ if [ "$step" = wheels ]; then
     --implementation cp --platform manylinux_2_28_x86_64 -d .whl \
     liger-kernel==0.8.5 fla-core==0.6.0 einops==0.8.2 conch-triton-kernels==1.3 \
     flag-gems==5.0.2 pyyaml==6.0.4 sqlalchemy==2.0.58
+  # SGLang's wheel asks for glibc 2.34 (the GPU machines have 2.39).
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_17_x86_64 -d .whl \
+    sglang==0.5.23 orjson==3.13.0 pybase64==1.5.1 starlette==1.10.0 msgspec==0.23.0 \
+    pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 pyzmq==27.3.0 \
+    ipython==9.19.1 traitlets==5.16.1
+  du -sh .whl
   ls .whl
   exit 0
 fi

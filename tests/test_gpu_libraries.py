@@ -11,7 +11,7 @@ import warnings
 import pytest
 import test_libraries as libraries
 import torch
-from test_libraries import flag_gems  # noqa: F401 - a fixture used below
+from test_libraries import _sglang_import, flag_gems, sglang  # noqa: F401 - fixtures used below
 
 import fastkernel
 
@@ -24,6 +24,7 @@ def _cases():
     cases = [("liger", name) for name in libraries.LIGER_CASES]
     cases += [("conch", name) for name in libraries.CONCH_CASES]
     cases += [("flag_gems", name) for name in libraries.FLAGGEMS_CASES]
+    cases += [("sglang", name) for name in libraries.SGLANG_CASES]
     cases += [("fla", name) for name in libraries.FLA_CASES]
     return cases
 
@@ -33,6 +34,9 @@ def _factory(library: str, name: str, request):
         return libraries.LIGER_CASES[name]
     if library == "flag_gems":
         return libraries._flag_gems_cases(request.getfixturevalue("flag_gems"))[name]
+    if library == "sglang":
+        request.getfixturevalue("sglang")
+        return libraries._sglang_cases()[name]
     if library == "fla":
         pytest.importorskip("fla", reason="fla-core is a test dependency")
         with warnings.catch_warnings():

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import re
 import warnings
 from collections.abc import Callable
 
 import pytest
 import torch
+import triton
 from conftest import TEST_STREAM
 from stand_in_driver.recording import Launch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -665,6 +667,241 @@ def test_flag_gems_ops_launch_as_triton_does_and_hit_natively(
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     run_case(stand_in, _flag_gems_cases(flag_gems)[case]())
+
+
+# SGLang: the Triton kernels of its attention backend and of its layers, called through the host
+# functions its model runner calls (the serving runtime itself is not started). On a machine
+# without CUDA it takes its CPU platform's settings (block sizes, warps), the same for both runs.
+SGLANG_CASES = [
+    "decode_attention",
+    "decode_attention grouped",
+    "extend_attention",
+    "dense_prefill_attention",
+    "context_attention",
+    "merge_state",
+    "reshape_and_cache_flash",
+    "gelu_and_mul",
+    "fused_rmsnorm",
+    "fused_dual_residual_rmsnorm",
+    "mrope",
+    "moe_fused_gate",
+    "token_bitmask",
+    "selective_state_update",
+]
+
+
+@pytest.fixture(scope="session")
+def _sglang_import():
+    """sglang, imported without changing the process, and what its import changed in Triton's
+    module. Its package imports its runtime's utilities, which warn that requests has no
+    character-detection library (not used here), point Triton's, Inductor's and CUDA's caches
+    into ~/.cache/sglang through environment variables, and replace ``triton.next_power_of_2``
+    with a Python function of their own; all of it is put back, so that the tests after these
+    see the Triton they expect."""
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is a test dependency")
+    environ = dict(os.environ)
+    triton_before = dict(vars(triton))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Warning)
+            import sglang
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        changed = {
+            name: value
+            for name, value in vars(triton).items()
+            if name in triton_before and triton_before[name] is not value
+        }
+        for name in changed:
+            setattr(triton, name, triton_before[name])
+    return sglang, changed
+
+
+@pytest.fixture
+def sglang(_sglang_import, monkeypatch):
+    """sglang, with Triton's module as its import left it while a test runs (as in an SGLang
+    process, whose ``triton.next_power_of_2`` is SGLang's)."""
+    module, changed = _sglang_import
+    for name, value in changed.items():
+        monkeypatch.setattr(triton, name, value)
+    return module
+
+
+def _sglang_cases() -> dict[str, Callable[[], Callable[[], object]]]:
+    from sglang.kernels.ops.activation.gelu_and_mul_triton import gelu_and_mul_triton
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.kernels.ops.attention.extend_attention import (
+        dense_prefill_attention_fwd,
+        extend_attention_fwd,
+    )
+    from sglang.kernels.ops.attention.merge_state import merge_state_triton
+    from sglang.kernels.ops.attention.prefill_attention import context_attention_fwd
+    from sglang.kernels.ops.attention.rotary_triton import triton_mrope_fused
+    from sglang.kernels.ops.grammar.bitmask_ops import apply_token_bitmask_inplace_triton
+    from sglang.kernels.ops.kvcache.cache_ops import launch_reshape_and_cache_flash
+    from sglang.kernels.ops.layernorm.fused_rmsnorm import (
+        fused_dual_residual_rmsnorm,
+        fused_rmsnorm,
+    )
+    from sglang.kernels.ops.moe.moe_fused_gate import moe_fused_gate
+
+    with warnings.catch_warnings():
+        # Its import asks Triton for the active device's properties and, without a GPU, warns
+        # that it rolls back to the CPU (sglang/kernels/ops/attention/fla/utils.py).
+        warnings.simplefilter("ignore", UserWarning)
+        from sglang.kernels.ops.mamba.triton_ops.mamba_ssm import selective_state_update
+
+    half = torch.float16
+
+    def indptr(*lengths):  # int32 offsets of consecutive runs of these lengths
+        return torch.tensor([0, *lengths], dtype=torch.int32, device=DEVICE).cumsum(0).int()
+
+    # A decode step of two requests of 50 and 33 cached tokens: their slots in a KV buffer of
+    # 96 token slots, 4 KV splits; MHA (8 query heads on 8 KV heads) or grouped (8 on 2).
+    def decode(kv_heads):
+        q, o = _x(2, 8, 64, dtype=half), _x(2, 8, 64, dtype=half)
+        kb, vb = _x(96, kv_heads, 64, dtype=half), _x(96, kv_heads, 64, dtype=half)
+        kv_indptr, kv_indices = indptr(50, 33), torch.randperm(96, device=DEVICE)[:83].int()
+        logits, lse = _x(2, 8, 4, 64), _x(2, 8, 4)
+        splits = torch.full((2,), 4, dtype=torch.int32, device=DEVICE)
+
+        def call():
+            decode_attention_fwd(
+                q, kb, vb, o, kv_indptr, kv_indices, logits, lse, splits, 4, 0.125, 1.0, 1.0
+            )
+            return o
+
+        return call
+
+    # A prefill continuing two requests with 10 and 7 cached tokens by 3 and 5 new ones.
+    def extend():
+        q, k, v, o = (_x(8, 4, 64, dtype=half) for _ in range(4))
+        kb, vb = _x(32, 4, 64, dtype=half), _x(32, 4, 64, dtype=half)
+        qo_indptr, kv_indptr = indptr(3, 5), indptr(10, 7)
+        kv_indices = torch.arange(17, dtype=torch.int32, device=DEVICE)
+
+        def call():
+            extend_attention_fwd(
+                q, k, v, o, kb, vb, qo_indptr, kv_indptr, kv_indices, None, True, None, 5, 1.0, 1.0
+            )
+            return o
+
+        return call
+
+    # Dense prefill over materialized K/V: 3 and 5 queries over 13 and 12 keys.
+    def dense_prefill():
+        q, o = _x(8, 4, 64, dtype=half), _x(8, 4, 64, dtype=half)
+        k, v = _x(25, 2, 64, dtype=half), _x(25, 2, 64, dtype=half)
+        qo_indptr, kv_indptr = indptr(3, 5), indptr(13, 12)
+
+        def call():
+            dense_prefill_attention_fwd(q, k, v, o, qo_indptr, kv_indptr, 5)
+            return o
+
+        return call
+
+    # The prefill kernel of SGLang's first attention backend: two sequences of 5 and 3 tokens,
+    # 8 query heads on 2 KV heads.
+    def context():
+        q, o = _x(8, 8, 64, dtype=half), _x(8, 8, 64, dtype=half)
+        k, v = _x(8, 2, 64, dtype=half), _x(8, 2, 64, dtype=half)
+        start = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
+        lens = torch.tensor([5, 3], dtype=torch.int32, device=DEVICE)
+
+        def call():
+            context_attention_fwd(q, k, v, o, start, lens, 5)
+            return o
+
+        return call
+
+    # 4 tokens' keys and values into a paged cache of 8 pages of 16 slots.
+    def write_kv_cache():
+        k, v = _x(4, 2, 64, dtype=half), _x(4, 2, 64, dtype=half)
+        kc, vc = _x(8, 16, 2, 64, dtype=half), _x(8, 16, 2, 64, dtype=half)
+        slots = torch.tensor([0, 5, 17, 40], device=DEVICE)
+        return lambda: (launch_reshape_and_cache_flash(k, v, kc, vc, slots), kc, vc)[1:]
+
+    # Grammar-constrained decoding: 2 rows of a 1000-token vocabulary masked in place.
+    def token_bitmask():
+        logits = _x(2, 1000)
+        bitmask = _ints(1 << 30, 2, 32, dtype=torch.int32)
+        return lambda: (apply_token_bitmask_inplace_triton(logits, bitmask), logits)[1]
+
+    # A Mamba-2 decode step: the SSM state of 2 sequences, 4 heads of 16 channels and a state
+    # of 16, updated in place. Eight stacked triton.heuristics over the kernel, one of them
+    # calling triton.next_power_of_2, which SGLang's runtime replaced with its own function.
+    def mamba_decode():
+        state, x, dt, a = _x(2, 4, 16, 16), _x(2, 4, 16), _x(2, 4, 16), _x(4, 16, 16)
+        b, c, d, z, dt_bias, out = (
+            _x(2, 1, 16),
+            _x(2, 1, 16),
+            _x(4, 16),
+            _x(2, 4, 16),
+            _x(4, 16),
+            _x(2, 4, 16),
+        )
+
+        def call():
+            selective_state_update(state, x, dt, a, b, c, d, z, dt_bias, True, out=out)
+            return out, state
+
+        return call
+
+    # Qwen2-VL's multimodal rotary embedding, in place: 4 tokens, 8 query and 2 key heads of
+    # 128, sections of 16, 24 and 24 rotary pairs over (time, height, width) positions.
+    def mrope():
+        q, k = _x(4, 8 * 128), _x(4, 2 * 128)
+        cache, positions = _x(64, 128), _ints(64, 3, 4)
+        axis_map = torch.tensor([0] * 16 + [1] * 24 + [2] * 24, dtype=torch.int32, device=DEVICE)
+
+        def call():
+            triton_mrope_fused(
+                q, k, cache, positions, [16, 24, 24], 128, 128, False, False, True, axis_map
+            )
+            return q, k
+
+        return call
+
+    return {
+        "decode_attention": lambda: decode(8),
+        "decode_attention grouped": lambda: decode(2),
+        "extend_attention": extend,
+        "dense_prefill_attention": dense_prefill,
+        "context_attention": context,
+        # The outputs and log-sum-exps of attention over a prefix and a suffix, merged.
+        "merge_state": lambda: (
+            lambda p=_x(4, 8, 64), pl=_x(4, 8), q=_x(4, 8, 64), ql=_x(4, 8): merge_state_triton(
+                p, pl, q, ql
+            )
+        ),
+        "reshape_and_cache_flash": write_kv_cache,
+        "gelu_and_mul": lambda: lambda x=_x(4, 512, dtype=half): gelu_and_mul_triton(x)[0],
+        "fused_rmsnorm": lambda: lambda x=_x(4, 256), w=_x(256): fused_rmsnorm(x, w, 1e-6),
+        "fused_dual_residual_rmsnorm": lambda: (
+            lambda x=_x(4, 256), r=_x(4, 256), w1=_x(256), w2=_x(256): fused_dual_residual_rmsnorm(
+                x, r, w1, w2, 1e-6
+            )
+        ),
+        "mrope": mrope,
+        # DeepSeek-V3's router: 64 experts in 8 groups, the top 2 groups, 6 experts per token.
+        "moe_fused_gate": lambda: (
+            lambda s=_x(4, 64), b=_x(64): moe_fused_gate(
+                s, b, 6, "sigmoid", 0, True, 2.5, False, 0.0, 8, 2
+            )
+        ),
+        "token_bitmask": token_bitmask,
+        "selective_state_update": mamba_decode,
+    }
+
+
+@pytest.mark.parametrize("case", SGLANG_CASES)
+def test_sglang_ops_launch_as_triton_does_and_hit_natively(case, stand_in, sglang, monkeypatch):
+    # Its Mamba wrapper enters the tensors' device module's device context, which torch.cpu
+    # lacks: the one device the stand-in drives.
+    monkeypatch.setattr(torch.cpu, "device", lambda index: contextlib.nullcontext(), raising=False)
+    run_case(stand_in, _sglang_cases()[case]())
 
 
 @pytest.mark.parametrize("case", list(LIGER_CASES))
