@@ -1569,6 +1569,58 @@ def test_a_heuristic_testing_an_argument_for_none_is_one_native_hit(stand_in):
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
 
 
+def test_a_stack_of_heuristics_is_one_native_hit(stand_in):
+    # @triton.heuristics over @triton.heuristics (SGLang's Mamba kernels stack eight): the outer
+    # level's value is computed first and the inner level's function sees it.
+    inner = triton.heuristics({"BLOCK": lambda args: 1024 if args["HAS_Y"] else 256})(
+        JITFunction(kernels.optional_add_kernel.fn)
+    )
+    stack = triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})(inner)
+    _KEPT.append(stack)
+    x, y, out = _tensors()
+    calls = (y, None, y, None, y)
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = {
+            b is None: reference.launch(stack, _grid_by_block, x, b, out, N) for b in (y, None)
+        }
+    stand_in.reset()
+    with fastkernel.patched():
+        for b in calls:
+            stack[_grid_by_block](x, b, out, N)
+        stats = _stats_of(stack)
+        inner_stats = fastkernel.stats()
+    ours = stand_in.launches()
+    assert [launch.grid[0] for launch in ours] == [4, 16, 4, 16, 4]
+    for b, launch in zip(calls, ours):
+        assert_same_launch(launch, theirs[b is None])
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
+    # Served as one dispatch: the kernel under the stack was never launched through Triton's run.
+    assert PATCH_ATTR not in vars(inner) and PATCH_ATTR not in vars(inner.fn), inner_stats
+
+
+def test_a_name_computed_at_two_levels_of_a_stack_keeps_tritons_path(stand_in):
+    # Triton computes both: the outer value is what the inner function sees, the inner one is
+    # launched. One dispatch cannot hold two values of one name in order, so Triton runs the
+    # stack; the launch underneath is still native.
+    inner = triton.heuristics({"BLOCK": lambda args: args["BLOCK"] * 4})(_fresh_add_kernel())
+    stack = triton.heuristics({"BLOCK": lambda args: 256})(inner)
+    _KEPT.append(stack)
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(stack, _grid_by_block, x, y, out, N)
+    stand_in.reset()
+    with fastkernel.patched():
+        for _ in range(3):
+            stack[_grid_by_block](x, y, out, N)
+        kernel_stats = _stats_of(inner.fn)
+    ours = stand_in.launches()
+    assert [launch.grid[0] for launch in ours] == [4, 4, 4]
+    for launch in ours:
+        assert_same_launch(launch, theirs)
+    assert PATCH_ATTR not in vars(stack)
+    assert (kernel_stats["misses"], kernel_stats["hits"]) == (1, 2)
+
+
 def test_a_heuristic_sees_whether_an_argument_was_passed(stand_in):
     # Triton's Heuristics.run passes only the arguments given: `scale` left out (default 2.0)
     # and `scale=2.0` passed are different inputs to the heuristic, so different keys.

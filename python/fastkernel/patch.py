@@ -370,9 +370,9 @@ del _method
 
 
 class PatchedHeuristics(NativeDispatch):
-    """The native dispatch of Triton's own ``@triton.heuristics`` over a ``triton.jit`` function,
-    under :func:`patch`: each computed value is compiled into the launch record of its key, so a
-    call is one native hit.
+    """The native dispatch of Triton's own ``@triton.heuristics`` over a ``triton.jit`` function
+    (or over a stack of them, :meth:`for_heuristics`), under :func:`patch`: each computed value
+    is compiled into the launch record of its key, so a call is one native hit.
 
     The key is the kernel's own plus, for every parameter whose name a heuristic function's code
     spells (its string constants, nested functions included), its exact value and whether the
@@ -397,13 +397,14 @@ class PatchedHeuristics(NativeDispatch):
     def __init__(
         self,
         heuristics: TritonHeuristics,
+        jit_fn: JITFunction,
+        values: dict[str, Any],
         spelled: frozenset[str],
         identity_only: frozenset[str] = frozenset(),
         outside: str | None = None,
     ):
-        jit_fn = heuristics.fn
         self.heuristics = heuristics
-        self._values = dict(heuristics.values)
+        self._values = values
         self._identity_only = identity_only
         self._outside = outside
         by_name = {p.name: p for p in jit_fn.params}
@@ -419,14 +420,45 @@ class PatchedHeuristics(NativeDispatch):
 
     @classmethod
     def for_heuristics(cls, heuristics: TritonHeuristics) -> PatchedHeuristics | None:
-        """Its dispatch, or None when a computed name is not a constexpr parameter of the kernel
-        (a compile option or a runtime argument, which the record cannot carry)."""
-        params = {p.name: p for p in heuristics.fn.params}
+        """Its dispatch, or None when it keeps Triton's path: over an autotuner or a kernel with
+        a ``run`` of its own, or a computed name that is not a constexpr parameter of the kernel
+        (a compile option or a runtime argument, which the record cannot carry).
+
+        A stack of heuristics (``@triton.heuristics`` over ``@triton.heuristics`` ... over the
+        ``triton.jit`` function, as SGLang's Mamba kernel stacks eight, vLLM's seven) is one
+        dispatch: each ``Heuristics.run`` computes its values, then calls the next level's
+        ``run`` with them among the keywords, so the stack computes every level's values in
+        order, outermost first, each function seeing the values computed before it. A name
+        computed at two levels keeps the stack on Triton's path.
+        """
+        values: dict[str, Any] = {}
+        level: Any = heuristics
+        while isinstance(level, TritonHeuristics):
+            if level is not heuristics and (
+                "run" in vars(level)
+                or not getattr(
+                    type(level).run, "_fastkernel_patched", type(level).run is HEURISTICS_RUN
+                )
+            ):
+                return None  # a level with a run of its own: its behaviour is its own
+            for name, fn in level.values.items():
+                if name in values:
+                    return None
+                values[name] = fn
+            level = level.fn
+        jit_fn = level
+        if not isinstance(jit_fn, JITFunction) or not getattr(
+            type(jit_fn).run, "_fastkernel_patched", False
+        ):
+            return None
+        if "run" in vars(jit_fn):
+            return None  # `kernel.run = wrapper` under the heuristics: Triton's path calls it
+        params = {p.name: p for p in jit_fn.params}
         spelled: set[str] = set()
         identity_only: set[str] = set()
         other_uses: set[str] = set()
         outside = None
-        for name, fn in heuristics.values.items():
+        for name, fn in values.items():
             p = params.get(name)
             if p is None or not p.is_constexpr:
                 return None
@@ -438,7 +470,14 @@ class PatchedHeuristics(NativeDispatch):
             other_uses |= reads.spelled - reads.identity_only
             if outside is None and reads.outside is not None:
                 outside = f"the heuristic for {name!r} {reads.outside}"
-        return cls(heuristics, frozenset(spelled), frozenset(identity_only - other_uses), outside)
+        return cls(
+            heuristics,
+            jit_fn,
+            values,
+            frozenset(spelled),
+            frozenset(identity_only - other_uses),
+            outside,
+        )
 
     def __repr__(self) -> str:
         return f"PatchedHeuristics({self._stats_name()})"
@@ -520,9 +559,8 @@ def _new_dispatch(obj: Any) -> NativeDispatch | None:
         return PatchedKernel(obj)
     fn = getattr(obj, "fn", None)
     if isinstance(obj, TritonHeuristics):
-        if isinstance(fn, JITFunction) and getattr(type(fn).run, "_fastkernel_patched", False):
-            return PatchedHeuristics.for_heuristics(obj)
-        return None  # over another heuristics or an autotuner: Triton's run, native underneath
+        # None over an autotuner: Triton's run, native underneath
+        return PatchedHeuristics.for_heuristics(obj)
     if (
         not isinstance(obj, Autotuner)
         or not isinstance(fn, JITFunction)
