@@ -1468,11 +1468,9 @@ def _grid_by_block(meta):
     return (triton.cdiv(meta["n"], meta["BLOCK"]),)
 
 
-def test_a_call_of_triton_heuristics_is_one_native_hit(stand_in):
-    # BLOCK follows n, so n joins the key by value; each launch is the one Triton makes.
-    heuristic = triton.heuristics({"BLOCK": lambda args: 256 if args["n"] <= 2048 else 1024})(
-        _fresh_add_kernel()
-    )
+def _launches_by_n(stand_in, heuristic) -> tuple[list, dict]:
+    """``heuristic`` over the add kernel called with n = N, N/2, N, N/2, N under the patch, each
+    launch checked against Triton's for its n; the launches and the dispatch's counters."""
     _KEPT.append(heuristic)
     x, y, out = _tensors()
     calls = (N, N // 2, N, N // 2, N)
@@ -1487,6 +1485,15 @@ def test_a_call_of_triton_heuristics_is_one_native_hit(stand_in):
     assert len(ours) == len(calls)
     for n, launch in zip(calls, ours):
         assert_same_launch(launch, theirs[n])
+    return ours, stats
+
+
+def test_a_call_of_triton_heuristics_is_one_native_hit(stand_in):
+    # BLOCK follows n, so n joins the key by value; each launch is the one Triton makes.
+    heuristic = triton.heuristics({"BLOCK": lambda args: 256 if args["n"] <= 2048 else 1024})(
+        _fresh_add_kernel()
+    )
+    ours, stats = _launches_by_n(stand_in, heuristic)
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
     assert [launch.block[0] for launch in ours] == [128, 128, 128, 128, 128]  # num_warps 4
     assert [launch.grid[0] for launch in ours] == [4, 8, 4, 8, 4]
@@ -1768,19 +1775,7 @@ def test_a_heuristic_calling_a_replaced_next_power_of_2_is_one_native_hit(stand_
     heuristic = triton.heuristics({"BLOCK": lambda args: triton.next_power_of_2(args["n"] // 8)})(
         _fresh_add_kernel()
     )
-    _KEPT.append(heuristic)
-    x, y, out = _tensors()
-    calls = (N, N // 2, N, N // 2, N)
-    with TritonReference(stand_in, TEST_STREAM) as reference:
-        theirs = {n: reference.launch(heuristic, _grid_by_block, x, y, out, n) for n in (N, N // 2)}
-    stand_in.reset()
-    with fastkernel.patched():
-        for n in calls:
-            heuristic[_grid_by_block](x, y, out, n)
-        stats = _stats_of(heuristic)
-    ours = stand_in.launches()
-    for n, launch in zip(calls, ours):
-        assert_same_launch(launch, theirs[n])
+    ours, stats = _launches_by_n(stand_in, heuristic)
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0), stats
     assert [launch.grid[0] for launch in ours] == [8, 8, 8, 8, 8]
 
