@@ -911,7 +911,10 @@ _LAUNCHING_PROGRAM = (
     "x = torch.randn(4096)\n"
     "for _ in range(3):\n"
     "    kernels.add_kernel[(4,)](x, x, x, 4096, BLOCK=1024)\n"
-    "print('child patched', fastkernel.is_patched(), flush=True)\n"
+    # One write of the whole line: torchrun's workers share one stdout, and with PYTHONUNBUFFERED
+    # set print writes its items one by one, which can interleave with another worker's.
+    "sys.stdout.write(f'child patched {fastkernel.is_patched()}\\n')\n"
+    "sys.stdout.flush()\n"
 )
 
 
