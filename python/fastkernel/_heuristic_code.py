@@ -207,25 +207,24 @@ def analyze(fn: types.FunctionType) -> HeuristicReads:
         instructions = list(dis.get_instructions(code))
         for i, ins in enumerate(instructions):
             op = ins.opname
-            problem, where = None, helper
-            if outside is not None:
-                pass
-            elif op in _OUTSIDE_EFFECTS:
-                problem = f"imports or writes a global ({op})"
-            elif op in _GLOBAL_LOADS:
-                chain, obj = _loaded_global(globals_, instructions, i)
-                if obj is not _MISSING and _pure_callable(obj):
-                    pass
-                elif type(obj) is types.FunctionType and len(helpers) < _MAX_HELPERS:
-                    if id(obj) not in helpers:
-                        helpers.add(id(obj))
-                        where = helper or chain  # a problem of its signature names it
-                        problem = _signature_problem(obj, None)
-                        pending.append((obj.__code__, obj.__globals__, where))
-                else:
-                    problem = f"reads {chain!r}, which the key does not hold"
-            if problem is not None:
-                outside = problem if where is None else f"calls {where!r}, which {problem}"
+            if outside is None:
+                problem, where = None, helper
+                if op in _OUTSIDE_EFFECTS:
+                    problem = f"imports or writes a global ({op})"
+                elif op in _GLOBAL_LOADS:
+                    chain, obj = _loaded_global(globals_, instructions, i)
+                    if obj is not _MISSING and _pure_callable(obj):
+                        pass
+                    elif type(obj) is types.FunctionType and len(helpers) < _MAX_HELPERS:
+                        if id(obj) not in helpers:
+                            helpers.add(id(obj))
+                            where = helper or chain  # a problem of its signature names it
+                            problem = _signature_problem(obj, None)
+                            pending.append((obj.__code__, obj.__globals__, where))
+                    else:
+                        problem = f"reads {chain!r}, which the key does not hold"
+                if problem is not None:
+                    outside = problem if where is None else f"calls {where!r}, which {problem}"
             names = _strings_in(ins.argval) if op not in _GLOBAL_LOADS else []
             if (
                 names

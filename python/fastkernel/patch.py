@@ -434,12 +434,7 @@ class PatchedHeuristics(NativeDispatch):
         values: dict[str, Any] = {}
         level: Any = heuristics
         while isinstance(level, TritonHeuristics):
-            if level is not heuristics and (
-                "run" in vars(level)
-                or not getattr(
-                    type(level).run, "_fastkernel_patched", type(level).run is HEURISTICS_RUN
-                )
-            ):
+            if level is not heuristics and ("run" in vars(level) or not _type_run_served(level)):
                 return None  # a level with a run of its own: its behaviour is its own
             for name, fn in level.values.items():
                 if name in values:
@@ -621,12 +616,18 @@ def _new_dispatch_or_unserved(obj: Any) -> NativeDispatch | _Unserved | None:
         return unserved
 
 
+def _type_run_served(obj: Any) -> bool:
+    """Whether ``obj``'s type launches through a ``run`` the patch serves: the patch's own
+    (``JITFunction``, ``Autotuner``) or Triton's ``Heuristics.run``, not a subclass's."""
+    run = type(obj).run
+    return getattr(run, "_fastkernel_patched", False) or run is HEURISTICS_RUN
+
+
 def _dispatch_for(obj: Any):
     """The patch factory (called natively at each launch of a kernel object it has no cached
     dispatch for): its dispatch; None when this object keeps Triton's own path; False when every
     instance of its type does (a subclass with its own ``run``)."""
-    run = type(obj).run
-    if not getattr(run, "_fastkernel_patched", False) and run is not HEURISTICS_RUN:
+    if not _type_run_served(obj):
         return False  # a subclass with its own run: its behaviour is its own
     if "run" in getattr(obj, "__dict__", ()):
         return None  # a run of its own (`kernel.run = wrapper`), which Triton's [grid] calls
