@@ -2362,6 +2362,55 @@ def test_a_run_assigned_or_deleted_after_native_launches_is_seen(stand_in):
         assert "run" not in vars(kernel)
 
 
+def _stack_with_a_run_below(over: str):
+    """(the object a call launches, the object under it whose ``run`` the test sets)."""
+    kernel = _fresh_add_kernel()
+    if over == "autotuner":
+        top = _autotuned([1.0, 2.0])
+        return top, top.fn
+    heuristics = triton.heuristics({"BLOCK": lambda args: 256})(kernel)
+    _KEPT.append(heuristics)
+    if over == "heuristics":
+        return heuristics, kernel
+    top = triton.heuristics({})(heuristics)
+    _KEPT.append(top)
+    return top, heuristics if over == "stack level" else kernel
+
+
+@pytest.mark.parametrize("over", ["heuristics", "stack level", "stack kernel", "autotuner"])
+def test_a_run_set_under_a_heuristics_or_autotuner_is_what_its_launches_call(stand_in, over):
+    """Triton's ``Heuristics.run`` and ``Autotuner.run`` launch through ``self.fn.run``: a
+    ``run`` set on the kernel or heuristics level under them, before their first launch or after
+    native ones, is called as in Triton (the same calls, tuning included); once it is deleted,
+    their launches are native hits again."""
+    x, y, out = _tensors()
+    calls: dict[bool, list] = {}
+    hits: list[int] = []
+    for on in (False, True):
+        top, below = _stack_with_a_run_below(over)
+        seen = calls[on] = []
+        inner = below.run
+
+        def traced(*args, inner=inner, seen=seen, **kwargs):
+            seen.append(kwargs["grid"])
+            return inner(*args, **kwargs)
+
+        with _triton_on_stand_in(stand_in, patched=on):
+            below.run = traced
+            top[(4,)](x, y, out, N)
+            top[(2,)](x, y, out, N)
+            del below.run
+            for _ in range(3):
+                top[(4,)](x, y, out, N)
+            if on:
+                hits.append(_stats_of(top)["hits"])
+            below.run = traced
+            top[(1,)](x, y, out, N)
+            del below.run
+    assert calls[True] == calls[False] and calls[True][-1] == (1,)
+    assert hits == [2]  # a miss (its dispatch is new), then two hits
+
+
 def test_autotuner_run_without_warmup_raises_tritons_error(stand_in):
     tuned = _autotuned([1.0, 2.0])
     x, y, out = _tensors()

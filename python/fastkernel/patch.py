@@ -101,6 +101,44 @@ def _forget_served(key: int, _ref: object) -> None:
     _served.pop(key, None)
 
 
+# The kernel objects that launch through another's ``run`` (a heuristics stack's lower levels
+# and its JITFunction, an autotuner's JITFunction), by id: a weak reference to the object, and
+# weak references by id to the objects over it whose dispatch decision read it. A ``run``
+# assigned on or deleted from it changes what their launches call (Triton's ``Heuristics.run``
+# and ``Autotuner.run`` call ``self.fn.run``), so it drops their dispatches too.
+_under: dict[int, tuple[weakref.ref, dict[int, weakref.ref]]] = {}
+
+
+def _note_under(level: Any, top: Any) -> None:
+    """Records that ``top``'s dispatch decision depends on ``level``'s ``run``."""
+    entry = _under.get(id(level))
+    if entry is None or entry[0]() is not level:
+        ref = weakref.ref(level, functools.partial(_forget_under, id(level)))
+        entry = _under[id(level)] = (ref, {})
+    entry[1][id(top)] = weakref.ref(top)
+
+
+def _forget_under(key: int, ref: weakref.ref) -> None:
+    """Weak-reference callback: an object under another was collected."""
+    entry = _under.get(key)
+    if entry is not None and entry[0] is ref:
+        del _under[key]
+
+
+def _forget_dispatches_over(obj: Any) -> None:
+    """Drops the dispatch of every object launching through ``obj``'s ``run`` (native, or the
+    decision to keep Triton's path): their next launch decides again."""
+    with _lock:
+        entry = _under.get(id(obj))
+        if entry is None or entry[0]() is not obj:
+            return
+        for ref in list(entry[1].values()):
+            top = ref()
+            if top is not None:
+                _C.drop_patched_dispatch(top)
+                top.__dict__.pop(PATCH_ATTR, None)
+
+
 class PatchedKernel(NativeDispatch):
     """The native dispatch of one Triton ``JITFunction`` under :func:`patch`.
 
@@ -434,8 +472,10 @@ class PatchedHeuristics(NativeDispatch):
         values: dict[str, Any] = {}
         level: Any = heuristics
         while isinstance(level, TritonHeuristics):
-            if level is not heuristics and ("run" in vars(level) or not _type_run_served(level)):
-                return None  # a level with a run of its own: its behaviour is its own
+            if level is not heuristics:
+                _note_under(level, heuristics)
+                if "run" in vars(level) or not _type_run_served(level):
+                    return None  # a level with a run of its own: its behaviour is its own
             for name, fn in level.values.items():
                 if name in values:
                     return None
@@ -446,6 +486,7 @@ class PatchedHeuristics(NativeDispatch):
             type(jit_fn).run, "_fastkernel_patched", False
         ):
             return None
+        _note_under(jit_fn, heuristics)
         if "run" in vars(jit_fn):
             return None  # `kernel.run = wrapper` under the heuristics: Triton's path calls it
         params = {p.name: p for p in jit_fn.params}
@@ -562,6 +603,9 @@ def _new_dispatch(obj: Any) -> NativeDispatch | None:
         or not getattr(type(fn).run, "_fastkernel_patched", False)
     ):
         return None  # over a heuristics, another autotuner or a kernel with its own run
+    _note_under(fn, obj)
+    if "run" in vars(fn):
+        return None  # `kernel.run = wrapper` under the autotuner: Triton's path calls it
     params = PatchedAutotuner.config_params(obj)
     if params is None:
         return None
@@ -698,7 +742,9 @@ class _RunAttribute:
     instance's ``run`` (``kernel.run = wrapper``, which Triton's ``kernel[grid]`` calls) also
     drops the instance's native dispatch: its next launch asks the patch factory again, which
     keeps it on Triton's path, the wrapper called, while one is assigned and serves it natively
-    again once it is deleted. (A change made through ``kernel.__dict__`` directly is not seen.)
+    again once it is deleted. The objects that launch through it (a heuristics or an autotuner
+    over it, each level of a heuristics stack) lose their dispatches too, and decide again at
+    their next launch. (A change made through ``kernel.__dict__`` directly is not seen.)
     """
 
     __slots__ = ("function",)
@@ -717,6 +763,7 @@ class _RunAttribute:
     def __set__(self, obj, value) -> None:
         obj.__dict__["run"] = value
         _C.drop_patched_dispatch(obj)
+        _forget_dispatches_over(obj)
 
     def __delete__(self, obj) -> None:
         try:
@@ -726,6 +773,7 @@ class _RunAttribute:
                 f"{type(obj).__name__!r} object has no instance attribute 'run'"
             ) from None
         _C.drop_patched_dispatch(obj)
+        _forget_dispatches_over(obj)
 
 
 def _handle_dispatch(handle) -> NativeDispatch | None:
@@ -882,6 +930,7 @@ def unpatch() -> None:
             if jit_fn is not None:
                 jit_fn.__dict__.pop(PATCH_ATTR, None)
         _served.clear()
+        _under.clear()
         _saved = None
         log.debug("fastkernel.unpatch(): Triton launches its kernels itself again")
 
