@@ -15,6 +15,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import textwrap
 import weakref
 
 import kernels
@@ -599,6 +600,48 @@ def test_a_call_of_abs_is_translated_but_always_calls_the_function(stand_in):
         _launch(k, _untranslatable()["abs"])
         assert stand_in.last_launch().grid == (N, 1, 1)
     assert _counts(k) == (0, 2)
+
+
+REPLACED_FIRST = """
+    import os, sys, triton
+    OFFSET = 3
+
+    def next_power_of_2(n):  # a library's own, assigned before fastkernel's import
+        return n + OFFSET
+
+    triton.next_power_of_2 = next_power_of_2
+    import torch
+    from fastkernel import _C, _heuristic_code, fastkernel
+    from stand_in_driver.recording import RecordingDriver
+    import kernels
+
+    driver = RecordingDriver(os.environ["FASTKERNEL_CUDA_DRIVER"])
+    _C._testing.set_host_testing(True, 0, 0x5EED5)
+    k = fastkernel(kernels.add_kernel)
+    x = torch.randn(64)
+    grid = lambda meta: (triton.next_power_of_2(meta["n"]),)
+    for _ in range(3):
+        k[grid](x, x, x, 9, BLOCK=64)
+    reads = _heuristic_code.analyze(lambda args: triton.next_power_of_2(args["n"]))
+    print([tuple(l.grid) for l in driver.launches()], tuple(k._grid_counts()), reads.outside)
+"""
+
+
+def test_a_function_assigned_over_tritons_before_the_import_is_called():
+    """A library that replaces ``triton.next_power_of_2`` before fastkernel is imported (SGLang
+    does on import) has its own function called by the grid, never Triton's body computed in
+    its place, and a heuristic calling it is read as calling that function."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(REPLACED_FIRST)],
+        capture_output=True,
+        text=True,
+        cwd=pathlib.Path(__file__).parent,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert line.startswith("[(12, 1, 1), (12, 1, 1), (12, 1, 1)]"), line
+    assert "'OFFSET'" in line, line  # the heuristic reads a global through the function
 
 
 def _interpreters() -> dict[str, str]:

@@ -20,7 +20,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-import triton
+from . import _host_helpers
 
 #: Callables whose result depends only on their arguments: a heuristic may call them (found as
 #: globals, built-ins or module attributes) and still be served natively. The functions of
@@ -43,8 +43,8 @@ _PURE_CALLABLES: tuple[Any, ...] = (
     str,
     sum,
     tuple,
-    triton.cdiv,
-    triton.next_power_of_2,
+    _host_helpers.CDIV,
+    _host_helpers.NEXT_POWER_OF_2,
 )
 
 #: Instructions that change state outside the call, or import.

@@ -11,7 +11,8 @@ does then; any other call, including every call from Triton's code generator, ru
 own ``__call__``. Results and exceptions are those of the wrapped function in both cases.
 ``triton.cdiv`` and ``triton.next_power_of_2`` on exact ints below 2**62 in magnitude are
 computed natively (their bodies in ``triton/__init__.py``; no overflow is possible there), the
-rest by their Python bodies.
+rest by their Python bodies; a function assigned in their place before fastkernel's import is
+not taken for them (:func:`tritons_own`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,27 @@ from . import _C, _locks
 
 _lock = _locks.lock()
 _saved_call: Any | None = None
+
+
+def tritons_own(name: str) -> Any:
+    """``triton.<name>`` (``"cdiv"``, ``"next_power_of_2"``) while it is still the function
+    ``triton/__init__.py`` defines, else a new object that no callee is.
+
+    The native paths compute these functions' bodies in place of calling them, recognising
+    them by identity, so they must never take a replacement for Triton's own: SGLang, on
+    import, assigns its own Python ``next_power_of_2`` (which differs from Triton's at 0), and
+    a process that imported it before fastkernel must still call that function."""
+    obj = getattr(triton, name, None)
+    fn = getattr(obj, "fn", obj)  # a ConstexprFunction wraps the function; older Tritons' is plain
+    if getattr(fn, "__module__", None) == "triton" and getattr(fn, "__qualname__", None) == name:
+        return obj
+    return object()
+
+
+#: Triton's ``cdiv`` and ``next_power_of_2`` as fastkernel's import found them (see
+#: :func:`tritons_own`).
+CDIV = tritons_own("cdiv")
+NEXT_POWER_OF_2 = tritons_own("next_power_of_2")
 
 
 def _constexpr_function_type() -> type | None:
@@ -47,9 +69,7 @@ def install() -> bool:
             return False
         if _saved_call is None:
             original = cls.__dict__["__call__"]
-            _C.install_host_helpers(
-                cls, triton.language.constexpr, original, triton.cdiv, triton.next_power_of_2
-            )
+            _C.install_host_helpers(cls, triton.language.constexpr, original, CDIV, NEXT_POWER_OF_2)
             _saved_call = original
         return True
 

@@ -26,7 +26,7 @@ import triton
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction, KernelInterface, KernelParam
 
-from . import _C, _env, _grid_program, _locks
+from . import _C, _env, _grid_program, _host_helpers, _locks
 from . import _triton_abi as abi
 from . import cache as _cache
 from .cache.settings import count as cache_count
@@ -167,7 +167,11 @@ def uninstall_triton_watch() -> None:
 _C.set_launch_hook_support(abi.HOOK_METADATA_TYPE, abi.add_launch_metadata, abi.plain_lazy_dict)
 _C.set_pre_run_options(abi.add_run_options)
 _C.set_grid_program_support(
-    _grid_program.compile_grid, triton.cdiv, triton.next_power_of_2, builtins.max, builtins.min
+    _grid_program.compile_grid,
+    _host_helpers.CDIV,
+    _host_helpers.NEXT_POWER_OF_2,
+    builtins.max,
+    builtins.min,
 )
 
 #: Triton's own ``JITFunction.run``, captured before fastkernel.patch() can replace it: the launch
