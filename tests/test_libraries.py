@@ -904,6 +904,319 @@ def test_sglang_ops_launch_as_triton_does_and_hit_natively(case, stand_in, sglan
     run_case(stand_in, _sglang_cases()[case]())
 
 
+# vLLM: the Triton kernels of its V1 Triton attention backend, its KV cache writes, sampler, fused
+# MoE and Mamba layers, called through the host functions its model runner calls (the engine
+# itself is not started).
+VLLM_CASES = [
+    "decode_attention",
+    "decode_attention grouped",
+    "context_attention",
+    "merge_attn_states",
+    "reshape_and_cache_flash",
+    "fused_experts",
+    "rms_norm_gated",
+    "selective_state_update",
+    "causal_conv1d_update",
+    "mrope",
+    "top_k_top_p",
+    "per_token_group_quant_fp8",
+]
+
+#: The calls of vLLM's unified attention, the attention of its V1 Triton backend: the key of a
+#: kernel_unified_attention call (77 parameters, 34 of them constexpr) is longer than fastkernel's
+#: native key buffer, so each of its launches goes through Triton's own launcher, a counted
+#: fallback (the launches are Triton's, byte for byte; the decode's reduce_segments hits).
+VLLM_FALLBACK_CASES = dict.fromkeys(
+    ["unified_attention prefill", "unified_attention decode"],
+    "fastkernel falls back: the specialization key is longer than the native buffer",
+)
+
+#: The modules of the host functions the vLLM cases call, imported with vllm (below).
+VLLM_MODULES = (
+    "vllm.v1.attention.ops.triton_unified_attention",
+    "vllm.v1.attention.ops.triton_decode_attention",
+    "vllm.v1.attention.ops.triton_prefill_attention",
+    "vllm.v1.attention.ops.triton_merge_attn_states",
+    "vllm.v1.attention.ops.triton_reshape_and_cache_flash",
+    "vllm.model_executor.layers.fused_moe.fused_moe",
+    "vllm.model_executor.layers.mamba.ops.layernorm_gated",
+    "vllm.v1.sample.ops.topk_topp_triton",
+    "vllm.model_executor.layers.quantization.utils.fp8_utils",
+    "vllm.model_executor.layers.rotary_embedding.mrope",
+)
+
+#: Modules that, on vLLM's CPU platform, replace their Triton host functions with CPU ops when
+#: they are imported.
+VLLM_GPU_MODULES = (
+    "vllm.model_executor.layers.mamba.ops.mamba_ssm",
+    "vllm.model_executor.layers.mamba.ops.causal_conv1d",
+)
+
+
+@pytest.fixture(scope="session")
+def _vllm_import():
+    """vllm and the modules of its host functions, imported without changing the process, and
+    what the import changed in Triton's module. Without a Triton driver active (no GPU) vLLM
+    swaps in a placeholder Triton unless it takes the environment for a distributed worker's,
+    whose ``CUDA_VISIBLE_DEVICES`` is empty; ``VLLM_TARGET_DEVICE=cpu`` has it take its CPU
+    platform. Both are set while it imports only. Its import also sets Triton's, Inductor's and
+    torch's settings through environment variables; all of it is put back, so that the tests
+    after these see the process they expect."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is a test dependency")
+    environ = dict(os.environ)
+    triton_before = dict(vars(triton))
+    try:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Warning)
+            import vllm
+
+            for module in VLLM_MODULES:
+                importlib.import_module(module)
+            # VLLM_GPU_MODULES as on a GPU; what they import is imported before, as it is.
+            importlib.import_module("vllm.model_executor.layers.mamba.ops.triton_helpers")
+            with pytest.MonkeyPatch.context() as as_on_a_gpu:
+                as_on_a_gpu.setattr(vllm.platforms.current_platform, "is_cpu", lambda: False)
+                for module in VLLM_GPU_MODULES:
+                    importlib.import_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        changed = {
+            name: value
+            for name, value in vars(triton).items()
+            if name in triton_before and triton_before[name] is not value
+        }
+        for name in changed:
+            setattr(triton, name, triton_before[name])
+    return vllm, changed
+
+
+@pytest.fixture
+def vllm(_vllm_import, monkeypatch):
+    """vllm, with Triton's module as its import left it while a test runs."""
+    module, changed = _vllm_import
+    for name, value in changed.items():
+        monkeypatch.setattr(triton, name, value)
+    return module
+
+
+def _vllm_cases() -> dict[str, Callable[[], Callable[[], object]]]:
+    from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts_impl
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+    from vllm.model_executor.layers.mamba.ops.layernorm_gated import rms_norm_gated
+    from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_state_update
+    from vllm.model_executor.layers.quantization.utils.fp8_utils import per_token_group_quant_fp8
+    from vllm.model_executor.layers.rotary_embedding.mrope import triton_mrope
+    from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
+    from vllm.v1.attention.ops.triton_merge_attn_states import merge_attn_states
+    from vllm.v1.attention.ops.triton_prefill_attention import context_attention_fwd
+    from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
+        triton_reshape_and_cache_flash,
+    )
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+    from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
+
+    half = torch.float16
+
+    def int32(*values):
+        return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+    # The Triton attention backend: a paged KV cache of 8 blocks of 16 tokens, 8 query heads on
+    # 2 KV heads of 64, and the backend's split-KV scratch of 16 segments. A prefill of two
+    # requests of 12 and 5 tokens (past 8 query tokens the 2D kernel), or a decode step of two
+    # requests with 50 and 33 tokens cached (the 3D kernel over the segments, then their
+    # reduction).
+    def unified(query_lens, seq_lens):
+        num_tokens = sum(query_lens)
+        q, out = _x(num_tokens, 8, 64, dtype=half), _x(num_tokens, 8, 64, dtype=half)
+        kc, vc = _x(8, 16, 2, 64, dtype=half), _x(8, 16, 2, 64, dtype=half)
+        cu_seqlens_q = int32(0, *query_lens).cumsum(0).int()
+        seqused_k = int32(*seq_lens)
+        block_table = torch.arange(8, dtype=torch.int32, device=DEVICE).reshape(2, 4)
+        split_kv = {
+            "seq_threshold_3D": 128 // 2,  # the backend's: 128 programs over its KV heads
+            "num_par_softmax_segments": 16,
+            "softmax_segm_output": _x(num_tokens, 8, 16, 64),
+            "softmax_segm_max": _x(num_tokens, 8, 16),
+            "softmax_segm_expsum": _x(num_tokens, 8, 16),
+        }
+        # No sliding window, softcap or fp8 descales.
+        args = (q, kc, vc, out, cu_seqlens_q, max(query_lens), seqused_k, max(seq_lens), 0.125)
+        args += (True, (-1, -1), block_table, 0.0, None, None, None)
+
+        def call():
+            unified_attention(*args, **split_kv)
+            return out
+
+        return call
+
+    # Split-KV decode attention (its Triton MLA backend's, whose one latent KV head takes the
+    # grouped kernel): two requests with 50 and 33 cached tokens in pages of 16 slots, 4 KV
+    # splits; MHA (8 query heads on 8 KV heads) or grouped (8 on 2).
+    def decode(kv_heads):
+        q, o = _x(2, 8, 64, dtype=half), _x(2, 8, 64, dtype=half)
+        kb, vb = _x(8, 16, kv_heads, 64, dtype=half), _x(8, 16, kv_heads, 64, dtype=half)
+        lse, logits = _x(2, 8), _x(2, 8, 4, 65)
+        req_to_page = torch.arange(8, dtype=torch.int32, device=DEVICE).reshape(2, 4)
+        seq_lens = int32(50, 33)
+
+        def call():
+            decode_attention_fwd(
+                q, kb, vb, o, lse, req_to_page, seq_lens, logits, 4, 0.125, page_size=16
+            )
+            return o
+
+        return call
+
+    # Attention over the new tokens' own keys and values (the Triton backend's encoder
+    # attention, vision encoders): two sequences of 5 and 3 tokens, 8 query heads on 2 KV heads.
+    def context():
+        q, o = _x(8, 8, 64, dtype=half), _x(8, 8, 64, dtype=half)
+        k, v = _x(8, 2, 64, dtype=half), _x(8, 2, 64, dtype=half)
+
+        def call():
+            context_attention_fwd(q, k, v, o, int32(0, 5), int32(5, 3), 5)
+            return o
+
+        return call
+
+    # Chunked prefill: the attention outputs and log-sum-exps over a prefix and over the new
+    # tokens, merged (4 tokens, 8 heads of 64).
+    def merge():
+        out = _x(4, 8, 64, dtype=half)
+        prefix, suffix = _x(4, 8, 64, dtype=half), _x(4, 8, 64, dtype=half)
+        prefix_lse, suffix_lse = _x(8, 4), _x(8, 4)
+        return lambda: (merge_attn_states(out, prefix, prefix_lse, suffix, suffix_lse), out)[1]
+
+    # 4 tokens' keys and values into a paged cache of 8 blocks of 16 slots.
+    def write_kv_cache():
+        k, v = _x(4, 2, 64, dtype=half), _x(4, 2, 64, dtype=half)
+        kc, vc = _x(8, 16, 2, 64, dtype=half), _x(8, 16, 2, 64, dtype=half)
+        slots = torch.tensor([0, 5, 17, 40], device=DEVICE)
+        scale = torch.ones(1, device=DEVICE)
+
+        def call():
+            triton_reshape_and_cache_flash(k, v, kc, vc, slots, "auto", scale, scale)
+            return kc, vc
+
+        return call
+
+    # A MoE layer's experts: 2 tokens of hidden size 64, routed to 2 of 16 experts of
+    # intermediate size 128 (SiLU-gated), each token's two outputs summed by their weights;
+    # few tokens for so many experts, so each (token, expert) pair is a block of its own, with
+    # no alignment pass. It is called as the fused_experts op runs it: the op itself would hide
+    # what it allocates from the TorchDispatchMode that records the storages a call makes (a
+    # mode's ops run with the mode off).
+    def moe():
+        x = _x(2, 64, dtype=half)
+        w1, w2 = _x(16, 256, 64, dtype=half) / 8, _x(16, 64, 128, dtype=half) / 8
+        weights = _x(2, 2).softmax(-1)
+        ids = torch.randperm(16, device=DEVICE)[:4].reshape(2, 2).int()
+        return lambda: fused_experts_impl(x, w1, w2, weights, ids)
+
+    # A Mamba-2 decode step: the SSM state of 2 sequences, 4 heads of 16 channels and a state
+    # of 16, updated in place.
+    def mamba_decode():
+        state, x, dt, a = _x(2, 4, 16, 16), _x(2, 4, 16), _x(2, 4, 16), _x(4, 16, 16)
+        b, c, d, z, dt_bias, out = (
+            _x(2, 1, 16),
+            _x(2, 1, 16),
+            _x(4, 16),
+            _x(2, 4, 16),
+            _x(4, 16),
+            _x(2, 4, 16),
+        )
+
+        def call():
+            selective_state_update(state, x, dt, a, b, c, d, dt_bias, z, True, out=out)
+            return out, state
+
+        return call
+
+    # Its short causal convolution before the SSM, a decode step: 2 sequences of 64 channels,
+    # width 4, their conv states in cache lines 1 and 2 (line 0 is the null block), in place.
+    def conv_decode():
+        x, state = _x(2, 64), _x(3, 64, 3)
+        weight, bias = _x(64, 4), _x(64)
+        lines = int32(1, 2)
+
+        def call():
+            out = causal_conv1d_update(x, state, weight, bias, "silu", conv_state_indices=lines)
+            return out, state
+
+        return call
+
+    # Qwen2-VL's multimodal rotary embedding, in place: 4 tokens, 8 query and 2 key heads of
+    # 128, sections of 16, 24 and 24 rotary pairs over (time, height, width) positions.
+    def mrope():
+        q, k = _x(4, 8 * 128), _x(4, 2 * 128)
+        cos, sin = _x(3, 4, 64), _x(3, 4, 64)
+        return lambda: triton_mrope(q, k, cos, sin, [16, 24, 24], 128, 128, False, True)
+
+    # The sampler: top-k then top-p masking of 4 rows of a 1000-token vocabulary, in place.
+    def top_k_top_p():
+        logits = _x(4, 1000)
+        k = torch.tensor([5, 20, 50, 1000], device=DEVICE)
+        p = torch.tensor([0.9, 0.5, 1.0, 0.8], device=DEVICE)
+        return lambda: apply_top_k_top_p_triton(logits, k, p)
+
+    return {
+        "unified_attention prefill": lambda: unified((12, 5), (12, 5)),
+        "unified_attention decode": lambda: unified((1, 1), (50, 33)),
+        "decode_attention": lambda: decode(8),
+        "decode_attention grouped": lambda: decode(2),
+        "context_attention": context,
+        "merge_attn_states": merge,
+        "reshape_and_cache_flash": write_kv_cache,
+        "fused_experts": moe,
+        # Mamba-2's gated RMS norm: 4 tokens of 256 channels in groups of 64, gated by z.
+        "rms_norm_gated": lambda: (
+            lambda x=_x(4, 256), w=_x(256), z=_x(4, 256): rms_norm_gated(
+                x, w, None, z=z, eps=1e-6, group_size=64, norm_before_gate=False
+            )
+        ),
+        "selective_state_update": mamba_decode,
+        "causal_conv1d_update": conv_decode,
+        "mrope": mrope,
+        "top_k_top_p": top_k_top_p,
+        # Block-quantized fp8 (DeepSeek-V3's): activations quantized per group of 128.
+        "per_token_group_quant_fp8": lambda: lambda x=_x(4, 256): per_token_group_quant_fp8(x, 128),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    VLLM_CASES
+    + [
+        pytest.param(case, marks=pytest.mark.xfail(raises=AssertionError, strict=True, reason=why))
+        for case, why in VLLM_FALLBACK_CASES.items()
+    ],
+)
+def test_vllm_ops_launch_as_triton_does_and_hit_natively(case, stand_in, vllm, monkeypatch):
+    from vllm import _custom_ops
+    from vllm.model_executor.layers.fused_moe import fused_moe
+
+    from fastkernel import _C
+
+    # Its KV cache write picks its tile size by the device's compute capability: the stand-in's.
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda device=None: _C.device_capability(0)
+    )
+    # Between and after its two expert GEMMs the fused MoE calls vLLM's CUDA ops (SiLU-and-mul,
+    # the sum over each token's experts), which its CPU build does not register: torch's.
+    monkeypatch.setattr(fused_moe, "apply_moe_activation", _silu_and_mul)
+    monkeypatch.setattr(_custom_ops, "moe_sum", lambda x, out: torch.sum(x, 1, out=out))
+    run_case(stand_in, _vllm_cases()[case]())
+
+
+def _silu_and_mul(activation, output: torch.Tensor, x: torch.Tensor) -> None:
+    gate, up = x.chunk(2, dim=-1)
+    output.copy_(torch.nn.functional.silu(gate) * up)
+
+
 @pytest.mark.parametrize("case", list(LIGER_CASES))
 def test_liger_kernel_ops_launch_as_triton_does_and_hit_natively(case, stand_in):
     run_case(stand_in, LIGER_CASES[case]())
