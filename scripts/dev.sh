@@ -56,6 +56,18 @@ sglang_only="; python_version >= '3.11'"
   "traitlets==5.16.1$sglang_only" "aiohttp==3.14.5$sglang_only" "multidict==7.2.1$sglang_only" \
   "attrs==26.1.0$sglang_only" "yarl==1.25.1$sglang_only" "propcache==0.5.4$sglang_only" \
   "aiohappyeyeballs==2.7.1$sglang_only" "aiosignal==1.4.0$sglang_only" "frozenlist==1.8.0$sglang_only"
+# vLLM (Python 3.11 and newer): its kernel modules import its configuration, which imports
+# transformers and Hugging Face Hub, its structured-output backends (xgrammar, llguidance) and its
+# engine's utilities; pinned here, beside what SGLang's pins above already give it (its torch,
+# flashinfer and CUDA pins are left out: only its Triton kernels are called).
+vllm_only="; python_version >= '3.11'"
+"${pip[@]}" install --no-deps "vllm==0.34.0$vllm_only" "transformers==5.22.2$vllm_only" \
+  "huggingface-hub==2.4.0$vllm_only" "tokenizers==0.23.3$vllm_only" "safetensors==0.8.0$vllm_only" \
+  "regex==2026.12.2$vllm_only" "httpx2==2.17.0$vllm_only" "httpcore2==2.17.0$vllm_only" \
+  "h11==0.16.0$vllm_only" "truststore==0.10.5$vllm_only" "xgrammar==0.2.8$vllm_only" \
+  "apache-tvm-ffi==0.1.11$vllm_only" "llguidance==1.7.6$vllm_only" "cachetools==8.0.3$vllm_only" \
+  "cbor2==6.3.0$vllm_only" "cloudpickle==3.1.3$vllm_only" "prometheus-client==0.26.0$vllm_only" \
+  "py-cpuinfo==9.0.0$vllm_only" "uvloop==0.23.0$vllm_only" "annotated-types==0.8.0$vllm_only"
 # The hygiene tools `lint` runs, pinned so that their verdicts do not drift.
 "${pip[@]}" install ruff==0.17.6 mypy==2.4.1 clang-format==18.1.8
 # The Python fuzzers' engine (scripts/fuzz.sh); a Python it has no wheel for skips it here and
