@@ -11,7 +11,12 @@ import warnings
 import pytest
 import test_libraries as libraries
 import torch
-from test_libraries import _sglang_import, flag_gems, sglang  # noqa: F401 - fixtures used below
+from test_libraries import (  # noqa: F401 - fixtures used below
+    _flag_gems_import,
+    _sglang_import,
+    flag_gems,
+    sglang,
+)
 
 import fastkernel
 

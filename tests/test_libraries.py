@@ -575,19 +575,24 @@ FLAGGEMS_CASES = [
 
 
 @pytest.fixture(scope="session")
-def flag_gems(tmp_path_factory):
+def _flag_gems_import(tmp_path_factory):
     """flag_gems, imported with its vendor named (``GEMS_VENDOR``, instead of probing for
     vendors' tools), its tuning database and generated code in a temporary directory
     (``FLAGGEMS_DB_URL``, ``FLAGGEMS_CACHE_DIR``; the database's default name asks torch for
     the device's name) and, with no GPU, one CUDA device counted while it imports (its launch
-    caches keep one table per device)."""
+    caches keep one table per device); and the environment variables as its import left them.
+    Its import also sets variables for the process (``TRITON_CACHE_AUTOTUNING=1``, which makes
+    every Triton autotuner after it load its tuning from disk instead of benchmarking): the
+    environment is put back as it was, so that the tests after these see the Triton they
+    expect."""
     if importlib.util.find_spec("flag_gems") is None:  # not imported yet: it needs the below
         pytest.skip("flag-gems is a test dependency")
     root = tmp_path_factory.mktemp("flag_gems")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GEMS_VENDOR", "nvidia")
-        mp.setenv("FLAGGEMS_DB_URL", f"sqlite:///{root / 'tuned.db'}")
-        mp.setenv("FLAGGEMS_CACHE_DIR", str(root / "code"))
+    environ = dict(os.environ)
+    try:
+        os.environ["GEMS_VENDOR"] = "nvidia"
+        os.environ["FLAGGEMS_DB_URL"] = f"sqlite:///{root / 'tuned.db'}"
+        os.environ["FLAGGEMS_CACHE_DIR"] = str(root / "code")
         with warnings.catch_warnings(), pytest.MonkeyPatch.context() as during_import:
             # Without a GPU it warns that the device has no properties; its autotuners pass
             # Triton's deprecated warmup and rep.
@@ -596,7 +601,21 @@ def flag_gems(tmp_path_factory):
             if torch.cuda.device_count() == 0:
                 during_import.setattr(torch.cuda, "device_count", lambda: 1)
             import flag_gems
-        yield flag_gems
+        after = dict(os.environ)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    return flag_gems, {name: value for name, value in after.items() if environ.get(name) != value}
+
+
+@pytest.fixture
+def flag_gems(_flag_gems_import, monkeypatch):
+    """flag_gems, with the environment variables as its import left them while a test runs (as
+    in a process that imported it)."""
+    module, changed = _flag_gems_import
+    for name, value in changed.items():
+        monkeypatch.setenv(name, value)
+    return module
 
 
 #: Triton's deprecation warnings on FlagGems' own kernel code (Triton 3.6 gives them while it
