@@ -17,8 +17,8 @@ import triton.language as tl
 from conftest import TEST_STREAM
 from triton_reference import TritonReference
 
+from fastkernel import _C, fastkernel
 from fastkernel import _triton_abi as abi
-from fastkernel import fastkernel
 
 SCRATCH = [b"\0" * 8] * abi.num_scratch_params()
 
@@ -233,8 +233,6 @@ def _make_current(stand_in, device: int) -> None:
 
 
 def test_device_index_selects_the_module(stand_in):
-    from fastkernel import _C
-
     k = fastkernel(kernels.add_kernel)
     x = torch.randn(64)
     _make_current(stand_in, 0)
@@ -272,8 +270,6 @@ def test_a_key_at_the_buffer_limit_keeps_its_device_word(stand_in, spare_words):
     """The launch device and the knob state end every key. A call whose arguments fill the key
     buffer up to them keeps both words, or falls back: it never launches the record another
     device registered under the same leading words."""
-    from fastkernel import _C
-
     k = fastkernel(kernels.constexpr_kernel)
     out = torch.empty(16)
     mode = _mode_filling_the_key(spare_words)
@@ -315,10 +311,10 @@ def test_a_key_at_the_buffer_limit_keeps_its_knob_word(stand_in, spare_words):
 
 
 def _mode_filling_the_key(spare_words: int) -> str:
-    """A MODE string for constexpr_kernel whose call leaves `spare_words` of the 96-word key
-    buffer free before the device and knob words: out_ptr, SCALE and BLOCK take 1 + 2 + 2 words,
-    the string a header word and one word per 8 bytes."""
-    return "m" * 8 * (96 - 5 - 1 - spare_words)
+    """A MODE string for constexpr_kernel whose call leaves `spare_words` of the native key
+    buffer (``_C.MAX_KEY_WORDS`` words) free before the device and knob words: out_ptr, SCALE and
+    BLOCK take 1 + 2 + 2 words, the string a header word and one word per 8 bytes."""
+    return "m" * 8 * (_C.MAX_KEY_WORDS - 5 - 1 - spare_words)
 
 
 def test_fallback_path_counts_and_warns_once(stand_in, caplog):

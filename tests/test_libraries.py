@@ -939,16 +939,11 @@ VLLM_CASES = [
     "mrope",
     "top_k_top_p",
     "per_token_group_quant_fp8",
+    # The attention of its V1 Triton backend: kernel_unified_attention has 77 parameters, 34 of
+    # them constexpr, a key of about 100 words.
+    "unified_attention prefill",
+    "unified_attention decode",
 ]
-
-#: The calls of vLLM's unified attention, the attention of its V1 Triton backend: the key of a
-#: kernel_unified_attention call (77 parameters, 34 of them constexpr) is longer than fastkernel's
-#: native key buffer, so each of its launches goes through Triton's own launcher, a counted
-#: fallback (the launches are Triton's, byte for byte; the decode's reduce_segments hits).
-VLLM_FALLBACK_CASES = dict.fromkeys(
-    ["unified_attention prefill", "unified_attention decode"],
-    "fastkernel falls back: the specialization key is longer than the native buffer",
-)
 
 #: The modules of the host functions the vLLM cases call, imported with vllm (below).
 VLLM_MODULES = (
@@ -1206,14 +1201,7 @@ def _vllm_cases() -> dict[str, Callable[[], Callable[[], object]]]:
     }
 
 
-@pytest.mark.parametrize(
-    "case",
-    VLLM_CASES
-    + [
-        pytest.param(case, marks=pytest.mark.xfail(raises=AssertionError, strict=True, reason=why))
-        for case, why in VLLM_FALLBACK_CASES.items()
-    ],
-)
+@pytest.mark.parametrize("case", VLLM_CASES)
 def test_vllm_ops_launch_as_triton_does_and_hit_natively(case, stand_in, vllm, monkeypatch):
     from vllm import _custom_ops
     from vllm.model_executor.layers.fused_moe import fused_moe

@@ -411,6 +411,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("type"), "Whether type's mp_subscript slot is the native patched subscript.");
   // The numbers the Python side writes into parameter specs and bundle manifests, spelled once
   // here from the C++ enums (csrc/include/fastkernel/specialization.h, bundle.h).
+  m.attr("MAX_KEY_WORDS") = kMaxKeyWords;
   m.attr("ARG_KINDS") =
       py::dict(py::arg("tensor") = int(ArgKind::Tensor), py::arg("int") = int(ArgKind::Int),
                py::arg("float") = int(ArgKind::Float), py::arg("bool") = int(ArgKind::Bool),

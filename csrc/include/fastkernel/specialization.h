@@ -9,7 +9,11 @@
 namespace fastkernel {
 
 /// The most words one key may hold; a call whose key would be longer takes the fallback path.
-constexpr int kMaxKeyWords = 96;
+/// Room for every parameter of a kernel at the native argument limit (kernel_object.h,
+/// kMaxArgs = 128) as a keyed constexpr int (two words each): vLLM's unified attention kernel
+/// (triton_unified_attention.py: 77 parameters, 34 of them constexpr) needs about 100. The
+/// buffer lives in the call's stack frame, uninitialised, so its size costs a hit nothing.
+constexpr int kMaxKeyWords = 256;
 
 /// The kinds of value an argument can carry into a launch (word tag, low 8 bits of a key word).
 enum class ArgKind : uint8_t {
