@@ -16,6 +16,9 @@ INT_WIDTHS: dict[str, int]
 """IntWidth values by Triton type (``i32``, ``i64``, ``u64``)."""
 VALUE_CLASSES: dict[str, int]
 """ValueClass values: ``not_specialized``, ``divisible_16``, ``other``, ``equals_one``."""
+MAX_KEY_WORDS: int
+"""The most 64-bit words one specialization key holds (``kMaxKeyWords``,
+csrc/include/fastkernel/specialization.h); a call whose key would be longer falls back."""
 TUNE_FLAGS: dict[str, int]
 """TuneFlag bits (csrc/include/fastkernel/specialization.h): ``config_provided``, ``value``,
 ``layout``, ``sizes``, ``strides``, ``may_be_provided``."""
