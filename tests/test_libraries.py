@@ -170,6 +170,22 @@ def _ints(high: int, *shape, dtype=torch.int64):
     return torch.randint(0, high, shape, dtype=dtype, device=DEVICE)
 
 
+def _mamba_decode_inputs() -> tuple[torch.Tensor, ...]:
+    """A Mamba-2 decode step's tensors, as SGLang's and vLLM's ``selective_state_update`` take
+    them: the SSM state of 2 sequences, 4 heads of 16 channels and a state of 16, then x, dt, A,
+    B, C, D, z, dt_bias and the output."""
+    state, x, dt, a = _x(2, 4, 16, 16), _x(2, 4, 16), _x(2, 4, 16), _x(4, 16, 16)
+    b, c, d, z, dt_bias, out = (
+        _x(2, 1, 16),
+        _x(2, 1, 16),
+        _x(4, 16),
+        _x(2, 4, 16),
+        _x(4, 16),
+        _x(2, 4, 16),
+    )
+    return state, x, dt, a, b, c, d, z, dt_bias, out
+
+
 def _step(forward: Callable[..., object], *inputs: torch.Tensor) -> Callable[[], object]:
     """A training step of an op: ``forward(*inputs)``, then the backward pass of the sum of its
     first output, which runs the op's backward kernels. Returns that output and the gradients
@@ -691,6 +707,34 @@ def test_flag_gems_ops_launch_as_triton_does_and_hit_natively(
 # SGLang: the Triton kernels of its attention backend and of its layers, called through the host
 # functions its model runner calls (the serving runtime itself is not started). On a machine
 # without CUDA it takes its CPU platform's settings (block sizes, warps), the same for both runs.
+@contextlib.contextmanager
+def _put_back_after_import(changed: dict[str, object]):
+    """Puts the environment variables and Triton's module attributes back as they were once the
+    block (a library's import) ends, and fills ``changed`` with the attributes it replaced, as
+    it left them."""
+    environ = dict(os.environ)
+    triton_before = dict(vars(triton))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        for name, value in vars(triton).items():
+            if name in triton_before and triton_before[name] is not value:
+                changed[name] = value
+        for name in changed:
+            setattr(triton, name, triton_before[name])
+
+
+def _as_its_import_left(imported: tuple, monkeypatch):
+    """The module of ``imported`` (a module and the Triton attributes its import replaced), with
+    those attributes as its import left them while a test runs."""
+    module, changed = imported
+    for name, value in changed.items():
+        monkeypatch.setattr(triton, name, value)
+    return module
+
+
 SGLANG_CASES = [
     "decode_attention",
     "decode_attention grouped",
@@ -719,22 +763,10 @@ def _sglang_import():
     see the Triton they expect."""
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is a test dependency")
-    environ = dict(os.environ)
-    triton_before = dict(vars(triton))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Warning)
-            import sglang
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        changed = {
-            name: value
-            for name, value in vars(triton).items()
-            if name in triton_before and triton_before[name] is not value
-        }
-        for name in changed:
-            setattr(triton, name, triton_before[name])
+    changed: dict[str, object] = {}
+    with _put_back_after_import(changed), warnings.catch_warnings():
+        warnings.simplefilter("ignore", Warning)
+        import sglang
     return sglang, changed
 
 
@@ -742,10 +774,7 @@ def _sglang_import():
 def sglang(_sglang_import, monkeypatch):
     """sglang, with Triton's module as its import left it while a test runs (as in an SGLang
     process, whose ``triton.next_power_of_2`` is SGLang's)."""
-    module, changed = _sglang_import
-    for name, value in changed.items():
-        monkeypatch.setattr(triton, name, value)
-    return module
+    return _as_its_import_left(_sglang_import, monkeypatch)
 
 
 def _sglang_cases() -> dict[str, Callable[[], Callable[[], object]]]:
@@ -852,15 +881,7 @@ def _sglang_cases() -> dict[str, Callable[[], Callable[[], object]]]:
     # of 16, updated in place. Eight stacked triton.heuristics over the kernel, one of them
     # calling triton.next_power_of_2, which SGLang's runtime replaced with its own function.
     def mamba_decode():
-        state, x, dt, a = _x(2, 4, 16, 16), _x(2, 4, 16), _x(2, 4, 16), _x(4, 16, 16)
-        b, c, d, z, dt_bias, out = (
-            _x(2, 1, 16),
-            _x(2, 1, 16),
-            _x(4, 16),
-            _x(2, 4, 16),
-            _x(4, 16),
-            _x(2, 4, 16),
-        )
+        state, x, dt, a, b, c, d, z, dt_bias, out = _mamba_decode_inputs()
 
         def call():
             selective_state_update(state, x, dt, a, b, c, d, z, dt_bias, True, out=out)
@@ -978,9 +999,8 @@ def _vllm_import():
     after these see the process they expect."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is a test dependency")
-    environ = dict(os.environ)
-    triton_before = dict(vars(triton))
-    try:
+    changed: dict[str, object] = {}
+    with _put_back_after_import(changed):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
         with warnings.catch_warnings():
@@ -995,26 +1015,13 @@ def _vllm_import():
                 as_on_a_gpu.setattr(vllm.platforms.current_platform, "is_cpu", lambda: False)
                 for module in VLLM_GPU_MODULES:
                     importlib.import_module(module)
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        changed = {
-            name: value
-            for name, value in vars(triton).items()
-            if name in triton_before and triton_before[name] is not value
-        }
-        for name in changed:
-            setattr(triton, name, triton_before[name])
     return vllm, changed
 
 
 @pytest.fixture
 def vllm(_vllm_import, monkeypatch):
     """vllm, with Triton's module as its import left it while a test runs."""
-    module, changed = _vllm_import
-    for name, value in changed.items():
-        monkeypatch.setattr(triton, name, value)
-    return module
+    return _as_its_import_left(_vllm_import, monkeypatch)
 
 
 def _vllm_cases() -> dict[str, Callable[[], Callable[[], object]]]:
@@ -1134,15 +1141,7 @@ def _vllm_cases() -> dict[str, Callable[[], Callable[[], object]]]:
     # A Mamba-2 decode step: the SSM state of 2 sequences, 4 heads of 16 channels and a state
     # of 16, updated in place.
     def mamba_decode():
-        state, x, dt, a = _x(2, 4, 16, 16), _x(2, 4, 16), _x(2, 4, 16), _x(4, 16, 16)
-        b, c, d, z, dt_bias, out = (
-            _x(2, 1, 16),
-            _x(2, 1, 16),
-            _x(4, 16),
-            _x(2, 4, 16),
-            _x(4, 16),
-            _x(2, 4, 16),
-        )
+        state, x, dt, a, b, c, d, z, dt_bias, out = _mamba_decode_inputs()
 
         def call():
             selective_state_update(state, x, dt, a, b, c, d, dt_bias, z, True, out=out)
