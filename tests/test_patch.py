@@ -2411,6 +2411,30 @@ def test_a_run_set_under_a_heuristics_or_autotuner_is_what_its_launches_call(sta
     assert hits == [2]  # a miss (its dispatch is new), then two hits
 
 
+def test_heuristics_made_anew_over_one_kernel_leave_nothing_behind(stand_in):
+    """What the patch notes of a heuristics over a kernel (so that a ``run`` set on the kernel
+    drops its dispatch) goes with it: wrappers made and dropped again and again over one kernel
+    hold no memory."""
+    patch_module = importlib.import_module(
+        "fastkernel.patch"
+    )  # the package's `patch` is a function
+    kernel = _fresh_add_kernel()
+    x, y, out = _tensors()
+
+    def noted() -> int:
+        entry = patch_module._under.get(id(kernel))
+        return 0 if entry is None else len(entry[1])
+
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        for _ in range(20):
+            heuristics = triton.heuristics({"BLOCK": lambda args: 256})(kernel)
+            heuristics[(4,)](x, y, out, N)
+            assert noted() >= 1
+            del heuristics
+            gc.collect()
+        assert noted() == 0
+
+
 def test_autotuner_run_without_warmup_raises_tritons_error(stand_in):
     tuned = _autotuned([1.0, 2.0])
     x, y, out = _tensors()

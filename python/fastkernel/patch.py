@@ -110,12 +110,20 @@ _under: dict[int, tuple[weakref.ref, dict[int, weakref.ref]]] = {}
 
 
 def _note_under(level: Any, top: Any) -> None:
-    """Records that ``top``'s dispatch decision depends on ``level``'s ``run``."""
+    """Records that ``top``'s dispatch decision depends on ``level``'s ``run`` (until either is
+    collected)."""
     entry = _under.get(id(level))
     if entry is None or entry[0]() is not level:
         ref = weakref.ref(level, functools.partial(_forget_under, id(level)))
         entry = _under[id(level)] = (ref, {})
-    entry[1][id(top)] = weakref.ref(top)
+    over = entry[1]
+    over[id(top)] = weakref.ref(top, functools.partial(_forget_over, over, id(top)))
+
+
+def _forget_over(over: dict[int, weakref.ref], key: int, ref: weakref.ref) -> None:
+    """Weak-reference callback: an object over another was collected."""
+    if over.get(key) is ref:
+        del over[key]
 
 
 def _forget_under(key: int, ref: weakref.ref) -> None:
