@@ -480,23 +480,18 @@ class PatchedHeuristics(NativeDispatch):
         values: dict[str, Any] = {}
         level: Any = heuristics
         while isinstance(level, TritonHeuristics):
-            if level is not heuristics:
-                _note_under(level, heuristics)
-                if "run" in vars(level) or not _type_run_served(level):
-                    return None  # a level with a run of its own: its behaviour is its own
+            if level is not heuristics and not _launches_through_served_run(level, heuristics):
+                return None  # a level with a run of its own: its behaviour is its own
             for name, fn in level.values.items():
                 if name in values:
                     return None
                 values[name] = fn
             level = level.fn
         jit_fn = level
-        if not isinstance(jit_fn, JITFunction) or not getattr(
-            type(jit_fn).run, "_fastkernel_patched", False
+        if not isinstance(jit_fn, JITFunction) or not _launches_through_served_run(
+            jit_fn, heuristics
         ):
-            return None
-        _note_under(jit_fn, heuristics)
-        if "run" in vars(jit_fn):
-            return None  # `kernel.run = wrapper` under the heuristics: Triton's path calls it
+            return None  # a kernel with a run of its own (`kernel.run = wrapper`, a subclass's)
         params = {p.name: p for p in jit_fn.params}
         spelled: set[str] = set()
         identity_only: set[str] = set()
@@ -608,12 +603,9 @@ def _new_dispatch(obj: Any) -> NativeDispatch | None:
     if (
         not isinstance(obj, Autotuner)
         or not isinstance(fn, JITFunction)
-        or not getattr(type(fn).run, "_fastkernel_patched", False)
+        or not _launches_through_served_run(fn, obj)
     ):
         return None  # over a heuristics, another autotuner or a kernel with its own run
-    _note_under(fn, obj)
-    if "run" in vars(fn):
-        return None  # `kernel.run = wrapper` under the autotuner: Triton's path calls it
     params = PatchedAutotuner.config_params(obj)
     if params is None:
         return None
@@ -673,6 +665,15 @@ def _type_run_served(obj: Any) -> bool:
     (``JITFunction``, ``Autotuner``) or Triton's ``Heuristics.run``, not a subclass's."""
     run = type(obj).run
     return getattr(run, "_fastkernel_patched", False) or run is HEURISTICS_RUN
+
+
+def _launches_through_served_run(level: Any, top: Any) -> bool:
+    """Whether ``level``, which ``top`` launches through (a kernel or heuristics under it),
+    launches through a ``run`` the patch serves: its type's (:func:`_type_run_served`), with none
+    set on the instance. Notes the dependency either way, so that a ``run`` set on or deleted
+    from ``level`` later drops ``top``'s dispatch (:func:`_forget_dispatches_over`)."""
+    _note_under(level, top)
+    return "run" not in vars(level) and _type_run_served(level)
 
 
 def _dispatch_for(obj: Any):
