@@ -590,6 +590,31 @@ FLAGGEMS_CASES = [
 ]
 
 
+@contextlib.contextmanager
+def _put_back_after_import(
+    changed: dict[str, object], environ_changed: dict[str, str] | None = None
+):
+    """Puts the environment variables and Triton's module attributes back as they were once the
+    block (a library's import) ends, and fills ``changed`` with the attributes it replaced, as
+    it left them, and ``environ_changed`` (when given) with the variables it set."""
+    environ = dict(os.environ)
+    triton_before = dict(vars(triton))
+    try:
+        yield
+    finally:
+        if environ_changed is not None:
+            for name, value in os.environ.items():
+                if environ.get(name) != value:
+                    environ_changed[name] = value
+        os.environ.clear()
+        os.environ.update(environ)
+        for name, value in vars(triton).items():
+            if name in triton_before and triton_before[name] is not value:
+                changed[name] = value
+        for name in changed:
+            setattr(triton, name, triton_before[name])
+
+
 @pytest.fixture(scope="session")
 def _flag_gems_import(tmp_path_factory):
     """flag_gems, imported with its vendor named (``GEMS_VENDOR``, instead of probing for
@@ -604,8 +629,9 @@ def _flag_gems_import(tmp_path_factory):
     if importlib.util.find_spec("flag_gems") is None:  # not imported yet: it needs the below
         pytest.skip("flag-gems is a test dependency")
     root = tmp_path_factory.mktemp("flag_gems")
-    environ = dict(os.environ)
-    try:
+    changed: dict[str, object] = {}
+    environ_changed: dict[str, str] = {}
+    with _put_back_after_import(changed, environ_changed):
         os.environ["GEMS_VENDOR"] = "nvidia"
         os.environ["FLAGGEMS_DB_URL"] = f"sqlite:///{root / 'tuned.db'}"
         os.environ["FLAGGEMS_CACHE_DIR"] = str(root / "code")
@@ -617,21 +643,17 @@ def _flag_gems_import(tmp_path_factory):
             if torch.cuda.device_count() == 0:
                 during_import.setattr(torch.cuda, "device_count", lambda: 1)
             import flag_gems
-        after = dict(os.environ)
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-    return flag_gems, {name: value for name, value in after.items() if environ.get(name) != value}
+    return flag_gems, changed, environ_changed
 
 
 @pytest.fixture
 def flag_gems(_flag_gems_import, monkeypatch):
-    """flag_gems, with the environment variables as its import left them while a test runs (as
-    in a process that imported it)."""
-    module, changed = _flag_gems_import
-    for name, value in changed.items():
+    """flag_gems, with the environment variables and Triton's module as its import left them
+    while a test runs (as in a process that imported it)."""
+    module, changed, environ_changed = _flag_gems_import
+    for name, value in environ_changed.items():
         monkeypatch.setenv(name, value)
-    return module
+    return _as_its_import_left((module, changed), monkeypatch)
 
 
 #: Triton's deprecation warnings on FlagGems' own kernel code (Triton 3.6 gives them while it
@@ -707,25 +729,6 @@ def test_flag_gems_ops_launch_as_triton_does_and_hit_natively(
 # SGLang: the Triton kernels of its attention backend and of its layers, called through the host
 # functions its model runner calls (the serving runtime itself is not started). On a machine
 # without CUDA it takes its CPU platform's settings (block sizes, warps), the same for both runs.
-@contextlib.contextmanager
-def _put_back_after_import(changed: dict[str, object]):
-    """Puts the environment variables and Triton's module attributes back as they were once the
-    block (a library's import) ends, and fills ``changed`` with the attributes it replaced, as
-    it left them."""
-    environ = dict(os.environ)
-    triton_before = dict(vars(triton))
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        for name, value in vars(triton).items():
-            if name in triton_before and triton_before[name] is not value:
-                changed[name] = value
-        for name in changed:
-            setattr(triton, name, triton_before[name])
-
-
 def _as_its_import_left(imported: tuple, monkeypatch):
     """The module of ``imported`` (a module and the Triton attributes its import replaced), with
     those attributes as its import left them while a test runs."""
