@@ -2411,6 +2411,80 @@ def test_a_run_set_under_a_heuristics_or_autotuner_is_what_its_launches_call(sta
     assert hits == [2]  # a miss (its dispatch is new), then two hits
 
 
+def _stack_and_its_change(what: str):
+    """(the object a call launches, the kernels it may launch, a function that assigns one
+    attribute its dispatch is built from)."""
+    k1, k2 = _fresh_add_kernel(), _fresh_add_kernel()
+    if what.startswith("autotuner"):
+        top = _autotuned([1.0, 2.0, 3.0, 0.5])  # CONFIGS[0]; after a retune, CONFIGS[1]
+        k1 = top.fn
+
+        def change():
+            if what == "autotuner fn":
+                top.fn = k2
+            elif what == "autotuner cache":
+                top.cache = {}
+            elif what == "autotuner keys":
+                top.keys = []  # a new Triton key for every call: tuned again
+            else:
+                top.configs = [triton.Config({"BLOCK": 128}, num_warps=1)]
+                top.cache = {}
+
+        return top, (k1, k2), change
+    heuristics = triton.heuristics({"BLOCK": lambda args: 256})(k1)
+    top = heuristics if what.startswith("heuristics") else triton.heuristics({})(heuristics)
+    _KEPT.extend((heuristics, top))
+
+    def change():
+        if what.endswith(" fn"):
+            heuristics.fn = k2
+        else:
+            heuristics.values = {"BLOCK": lambda args: 512}
+
+    return top, (k1, k2), change
+
+
+@pytest.mark.parametrize(
+    "what",
+    [
+        "heuristics values",
+        "heuristics fn",
+        "stack level values",
+        "stack level fn",
+        "autotuner fn",
+        "autotuner cache",
+        "autotuner keys",
+        "autotuner configs",
+    ],
+)
+def test_an_attribute_a_dispatch_is_built_from_assigned_after_native_launches(stand_in, what):
+    """Triton's ``Heuristics.run`` and ``Autotuner.run`` read ``fn``, ``values``, ``configs``,
+    ``keys`` and ``cache`` on every call: one assigned after native hits (on the object
+    launched, or on a heuristics level under it) changes the next launches as it does in
+    Triton: the other kernel, the new value, a new tuning."""
+    launched: dict[bool, list] = {}
+    for on in (False, True):
+        top, kernels_, change = _stack_and_its_change(what)
+        x, y, out = _tensors()
+        got = launched[on] = []
+        with _triton_on_stand_in(stand_in, patched=on):
+            for i in range(5):
+                if i == 2:
+                    change()
+                compiled = top[(4,)](x, y, out, N)
+                got.append(
+                    (
+                        kernels_.index(compiled.src.fn),
+                        sorted(map(repr, compiled.src.constants.values())),
+                        stand_in.last_launch().block,
+                    )
+                )
+            if on:
+                assert _stats_of(top)["hits"] >= 1
+    assert launched[True] == launched[False]
+    assert launched[True][1] == launched[True][0] != launched[True][2] == launched[True][4]
+
+
 def test_heuristics_made_anew_over_one_kernel_leave_nothing_behind(stand_in):
     """What the patch notes of a heuristics over a kernel (so that a ``run`` set on the kernel
     drops its dispatch) goes with it: wrappers made and dropped again and again over one kernel

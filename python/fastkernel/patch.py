@@ -30,7 +30,10 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   handle a native launcher object (``_C.run_launcher``), which launches the binary natively
   where Triton's launcher would launch exactly that and calls Triton's otherwise.
 - Each kernel gets its dispatch at its first launch, kept in the kernel's ``__dict__`` under
-  ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again.
+  ``kernel.PATCH_ATTR``; :func:`unpatch` removes it again. Assigning an attribute the dispatch
+  was built from (a ``run`` on any of them; an autotuner's or heuristics' ``fn``, an
+  autotuner's ``configs``, ``keys`` or ``cache``, a heuristics' ``values``) drops it, and the
+  next launch builds it again.
 
 What stays on Triton's path: a ``JITFunction`` or ``Autotuner`` subclass that defines its own
 ``run`` (its own behaviour is kept; the launch underneath is still native), ``warmup=True``
@@ -223,8 +226,11 @@ class PatchedAutotuner(NativeDispatch):
     config with a ``pre_hook`` (Python before every launch), a kernel with pre-run hooks, a
     tuned config setting a parameter the declared configs do not (a pruned config, a replaced
     ``configs``), a call leaving out a required constexpr that no declared config sets.
-    A config picked for a key stays registered for that key: clearing ``autotuner.cache`` by
-    hand does not re-tune keys already served natively (call :func:`unpatch` first).
+    A config picked for a key stays registered for that key: clearing ``autotuner.cache`` in
+    place does not re-tune keys already served natively (call :func:`unpatch` first); assigning
+    the autotuner's ``fn``, ``configs``, ``keys`` or ``cache`` drops its dispatch
+    (:class:`_DispatchInput`), so its next launches are served as Triton's ``run`` then serves
+    them.
     """
 
     _serves_patch = True
@@ -435,7 +441,9 @@ class PatchedHeuristics(NativeDispatch):
     So does every call of a function whose code may read state outside its arguments (a global
     other than a pure built-in, ``math`` function, ``triton.cdiv``, ``triton.next_power_of_2`` or
     a Python function whose own code reads none; a closure variable; an import), found from its
-    bytecode (``fastkernel._heuristic_code``).
+    bytecode (``fastkernel._heuristic_code``). Assigning ``fn`` or ``values`` on a level drops
+    the dispatch (:class:`_DispatchInput`); a change made in place to a ``values`` dict after
+    the first launch is not seen.
     """
 
     _serves_patch = True
@@ -785,6 +793,58 @@ class _RunAttribute:
         _forget_dispatches_over(obj)
 
 
+class _DispatchInput:
+    """An instance attribute of Triton's ``Autotuner`` or ``Heuristics`` that its native
+    dispatch is built from (``fn``; an autotuner's ``configs``, ``keys`` and ``cache``; a
+    heuristics' ``values``), while patched: read and stored in the instance's ``__dict__`` as
+    without the patch, and assigning or deleting it drops the instance's dispatch and those of
+    the objects launching through it (a heuristics or autotuner over it), so their next launch
+    is built from what is there now, as Triton's ``run`` reads these attributes on every call.
+    (A change made in place, such as ``heuristics.values[name] = f`` or
+    ``autotuner.cache.clear()``, or through ``__dict__`` directly, is not seen.)
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, cls=None):
+        try:
+            if obj is not None:
+                return obj.__dict__[self.name]
+        except KeyError:
+            pass
+        owner = cls.__name__ if obj is None else type(obj).__name__
+        raise AttributeError(f"{owner!r} object has no attribute {self.name!r}")
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__[self.name] = value
+        _forget_dispatch(obj)
+
+    def __delete__(self, obj) -> None:
+        try:
+            del obj.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None
+        _forget_dispatch(obj)
+
+
+# The attributes watched by _DispatchInput, by class.
+_DISPATCH_INPUTS = (
+    (Autotuner, ("fn", "configs", "keys", "cache")),
+    (TritonHeuristics, ("fn", "values")),
+)
+
+
+def _forget_dispatch(obj: Any) -> None:
+    """Drops ``obj``'s dispatch and those of the objects launching through it."""
+    with _lock:
+        _C.drop_patched_dispatch(obj)
+        obj.__dict__.pop(PATCH_ATTR, None)
+        _forget_dispatches_over(obj)
+
+
 def _handle_dispatch(handle) -> NativeDispatch | None:
     """The dispatch serving the kernel a ``CompiledKernel`` or ``CachedKernel`` was compiled
     from (``handle.src.fn``) under the patch, or None when the patch does not serve it."""
@@ -900,6 +960,10 @@ def patch() -> bool:
         JITFunction.run = _RunAttribute(_patched_run)
         Autotuner.run = _RunAttribute(_patched_autotuner_run)
         TritonHeuristics.run = _RunAttribute(HEURISTICS_RUN)
+        for cls, names in _DISPATCH_INPUTS:
+            for name in names:
+                if name not in cls.__dict__:  # an instance attribute in every supported Triton
+                    setattr(cls, name, _DispatchInput(name))
         _C.install_handle_subscript(CompiledKernel, None, _patched_handle_getitem)
         _C.install_handle_subscript(_cache.CachedKernel, None, _patched_cached_getitem)
         if isinstance(COMPILED_RUN, property):
@@ -929,6 +993,10 @@ def unpatch() -> None:
                 if (cls, name) in _saved:
                     setattr(cls, name, _saved[(cls, name)])
                 else:
+                    delattr(cls, name)
+        for cls, names in _DISPATCH_INPUTS:
+            for name in names:
+                if isinstance(cls.__dict__.get(name), _DispatchInput):
                     delattr(cls, name)
         _host_helpers.uninstall()
         _C.uninstall_patch()
