@@ -1,8 +1,10 @@
 """@fastkernel is a triton JITFunction: Triton's decorators stack above it and keep launches
-native; the wrong order gets an error saying what to write; torch.compile captures it (GPU)."""
+native; the wrong order gets an error saying what to write; Gluon kernels compile as Triton
+compiles them; torch.compile captures it (GPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 
 import kernels
@@ -10,8 +12,13 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from conftest import TEST_STREAM
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 from triton.runtime.jit import JITFunction
+from triton_reference import TritonReference, assert_same_launch
 
+import fastkernel as fk
 from fastkernel import FastKernel, fastkernel
 
 
@@ -97,6 +104,40 @@ def test_fastkernel_as_a_constexpr_of_another_kernel(stand_in):
         struct.pack("<Q", src.data_ptr()),
         struct.pack("<i", 64),
     ]
+
+
+def _gluon_copy(in_ptr, out_ptr, n, BLOCK: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
+    mask = offs < n
+    gl.store(out_ptr + offs, gl.load(in_ptr + offs, mask=mask), mask=mask)
+
+
+@pytest.mark.parametrize("served_by", ["fastkernel.patch()", "@fastkernel"])
+def test_a_gluon_kernel_compiles_and_launches_as_triton_does(
+    served_by, stand_in, tmp_path, monkeypatch
+):
+    """Triton compiles a Gluon kernel (``gluon.jit``) from a ``GluonASTSource``, which gives the
+    module the target, warp and CTA attributes its layouts need; the plain ``ASTSource`` fails on
+    it. With Triton's own cache empty (both sources hash alike, so a binary Triton compiled
+    would hide the difference), the native path compiles the binary Triton compiles and launches
+    it as Triton does, then hits."""
+    x, out = torch.randn(1024), torch.empty(1024)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache-native"))
+    with fk.patched() if served_by == "fastkernel.patch()" else contextlib.nullcontext():
+        kernel = gluon.jit(_gluon_copy)
+        launched = fastkernel(kernel) if served_by == "@fastkernel" else kernel
+        compiled = launched[(8,)](x, out, 1024, BLOCK=128)
+        ours = stand_in.last_launch()
+        launched[(8,)](x, out, 1024, BLOCK=128)
+        stats = fk.stats()[f"{__name__}._gluon_copy"]
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 1, 0)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache-triton"))
+    with TritonReference(stand_in, TEST_STREAM):
+        tritons = gluon.jit(_gluon_copy)[(8,)](x, out, 1024, BLOCK=128)
+        assert_same_launch(ours, stand_in.last_launch())
+    assert type(compiled.src) is type(tritons.src)
+    assert compiled.asm["cubin"] == tritons.asm["cubin"]
 
 
 @pytest.mark.gpu

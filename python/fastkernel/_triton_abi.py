@@ -302,10 +302,25 @@ def expand_descriptors(
     return expanded, maps
 
 
+def ast_source(jit_fn, spec: Specialization) -> ASTSource:
+    """The compile source ``JITFunction.run`` makes for a specialization of ``jit_fn``:
+    ``self.ASTSource(self, signature, constexprs, attrs)`` (``runtime/jit.py``), where
+    ``create_binder`` sets ``ASTSource`` to Triton's ``ASTSource``, or, for a Gluon kernel
+    (``jit_fn.is_gluon()``), to ``GluonASTSource`` (``experimental/gluon/_runtime.py``), whose
+    ``make_ir`` sets the module's target, warp and CTA attributes that Gluon's layouts need.
+    Both hash alike, so Triton's own cache cannot tell which one compiled a binary."""
+    cls = ASTSource
+    is_gluon = getattr(jit_fn, "is_gluon", None)
+    if is_gluon is not None and is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        cls = GluonASTSource
+    return cls(jit_fn, spec.signature, spec.constexprs, spec.attrs)
+
+
 def compile_specialization(jit_fn, target: GPUTarget, spec: Specialization):
     """Compile with Triton (its on-disk cache applies); returns Triton's CompiledKernel."""
-    src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
-    return triton.compile(src, target=target, options=spec.options.__dict__)
+    return triton.compile(ast_source(jit_fn, spec), target=target, options=spec.options.__dict__)
 
 
 def compiled_kernel(src: ASTSource, metadata: Mapping[str, Any], binary: bytes):

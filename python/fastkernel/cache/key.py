@@ -395,7 +395,6 @@ def key_document(
         rendering, or ``TRITON_KERNEL_OVERRIDE`` substitutes IR from files outside the key.
     """
     from triton import knobs
-    from triton.compiler import ASTSource
 
     if (
         isinstance(jit_fn, JITFunction)
@@ -418,7 +417,7 @@ def key_document(
         raise Uncacheable("TRITON_KERNEL_OVERRIDE substitutes IR from files outside the key")
     try:
         kernel_key = jit_fn.cache_key  # also fills jit_fn.used_global_vals
-        source_key = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs).hash()
+        source_key = abi.ast_source(jit_fn, spec).hash()
     except Exception as exc:  # Triton's DependenciesFinder raises RuntimeError, parsing OSError...
         raise Uncacheable(f"its source cannot be hashed ({type(exc).__name__}: {exc})") from exc
     # The value compiled in is the one in the globals dict now (Triton's code generator reads

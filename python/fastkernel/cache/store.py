@@ -496,10 +496,8 @@ def entry_artifact(entry: Entry, jit_fn, spec: abi.Specialization):
     """``(LaunchMetadata, CachedKernel)`` of a verified entry, or None when they cannot be made
     from it (a header that passed the schema but not Python's rules for what it becomes): the
     entry is then corrupt, removed and logged."""
-    from triton.compiler import ASTSource
-
     try:
-        src = ASTSource(jit_fn, spec.signature, spec.constexprs, spec.attrs)
+        src = abi.ast_source(jit_fn, spec)
         return entry.launch_metadata(), CachedKernel.from_entry(entry, src)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the entry is not usable
         log.warning("fastkernel: removed cache entry %s: %r; compiling again", entry.path, exc)
