@@ -13,6 +13,8 @@ import kernels
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 
 @triton.jit
@@ -70,6 +72,14 @@ def strided_scale_kernel(x_ptr, out_ptr, n, stride, scale: tl.bfloat16, BLOCK: t
     mask = offs < n
     x = tl.load(x_ptr + offs * stride, mask=mask)
     tl.store(out_ptr + offs, x * scale.to(tl.float32), mask=mask)
+
+
+@gluon.jit
+def gluon_scale_kernel(x_ptr, out_ptr, n, scale, BLOCK: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])
+    offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=layout)
+    mask = offs < n
+    gl.store(out_ptr + offs, gl.load(x_ptr + offs, mask=mask) * scale, mask=mask)
 
 
 @dataclasses.dataclass
@@ -214,6 +224,13 @@ def _persistent_matmul_descriptors(k, device):
     return [c]
 
 
+def _gluon_scale(k, device):
+    x = torch.randn(5000, device=device, generator=_seeded(device))
+    out = torch.empty_like(x)
+    k[(triton.cdiv(5000, 512),)](x, out, 5000, 0.5, BLOCK=512)
+    return [out]
+
+
 def cases() -> list[Case]:
     return [
         Case("vector add", kernels.add_kernel, _add),
@@ -245,6 +262,7 @@ def cases() -> list[Case]:
             _persistent_matmul_descriptors,
             hopper=True,
         ),
+        Case("Gluon kernel with a blocked layout", gluon_scale_kernel, _gluon_scale),
     ]
 
 
