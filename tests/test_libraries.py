@@ -948,8 +948,9 @@ def test_sglang_ops_launch_as_triton_does_and_hit_natively(case, stand_in, sglan
 
 
 # vLLM: the Triton kernels of its V1 Triton attention backend, its KV cache writes, sampler, fused
-# MoE and Mamba layers, called through the host functions its model runner calls (the engine
-# itself is not started).
+# MoE and Mamba layers, the per-step kernels of its V1 GPU model runner (inputs, block tables,
+# sampler, spec-decode verification) and its multi-LoRA kernels, called through the host
+# functions its model runner calls (the engine itself is not started).
 VLLM_CASES = [
     "decode_attention",
     "decode_attention grouped",
@@ -967,6 +968,29 @@ VLLM_CASES = [
     # them constexpr, a key of about 100 words.
     "unified_attention prefill",
     "unified_attention decode",
+    # The per-step kernels of its V1 GPU model runner.
+    "prepare_prefill_inputs",
+    "prepare_pos_seq_lens",
+    "combine_sampled_and_draft_tokens",
+    "expand_idx_mapping",
+    "post_update",
+    "block_tables",
+    "bincount",
+    "apply_penalties",
+    "apply_temperature",
+    "apply_min_p",
+    "gumbel_sample",
+    "compute_topk_scores",
+    "rejection_sample",
+    # Multi-LoRA.
+    "lora_shrink",
+    "lora_expand",
+    # Batch-invariant ops, lightning attention, the logits' NaN count.
+    "rms_norm_batch_invariant",
+    "log_softmax batch-invariant",
+    "mean_dim batch-invariant",
+    "lightning attention decode",
+    "get_num_nans",
 ]
 
 #: The modules of the host functions the vLLM cases call, imported with vllm (below).
@@ -981,6 +1005,18 @@ VLLM_MODULES = (
     "vllm.v1.sample.ops.topk_topp_triton",
     "vllm.model_executor.layers.quantization.utils.fp8_utils",
     "vllm.model_executor.layers.rotary_embedding.mrope",
+    "vllm.v1.worker.gpu.input_batch",
+    "vllm.v1.worker.gpu.block_table",
+    "vllm.v1.worker.gpu.sample.gumbel",
+    "vllm.v1.worker.gpu.sample.logprob",
+    "vllm.v1.worker.gpu.sample.min_p",
+    "vllm.v1.worker.gpu.sample.penalties",
+    "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils",
+    "vllm.v1.worker.cpu.buffer_utils",
+    "vllm.lora.ops.triton_ops",
+    "vllm.model_executor.determinism.batch_invariant",
+    "vllm.model_executor.layers.lightning_attn",
+    "vllm.v1.worker.gpu.metrics.logits",
 )
 
 #: Modules that, on vLLM's CPU platform, replace their Triton host functions with CPU ops when
@@ -1200,13 +1236,329 @@ def _vllm_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         "top_k_top_p": top_k_top_p,
         # Block-quantized fp8 (DeepSeek-V3's): activations quantized per group of 128.
         "per_token_group_quant_fp8": lambda: lambda x=_x(4, 256): per_token_group_quant_fp8(x, 128),
+        **_vllm_model_runner_cases(),
+        **_vllm_lora_cases(),
+        **_vllm_layer_cases(),
     }
+
+
+def _vllm_layer_cases() -> dict[str, Callable[[], Callable[[], object]]]:
+    """The batch-invariant ops its deterministic mode puts in place of torch's, the decode step
+    of MiniMax's lightning attention, and the runner's NaN count over the logits."""
+    from vllm.model_executor.determinism import batch_invariant
+    from vllm.model_executor.layers.lightning_attn import linear_decode_forward_triton
+    from vllm.v1.worker.gpu.metrics.logits import get_num_nans
+
+    # Lightning attention's decode: 2 sequences, 4 heads of 64, each sequence's state in a
+    # slot of the KV cache (the second sequence's slot 1 of 3).
+    def lightning_decode():
+        q, k, v = (_x(2, 4, 1, 64) for _ in range(3))
+        kv_caches, slope_rate = _x(3, 4, 64, 64), _x(4).abs()
+        slot_idx = torch.tensor([2, 1], dtype=torch.int64, device=DEVICE)
+        return lambda: (
+            linear_decode_forward_triton(q, k, v, kv_caches, slope_rate, slot_idx),
+            kv_caches,
+        )
+
+    return {
+        "rms_norm_batch_invariant": lambda: (
+            lambda x=_x(4, 256), w=_x(256): batch_invariant.rms_norm_batch_invariant(x, w)
+        ),
+        "log_softmax batch-invariant": lambda: lambda x=_x(4, 1000): batch_invariant.log_softmax(x),
+        "mean_dim batch-invariant": lambda: lambda x=_x(4, 64, 32): batch_invariant.mean_dim(x, 1),
+        "lightning attention decode": lightning_decode,
+        "get_num_nans": lambda: lambda logits=_x(3, 1000): get_num_nans(logits),
+    }
+
+
+def _vllm_model_runner_cases() -> dict[str, Callable[[], Callable[[], object]]]:
+    """The small per-step kernels of vLLM's V1 GPU model runner (vllm/v1/worker/gpu): its
+    input preparation, block tables, sampler and spec-decode rejection sampler, each launched
+    once or a few times per step, so launch-bound."""
+    from vllm.v1.worker.gpu import input_batch as step_inputs
+    from vllm.v1.worker.gpu.block_table import BlockTables
+    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature, gumbel_sample
+    from vllm.v1.worker.gpu.sample.logprob import compute_topk_scores
+    from vllm.v1.worker.gpu.sample.min_p import apply_min_p
+    from vllm.v1.worker.gpu.sample.penalties import apply_penalties, bincount
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+
+    int32, int64 = torch.int32, torch.int64
+
+    def ints(*values, dtype=int32):
+        return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+    def zeros(*shape, dtype=int32):
+        return torch.zeros(shape, dtype=dtype, device=DEVICE)
+
+    # A tensor of the runner's per-request state (8 request rows), zero but in the rows given.
+    def rows(values: dict[int, float], dtype=int32):
+        t = zeros(8, dtype=dtype)
+        for row, value in values.items():
+            t[row] = value
+        return t
+
+    # A mixed step: the requests in rows 2, 0 and 5 are scheduled 4, 1 and 3 tokens, with 6,
+    # 20 and 0 tokens computed before it and prompts of 10, 20 and 12 tokens: the last chunk
+    # of a prefill, a decode and the first chunk of a prefill.
+    def idx_mapping():
+        return ints(2, 0, 5, dtype=int64)
+
+    def query_start_loc():
+        return ints(0, 4, 5, 8)
+
+    def num_computed():
+        return rows({2: 6, 0: 20, 5: 0})
+
+    def prompt_len():
+        return rows({2: 10, 0: 20, 5: 12})
+
+    def positions():
+        return ints(6, 7, 8, 9, 20, 0, 1, 2, dtype=int64)
+
+    def all_token_ids():  # each row's prompt and output tokens, a model length of 64
+        return _ints(1000, 8, 64, dtype=int32)
+
+    # A spec-decode step: the requests in rows 2 and 0 decode with 2 draft tokens each, 30 and
+    # 20 tokens computed before it: 3 tokens each, each token's logits sampled.
+    def spec_idx_mapping():
+        return ints(2, 0, dtype=int64)
+
+    def spec_query_start_loc():
+        return ints(0, 3, 6)
+
+    def cu_num_logits():
+        return ints(0, 3, 6)
+
+    def spec_positions():
+        return ints(30, 31, 32, 20, 21, 22, dtype=int64)
+
+    # Writing the prefill chunks' prompt tokens into the step's input ids (and each request's
+    # next prompt token, for its speculator).
+    def prefill_inputs():
+        input_ids, next_prefill_tokens = zeros(16), zeros(1, 8)
+        args = (idx_mapping(), query_start_loc(), all_token_ids(), prompt_len(), num_computed())
+
+        def call():
+            step_inputs.prepare_prefill_inputs(input_ids, next_prefill_tokens, *args)
+            return input_ids, next_prefill_tokens
+
+        return call
+
+    # The step's token positions and sequence lengths (the rows past the batch zeroed).
+    def pos_seq_lens():
+        pos, seq_lens = zeros(16, dtype=int64), zeros(8)
+        args = (idx_mapping(), query_start_loc(), num_computed())
+
+        def call():
+            step_inputs.prepare_pos_seq_lens(*args, pos, seq_lens)
+            return pos, seq_lens
+
+        return call
+
+    # Each request's last sampled token and draft tokens into the input ids, and the indices
+    # of the tokens to take logits at.
+    def sampled_and_draft_tokens():
+        input_ids = zeros(6)
+        last_sampled, drafts = _ints(1000, 8, 1), _ints(1000, 8, 2)
+        seq_lens = ints(33, 23)
+        args = (spec_idx_mapping(), last_sampled, spec_query_start_loc(), seq_lens, prompt_len())
+
+        def call():
+            indices = step_inputs.combine_sampled_and_draft_tokens(
+                input_ids, *args, drafts, cu_num_logits(), 6
+            )
+            return indices, input_ids
+
+        return call
+
+    # After sampling: the sampled tokens into the requests' token rows, their last sampled
+    # token, lengths, computed tokens, the output-token counts the penalties read, and the
+    # speculator's new drafts into the requests' draft rows. The first request's second draft
+    # was rejected.
+    def post_update():
+        num_computed_tokens, total_len = rows({2: 30, 0: 20}), rows({2: 30, 0: 20})
+        last_sampled, drafts_out = zeros(8, 1, dtype=int64), zeros(8, 2, dtype=int64)
+        output_bin_counts, token_ids = zeros(8, 1000), all_token_ids()
+        sampled, drafts = _ints(1000, 2, 3), _ints(1000, 2, 2)
+        num_sampled, num_rejected = ints(2, 3), ints(1, 0)
+
+        def call():
+            step_inputs.post_update(
+                spec_idx_mapping(),
+                num_computed_tokens,
+                last_sampled,
+                output_bin_counts,
+                sampled,
+                num_sampled,
+                num_rejected,
+                spec_query_start_loc(),
+                token_ids,
+                total_len,
+                drafts,
+                drafts_out,
+            )
+            return num_computed_tokens, last_sampled, total_len, token_ids, drafts_out
+
+        return call
+
+    # One block table of pages of 16 tokens, 4 blocks a request. A call is two steps: the
+    # three requests' blocks written (as when they are added), then a block appended to the
+    # decoding one; each step applies the staged writes, gathers the batch's rows into the
+    # forward pass's table and computes the tokens' KV cache slots. Its staging buffers are a
+    # ring of two, one taken a step: with two steps a call, every call takes the same ones.
+    def block_tables():
+        tables = BlockTables([16], 8, 16, [4], torch.device(DEVICE))
+
+        def step(new_blocks, overwrite):
+            for row, block_ids in new_blocks.items():
+                tables.append_block_ids(row, (block_ids,), overwrite)
+            tables.apply_staged_writes()
+            gathered = tables.gather_block_tables(idx_mapping(), 4)
+            slots = tables.compute_slot_mappings(idx_mapping(), query_start_loc(), positions(), 8)
+            return gathered[0].clone(), slots.clone()
+
+        def call():
+            first = step({2: [3], 0: [7, 1], 5: [4]}, True)
+            return first, step({0: [6]}, False)
+
+        return call
+
+    # The penalties' statistics of the newly added requests in rows 2 and 5 (the prompt
+    # tokens' bitmask, the output tokens' counts).
+    def penalty_counts():
+        prompt_bin_mask, output_bin_counts = zeros(8, 32), zeros(8, 1000)
+        args = (ints(2, 5, dtype=int64), all_token_ids(), prompt_len(), rows({2: 12, 5: 12}))
+
+        def call():
+            bincount(*args, prompt_bin_mask, output_bin_counts, 12)
+            return prompt_bin_mask, output_bin_counts
+
+        return call
+
+    # The repetition, frequency and presence penalties on the three requests' logits (a
+    # vocabulary of 1000), in place.
+    def penalties():
+        logits, token_ids = _x(3, 1000), _ints(1000, 3, dtype=int32)
+        penalty = (rows({2: 1.2, 0: 1.0, 5: 1.1}, torch.float32), _x(8).abs(), _x(8).abs())
+        counts = (_ints(1 << 30, 8, 32, dtype=int32), _ints(3, 8, 1000, dtype=int32))
+
+        def call():
+            apply_penalties(logits, idx_mapping(), token_ids, zeros(3), *penalty, *counts)
+            return logits
+
+        return call
+
+    # Temperature and min-p on the three requests' logits, in place.
+    def temperature():
+        logits, temperatures = _x(3, 1000), rows({2: 0.7, 0: 1.0, 5: 1.3}, torch.float32)
+        return lambda: (apply_temperature(logits, idx_mapping(), temperatures), logits)[1]
+
+    def min_p():
+        logits, min_ps = _x(3, 1000), rows({2: 0.1, 0: 0.0, 5: 0.05}, torch.float32)
+        return lambda: (apply_min_p(logits, idx_mapping(), min_ps), logits)[1]
+
+    # Sampling one token per request with Gumbel noise seeded by (request seed, position):
+    # each vocabulary block's noised argmax, then their combination.
+    def gumbel():
+        logits, temperatures = _x(3, 1000), rows({2: 0.7, 0: 1.0, 5: 1.3}, torch.float32)
+        seeds = _ints(1 << 40, 8)
+        pos = ints(9, 20, 2, dtype=int64)
+        return lambda: gumbel_sample(logits, idx_mapping(), temperatures, seeds, pos, True, False)
+
+    # The log-probabilities of each sampled token and the 5 most likely ones, and the sampled
+    # tokens' ranks.
+    def logprobs():
+        logits, sampled = _x(3, 1000), _ints(1000, 3)
+        return lambda: tuple(compute_topk_scores(logits, 5, sampled))[:3]
+
+    # Verifying the spec-decode step's drafts (n-gram drafts: no draft logits): the target
+    # logits' per-block statistics, the rejection walk, the resampling of each request's
+    # rejected or bonus token and its insertion.
+    def rejection():
+        logits, drafts = _x(6, 1000), _ints(1000, 6, dtype=int32)
+        local_pos = ints(0, 1, 2, 0, 1, 2)
+        temperatures, seeds = rows({2: 0.7, 0: 1.0}, torch.float32), _ints(1 << 40, 8)
+        expanded = ints(2, 2, 2, 0, 0, 0, dtype=int64)
+
+        def call():
+            return rejection_sample(
+                logits,
+                None,
+                drafts,
+                cu_num_logits(),
+                spec_positions(),
+                spec_idx_mapping(),
+                expanded,
+                local_pos,
+                temperatures,
+                seeds,
+                2,
+            )
+
+        return call
+
+    return {
+        "prepare_prefill_inputs": prefill_inputs,
+        "prepare_pos_seq_lens": pos_seq_lens,
+        "combine_sampled_and_draft_tokens": sampled_and_draft_tokens,
+        # Each logit's request row and position within its request, for the spec-decode step.
+        "expand_idx_mapping": lambda: (
+            lambda: step_inputs.expand_idx_mapping(spec_idx_mapping(), 6, cu_num_logits(), 3)
+        ),
+        "post_update": post_update,
+        "block_tables": block_tables,
+        "bincount": penalty_counts,
+        "apply_penalties": penalties,
+        "apply_temperature": temperature,
+        "apply_min_p": min_p,
+        "gumbel_sample": gumbel,
+        "compute_topk_scores": logprobs,
+        "rejection_sample": rejection,
+    }
+
+
+def _vllm_lora_cases() -> dict[str, Callable[[], Callable[[], object]]]:
+    """vLLM's multi-LoRA (punica) kernels, as its GPU punica wrapper calls them for a QKV
+    projection: 4 tokens of hidden size 64 with adapters 0, 1, none and 0 of 2 loaded, rank
+    16, 3 slices (q, k and v, 64 each)."""
+    from vllm.lora.ops.triton_ops import LoRAKernelMeta, lora_expand, lora_shrink
+
+    half = torch.float16
+
+    def meta():
+        m = LoRAKernelMeta.make(2, 4, DEVICE)
+        m.prepare_tensors(torch.tensor([0, 1, -1, 0], dtype=torch.int32, device=DEVICE))
+        return m.meta_args(4, True)
+
+    # The input times each slice's A (down-projection), scaled, into the fp32 buffer.
+    def shrink():
+        x, buffer = _x(4, 64, dtype=half), _x(3, 4, 16)
+        lora_a = [_x(2, 16, 64, dtype=half) for _ in range(3)]
+        args = meta()
+        return lambda: (lora_shrink(x, lora_a, buffer, *args, 0.5), buffer)[1]
+
+    # The buffer times each slice's B (up-projection), added to the projection's output.
+    def expand():
+        buffer, y = _x(3, 4, 16), _x(4, 192, dtype=half)
+        lora_b = [_x(2, 64, 16, dtype=half) for _ in range(3)]
+        args = meta()
+
+        def call():
+            lora_expand(buffer, lora_b, y, *args, offset_start=0, add_inputs=True)
+            return y
+
+        return call
+
+    return {"lora_shrink": shrink, "lora_expand": expand}
 
 
 @pytest.mark.parametrize("case", VLLM_CASES)
 def test_vllm_ops_launch_as_triton_does_and_hit_natively(case, stand_in, vllm, monkeypatch):
     from vllm import _custom_ops
     from vllm.model_executor.layers.fused_moe import fused_moe
+    from vllm.v1.worker.cpu import buffer_utils as cpu_buffer_utils
+    from vllm.v1.worker.gpu import buffer_utils
 
     from fastkernel import _C
 
@@ -1218,6 +1570,10 @@ def test_vllm_ops_launch_as_triton_does_and_hit_natively(case, stand_in, vllm, m
     # the sum over each token's experts), which its CPU build does not register: torch's.
     monkeypatch.setattr(fused_moe, "apply_moe_activation", _silu_and_mul)
     monkeypatch.setattr(_custom_ops, "moe_sum", lambda x, out: torch.sum(x, 1, out=out))
+    # The model runner's staging buffers (its block tables') pin host memory and map it into
+    # the GPU's address space, which needs a GPU: the host buffers vLLM's CPU worker swaps in
+    # for them (vllm/v1/worker/cpu/shm.py).
+    monkeypatch.setattr(buffer_utils, "UvaBuffer", cpu_buffer_utils.UvaBuffer)
     run_case(stand_in, _vllm_cases()[case]())
 
 
