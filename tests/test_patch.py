@@ -2485,6 +2485,49 @@ def test_an_attribute_a_dispatch_is_built_from_assigned_after_native_launches(st
     assert launched[True][1] == launched[True][0] != launched[True][2] == launched[True][4]
 
 
+@pytest.mark.parametrize("replaced", ["before patch()", "while patched"])
+@pytest.mark.parametrize("cls", [JITFunction, Autotuner, Heuristics], ids=lambda c: c.__name__)
+def test_a_run_another_library_assigns_on_the_class_is_kept(stand_in, cls, replaced):
+    """A library may replace ``run`` on Triton's class itself (vLLM's
+    ``VLLM_TRITON_FORCE_FIRST_CONFIG`` replaces ``Autotuner.run``): assigned before
+    :func:`fastkernel.patch` or while patched, every launch goes through it, what it launches
+    through a kernel's ``run`` stays native, and ``unpatch()`` leaves it in place."""
+    original = cls.__dict__["run"]
+    calls = []
+
+    def run(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    if cls is Autotuner:
+        launched = _autotuned([1.0, 2.0])
+    elif cls is Heuristics:
+        launched = triton.heuristics({"BLOCK": lambda args: 256})(_fresh_add_kernel())
+        _KEPT.append(launched)
+    else:
+        launched = _fresh_add_kernel()
+    extra = {"BLOCK": 256} if cls is JITFunction else {}
+    x, y, out = _tensors()
+    try:
+        if replaced == "before patch()":
+            cls.run = run
+        with TritonReference(stand_in, TEST_STREAM):
+            fastkernel.patch()
+            try:
+                if replaced == "while patched":
+                    cls.run = run
+                for _ in range(3):
+                    launched[(4,)](x, y, out, N, **extra)
+                if cls is not JITFunction:  # the kernel under it launches natively
+                    assert _stats_of(launched.fn)["hits"] >= 1
+            finally:
+                fastkernel.unpatch()
+        assert cls.__dict__["run"] is run
+    finally:
+        cls.run = original
+    assert calls == [cls.__name__] * 3
+
+
 def test_heuristics_made_anew_over_one_kernel_leave_nothing_behind(stand_in):
     """What the patch notes of a heuristics over a kernel (so that a ``run`` set on the kernel
     drops its dispatch) goes with it: wrappers made and dropped again and again over one kernel

@@ -36,7 +36,9 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   next launch builds it again.
 
 What stays on Triton's path: a ``JITFunction`` or ``Autotuner`` subclass that defines its own
-``run`` (its own behaviour is kept; the launch underneath is still native), ``warmup=True``
+``run``, and these classes when another library assigned a ``run`` of its own on the class
+(before :func:`patch`, or while patched for objects not launched yet; kept, and left in place
+by :func:`unpatch`) (its own behaviour is kept; the launch underneath is still native), ``warmup=True``
 (compile only), and every call the native key does not cover (counted in ``fastkernel.stats()``
 with its reason, as for ``@fastkernel``).
 """
@@ -95,6 +97,9 @@ _PATCHED_CLASSES = (JITFunction, Autotuner, TritonHeuristics, CompiledKernel, _c
 
 _lock = _locks.rlock()
 _saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they were, while patched
+# The run attribute the patch installed on each kernel class, while patched: not on a class
+# whose run another library had replaced (kept), and unpatch() puts back only these.
+_installed_runs: dict[type, Any] = {}
 # Every JITFunction given a dispatch, by id (JITFunctions need not be hashable).
 _served: dict[int, weakref.ref[JITFunction]] = {}
 
@@ -670,9 +675,25 @@ def _new_dispatch_or_unserved(obj: Any) -> NativeDispatch | _Unserved | None:
 
 def _type_run_served(obj: Any) -> bool:
     """Whether ``obj``'s type launches through a ``run`` the patch serves: the patch's own
-    (``JITFunction``, ``Autotuner``) or Triton's ``Heuristics.run``, not a subclass's."""
+    (``JITFunction``, ``Autotuner``) or Triton's ``Heuristics.run`` where the patch installed
+    it, not a subclass's or one another library assigned on the class."""
     run = type(obj).run
-    return getattr(run, "_fastkernel_patched", False) or run is HEURISTICS_RUN
+    return getattr(run, "_fastkernel_patched", False) or (
+        run is HEURISTICS_RUN and TritonHeuristics in _installed_runs
+    )
+
+
+def _tritons_own_run(cls: type) -> bool:
+    """Whether ``cls.run`` is the function Triton defines (``runtime/jit.py``,
+    ``runtime/autotuner.py``), not one another library assigned on the class, as vLLM does to
+    ``Autotuner.run`` under ``VLLM_TRITON_FORCE_FIRST_CONFIG`` (a replacement made before
+    fastkernel was imported included)."""
+    run = cls.__dict__.get("run")
+    return (
+        getattr(run, "__module__", None) == cls.__module__
+        and getattr(run, "__qualname__", None) == f"{cls.__qualname__}.run"
+        and not getattr(run, "_fastkernel_patched", False)
+    )
 
 
 def _launches_through_served_run(level: Any, top: Any) -> bool:
@@ -957,9 +978,22 @@ def patch() -> bool:
         _C.install_patch(JITFunction, _dispatch_for, triton_getitem)
         _C.install_patch(Autotuner, _dispatch_for, triton_getitem)
         _C.install_patch(TritonHeuristics, _dispatch_for, triton_getitem)
-        JITFunction.run = _RunAttribute(_patched_run)
-        Autotuner.run = _RunAttribute(_patched_autotuner_run)
-        TritonHeuristics.run = _RunAttribute(HEURISTICS_RUN)
+        for cls, function in (
+            (JITFunction, _patched_run),
+            (Autotuner, _patched_autotuner_run),
+            (TritonHeuristics, HEURISTICS_RUN),
+        ):
+            if _tritons_own_run(cls):
+                _installed_runs[cls] = _RunAttribute(function)
+                type.__setattr__(cls, "run", _installed_runs[cls])
+            else:  # its objects launch through it; what it launches through a kernel is native
+                run = cls.__dict__.get("run")
+                log.warning(
+                    "fastkernel.patch(): %s.run is %s.%s, not Triton's own: kept",
+                    cls.__name__,
+                    getattr(run, "__module__", "?"),
+                    getattr(run, "__qualname__", type(run).__name__),
+                )
         for cls, names in _DISPATCH_INPUTS:
             for name in names:
                 if name not in cls.__dict__:  # an instance attribute in every supported Triton
@@ -990,6 +1024,9 @@ def unpatch() -> None:
 
         for cls in _PATCHED_CLASSES:
             for name in ("__getitem__", "run"):
+                if name == "run" and cls in (JITFunction, Autotuner, TritonHeuristics):
+                    if cls.__dict__.get("run") is not _installed_runs.pop(cls, None):
+                        continue  # kept at patch(), or replaced since by another library: theirs
                 if (cls, name) in _saved:
                     setattr(cls, name, _saved[(cls, name)])
                 else:
