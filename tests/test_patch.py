@@ -794,13 +794,20 @@ def test_a_freed_handle_forgets_its_launcher(stand_in):
     assert _C.num_handle_launches() == before
 
 
-@pytest.mark.parametrize("variable", ["TRITON_INTERPRET", "FASTKERNEL_DISABLE"])
+@pytest.mark.parametrize("variable", ["TRITON_INTERPRET", "FASTKERNEL_DISABLE", "ROCm torch"])
 def test_patch_is_a_logged_no_op_when_disabled(variable, monkeypatch, caplog):
+    """Triton's interpreter, ``FASTKERNEL_DISABLE=1`` and a ROCm build of torch (whose "cuda"
+    tensors Triton's HIP driver launches, where the native path has only the CUDA driver)
+    leave Triton as it is."""
     before = _triton_attributes()
-    monkeypatch.setenv(variable, "1")
+    if variable == "ROCm torch":
+        monkeypatch.setattr(torch.version, "hip", "7.1.0", raising=False)
+    else:
+        monkeypatch.setenv(variable, "1")
     with caplog.at_level("INFO", logger="fastkernel"):
         assert fastkernel.patch() is False
-    assert not fastkernel.is_patched() and variable in caplog.text
+    assert not fastkernel.is_patched()
+    assert (variable if variable != "ROCm torch" else "ROCm build (HIP 7.1.0)") in caplog.text
     after = _triton_attributes()
     assert all(_same_objects(before[k], after[k]) for k in before)
 

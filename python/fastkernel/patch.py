@@ -936,6 +936,14 @@ def _disabled_reason() -> str | None:
         return "TRITON_INTERPRET=1 (Triton's interpreter runs kernels on CPU tensors)"
     if _env.flag("FASTKERNEL_DISABLE"):
         return "FASTKERNEL_DISABLE=1"
+    import torch
+
+    hip = getattr(torch.version, "hip", None)
+    if hip:  # its "cuda" tensors are HIP's, launched by Triton's HIP driver
+        return (
+            f"torch {torch.__version__} is a ROCm build (HIP {hip}); the native path launches "
+            "through the CUDA driver only"
+        )
     return None
 
 
@@ -953,8 +961,9 @@ def patch() -> bool:
     Returns
     -------
     bool
-        True when the patch is in effect; False when ``TRITON_INTERPRET=1`` or
-        ``FASTKERNEL_DISABLE=1`` make it a no-op (logged on the ``fastkernel`` logger). A Triton
+        True when the patch is in effect; False when ``TRITON_INTERPRET=1``,
+        ``FASTKERNEL_DISABLE=1`` or a ROCm build of torch (``torch.version.hip``) make it a
+        no-op (logged on the ``fastkernel`` logger). A Triton
         outside ``SUPPORTED_TRITON`` never gets here: ``import fastkernel`` refuses it with
         ImportError.
     """
