@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import gc
 import importlib
 import importlib.util
@@ -2492,31 +2493,44 @@ def test_an_attribute_a_dispatch_is_built_from_assigned_after_native_launches(st
     assert launched[True][1] == launched[True][0] != launched[True][2] == launched[True][4]
 
 
-@pytest.mark.parametrize("replaced", ["before patch()", "while patched"])
+def _launched_through(cls):
+    """A fresh kernel object of ``cls`` (a JITFunction of add_kernel, or an autotuner or a
+    heuristics over one), and the keywords its calls add."""
+    if cls is Autotuner:
+        return _autotuned([1.0, 2.0]), {}
+    if cls is Heuristics:
+        launched = triton.heuristics({"BLOCK": lambda args: 256})(_fresh_add_kernel())
+        _KEPT.append(launched)
+        return launched, {}
+    return _fresh_add_kernel(), {"BLOCK": 256}
+
+
+@pytest.mark.parametrize("replaced", ["before patch()", "with functools.wraps", "while patched"])
 @pytest.mark.parametrize("cls", [JITFunction, Autotuner, Heuristics], ids=lambda c: c.__name__)
 def test_a_run_another_library_assigns_on_the_class_is_kept(stand_in, cls, replaced):
     """A library may replace ``run`` on Triton's class itself (vLLM's
     ``VLLM_TRITON_FORCE_FIRST_CONFIG`` replaces ``Autotuner.run``): assigned before
-    :func:`fastkernel.patch` or while patched, every launch goes through it, what it launches
-    through a kernel's ``run`` stays native, and ``unpatch()`` leaves it in place."""
+    :func:`fastkernel.patch` (``functools.wraps`` copying Triton's names included) or while
+    patched, every launch goes through it, what it launches through a kernel's ``run`` stays
+    native, and ``unpatch()`` leaves it in place."""
     original = cls.__dict__["run"]
     calls = []
+
+    @functools.wraps(original)
+    def wrapped(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return original(self, *args, **kwargs)
 
     def run(self, *args, **kwargs):
         calls.append(type(self).__name__)
         return original(self, *args, **kwargs)
 
-    if cls is Autotuner:
-        launched = _autotuned([1.0, 2.0])
-    elif cls is Heuristics:
-        launched = triton.heuristics({"BLOCK": lambda args: 256})(_fresh_add_kernel())
-        _KEPT.append(launched)
-    else:
-        launched = _fresh_add_kernel()
-    extra = {"BLOCK": 256} if cls is JITFunction else {}
+    if replaced == "with functools.wraps":
+        run = wrapped
+    launched, extra = _launched_through(cls)
     x, y, out = _tensors()
     try:
-        if replaced == "before patch()":
+        if replaced != "while patched":
             cls.run = run
         with TritonReference(stand_in, TEST_STREAM):
             fastkernel.patch()
@@ -2533,6 +2547,56 @@ def test_a_run_another_library_assigns_on_the_class_is_kept(stand_in, cls, repla
     finally:
         cls.run = original
     assert calls == [cls.__name__] * 3
+
+
+@pytest.mark.parametrize("cls", [JITFunction, Autotuner, Heuristics], ids=lambda c: c.__name__)
+def test_a_run_assigned_on_the_class_for_a_while_is_called_then_native_again(stand_in, cls):
+    """SGLang's ``replay_launches`` records a wrapper's launches so: ``saved = JITFunction.run;
+    JITFunction.run = recorder; ...; JITFunction.run = saved``. While patched, after the
+    kernel launched natively: each launch in between goes through the recorder (the native
+    subscript sees the class change), and afterwards the kernel launches natively again, as
+    does one first launched afterwards; ``unpatch()`` then gives Triton's own ``run`` back."""
+    tritons = cls.__dict__["run"]
+    launched, extra = _launched_through(cls)
+    later, _ = _launched_through(cls)
+    x, y, out = _tensors()
+    calls = []
+    with TritonReference(stand_in, TEST_STREAM):
+        fastkernel.patch()
+        try:
+            for _ in range(2):
+                launched[(4,)](x, y, out, N, **extra)
+            saved = cls.run
+
+            def recorder(self, *args, **kwargs):
+                calls.append(type(self).__name__)
+                return saved(self, *args, **kwargs)
+
+            cls.run = recorder
+            launched[(4,)](x, y, out, N, **extra)
+            later[(4,)](x, y, out, N, **extra)
+            cls.run = saved
+            hits = _stats_of(launched)["hits"]
+            for _ in range(2):
+                launched[(4,)](x, y, out, N, **extra)
+                later[(4,)](x, y, out, N, **extra)
+            assert _stats_of(launched)["hits"] == hits + 2
+            assert _stats_of(later)["hits"] >= 1
+            # A run set on an instance is still watched (Triton's [grid] calls it).
+            below = launched if cls is JITFunction else launched.fn
+            inner = below.run
+
+            def traced(*args, **kwargs):
+                calls.append("instance")
+                return inner(*args, **kwargs)
+
+            below.run = traced
+            launched[(4,)](x, y, out, N, **extra)
+            del below.run
+        finally:
+            fastkernel.unpatch()
+    assert cls.__dict__["run"] is tritons
+    assert calls == [cls.__name__] * 2 + ["instance"]
 
 
 def test_heuristics_made_anew_over_one_kernel_leave_nothing_behind(stand_in):

@@ -309,13 +309,17 @@ PYBIND11_MODULE(_C, m) {
       "Tell the key builder Triton's constexpr class and the types it may key by identity.");
   m.def(
       "install_patch",
-      [](py::handle jit_type, py::object factory, py::object triton_getitem) {
-        if (!install_patch(jit_type.ptr(), factory.ptr(), triton_getitem.ptr())) {
+      [](py::handle jit_type, py::object factory, py::object triton_getitem,
+         py::object type_served) {
+        if (!install_patch(jit_type.ptr(), factory.ptr(), triton_getitem.ptr(),
+                           type_served.ptr())) {
           throw py::error_already_set();
         }
       },
-      py::arg("jit_type"), py::arg("factory"), py::arg("triton_getitem"),
-      "Serve `jit_type.__getitem__` natively: factory(jit) -> dispatch Kernel or None.");
+      py::arg("jit_type"), py::arg("factory"), py::arg("triton_getitem"), py::arg("type_served"),
+      "Serve `jit_type.__getitem__` natively: factory(jit) -> dispatch Kernel or None; "
+      "type_served(type) -> whether that type's run is still the patch's (asked again after "
+      "the type changes).");
   m.def(
       "install_host_helpers",
       [](py::handle constexpr_function_type, py::handle constexpr_type, py::handle triton_call,

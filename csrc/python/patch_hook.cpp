@@ -15,6 +15,30 @@ namespace {
 
 PyObject* g_factory = nullptr;         // Python callable(jit) -> dispatch Kernel or None
 PyObject* g_triton_getitem = nullptr;  // Triton's KernelInterface.__getitem__
+PyObject* g_type_served = nullptr;     // Python callable(type) -> bool
+
+// Never a type's version tag (CPython gives out small ones, and 0 for none): what the one-entry
+// cache holds while the cached kernel's type is unchecked.
+constexpr unsigned int kUnchecked = ~0u;
+
+// A type's version tag (tp_version_tag, Objects/typeobject.c): given out on a method-cache
+// lookup, unique, and reset to 0 by any assignment on the type or a base (PyType_Modified), so
+// an unchanged tag means an unchanged `run`. 0 when it has none (up to 3.11 the flag says so).
+inline unsigned int version_tag(PyTypeObject* type) {
+#if PY_VERSION_HEX < 0x030C0000
+  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+    return 0;
+  }
+#endif
+  return type->tp_version_tag;
+}
+
+// Each type found serving, by the version tag it had then (borrowed pointers: a freed type's
+// address may be reused, but never with the same tag).
+std::unordered_map<PyTypeObject*, unsigned int>& served_tags() {
+  static auto* map = new std::unordered_map<PyTypeObject*, unsigned int>();
+  return *map;
+}
 
 // JITFunction -> its dispatch Kernel (borrowed: the JITFunction's __dict__ keeps it alive, and
 // the Kernel removes its entry when it is deallocated). The last lookup is cached in front of
@@ -25,6 +49,7 @@ std::unordered_map<PyObject*, KernelObject*>& dispatches() {
 }
 PyObject* g_last_jit = nullptr;
 KernelObject* g_last_dispatch = nullptr;
+unsigned int g_last_tag = kUnchecked;  // the version tag g_last_jit's type was served under
 
 // Types the factory refused as a whole (it returned False: a subclass with its own run), owned:
 // their instances go to Triton's __getitem__ without calling the factory on every launch.
@@ -43,6 +68,7 @@ std::unordered_set<PyTypeObject*>& refused_types() {
   if (it != map.end()) {
     g_last_jit = jit;
     g_last_dispatch = it->second;
+    g_last_tag = kUnchecked;
     return reinterpret_cast<PyObject*>(it->second);
   }
   if (g_factory == nullptr) {  // unpatched meanwhile (another thread): Triton's path
@@ -87,8 +113,44 @@ std::unordered_set<PyTypeObject*>& refused_types() {
   map[jit] = kernel;
   g_last_jit = jit;
   g_last_dispatch = kernel;
+  g_last_tag = kUnchecked;
   *owned = made;
   return made;
+}
+
+// 1 when `type` still launches through the run the patch serves, with the version tag that
+// says so in *tag (kUnchecked when the type has none: asked again next time); 0 when another
+// run was assigned on it or a base; -1 with an exception set.
+int type_served(PyTypeObject* type, unsigned int* tag) {
+  auto& tags = served_tags();
+  unsigned int now = version_tag(type);
+  if (now != 0) {
+    auto it = tags.find(type);
+    if (it != tags.end() && it->second == now) {
+      *tag = now;
+      return 1;
+    }
+  }
+  if (g_type_served == nullptr) {
+    *tag = kUnchecked;
+    return 1;
+  }
+  PyObject* answer = PyObject_CallOneArg(g_type_served, reinterpret_cast<PyObject*>(type));
+  if (answer == nullptr) {
+    return -1;
+  }
+  const int served = PyObject_IsTrue(answer);
+  Py_DECREF(answer);
+  if (served <= 0) {
+    tags.erase(type);
+    return served;
+  }
+  now = version_tag(type);  // the callback's lookup of `run` gave the type one if it could
+  if (now != 0) {
+    tags[type] = now;
+  }
+  *tag = now != 0 ? now : kUnchecked;
+  return 1;
 }
 
 // The dispatch of `jit`, or Py_None (borrowed, or owned through *owned as above), or nullptr
@@ -107,6 +169,21 @@ inline PyObject* find_or_create(PyObject* jit, PyObject** owned) {
   if (dispatch == nullptr) {
     return nullptr;
   }
+  if (dispatch != Py_None) {
+    unsigned int tag = kUnchecked;
+    const int served = type_served(Py_TYPE(jit), &tag);
+    if (served < 0) {
+      Py_XDECREF(owned);
+      return nullptr;
+    }
+    if (served == 0) {  // a run assigned on the class: it is what Triton's [grid] calls
+      Py_XDECREF(owned);
+      owned = nullptr;
+      dispatch = Py_None;
+    } else if (g_last_jit == jit) {
+      g_last_tag = tag;
+    }
+  }
   if (dispatch == Py_None) {
     if (g_triton_getitem == nullptr) {
       PyErr_SetString(PyExc_RuntimeError, "fastkernel: the patch was never installed");
@@ -123,9 +200,9 @@ inline PyObject* find_or_create(PyObject* jit, PyObject** owned) {
 }  // namespace
 
 PyObject* patched_subscript(PyObject* jit, PyObject* grid) {
-  // The kernel launched last (always a dispatch: the cache holds no other): a compare and a
-  // jump into its own subscript.
-  if (jit == g_last_jit) {
+  // The kernel launched last (always a dispatch: the cache holds no other), its type unchanged
+  // since it was found serving: two compares and a jump into its own subscript.
+  if (jit == g_last_jit && version_tag(Py_TYPE(jit)) == g_last_tag) {
     return kernel_subscript(g_last_dispatch, grid);
   }
   return patched_subscript_slow(jit, grid);
@@ -160,7 +237,12 @@ PyObject* new_slot_wrapper(PyObject* type, PyTypeObject* model, const char* name
   return PyDescr_NewWrapper(reinterpret_cast<PyTypeObject*>(type), base, fn);
 }
 
-bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getitem) {
+bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getitem,
+                   PyObject* type_served) {
+  if (!PyCallable_Check(type_served)) {
+    PyErr_SetString(PyExc_TypeError, "fastkernel: install_patch: type_served must be callable");
+    return false;
+  }
   PyObject* descr = new_slot_wrapper(jit_type, &KernelType, "__getitem__",
                                      reinterpret_cast<void*>(&patched_subscript));
   if (descr == nullptr) {
@@ -168,6 +250,7 @@ bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getit
   }
   Py_XSETREF(g_factory, Py_NewRef(factory));
   Py_XSETREF(g_triton_getitem, Py_NewRef(triton_getitem));
+  Py_XSETREF(g_type_served, Py_NewRef(type_served));
   const int rc = PyObject_SetAttrString(jit_type, "__getitem__", descr);
   Py_DECREF(descr);
   return rc == 0;
@@ -182,8 +265,10 @@ void uninstall_patch() {
     Py_DECREF(type);
   }
   refused_types().clear();
+  served_tags().clear();
   g_last_jit = nullptr;
   g_last_dispatch = nullptr;
+  g_last_tag = kUnchecked;
   // Triton's __getitem__ stays referenced: a launch that entered the slot before the type's
   // attribute was restored still completes through it.
   Py_CLEAR(g_factory);

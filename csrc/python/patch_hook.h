@@ -21,8 +21,14 @@ PyObject* new_slot_wrapper(PyObject* type, PyTypeObject* model, const char* name
 /// `factory(obj)` returns the dispatch Kernel of a kernel object (keeping it alive itself), None
 /// when that object keeps Triton's own path, or False when every instance of its type does (a
 /// subclass with its own run; remembered until uninstall_patch). `triton_getitem(obj, grid)` is
-/// Triton's KernelInterface.__getitem__, used for those. False with an exception set on failure.
-bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getitem);
+/// Triton's KernelInterface.__getitem__, used for those. `type_served(type)` says whether a
+/// type's `run` is still the one the patch serves (another library may assign its own on the
+/// class, for a while): asked before a type's dispatches are used, and again only after the
+/// type changed (its tp_version_tag, which any assignment on the class or a base resets); while
+/// it says no, `obj[grid]` takes triton_getitem, which calls that run. False with an exception
+/// set on failure.
+bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getitem,
+                   PyObject* type_served);
 
 /// Forgets every dispatch and the callables given to install_patch (the caller restores the
 /// type's attribute).

@@ -177,7 +177,10 @@ def set_launch_hook_support(
     plain_check: Callable[[type], bool] | None = None,
 ) -> None: ...
 def install_patch(
-    jit_type: type, factory: Callable[[Any], Kernel | None], triton_getitem: Callable[..., Any]
+    jit_type: type,
+    factory: Callable[[Any], Kernel | None],
+    triton_getitem: Callable[..., Any],
+    type_served: Callable[[type], bool],
 ) -> None: ...
 def uninstall_patch() -> None: ...
 def install_handle_subscript(

@@ -36,9 +36,10 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   next launch builds it again.
 
 What stays on Triton's path: a ``JITFunction`` or ``Autotuner`` subclass that defines its own
-``run``, and these classes when another library assigned a ``run`` of its own on the class
-(before :func:`patch`, or while patched for objects not launched yet; kept, and left in place
-by :func:`unpatch`) (its own behaviour is kept; the launch underneath is still native), ``warmup=True``
+``run``, and these classes while another library's ``run`` is assigned on the class itself
+(before :func:`patch`, or while patched: the native subscript asks again whenever the class
+changed; left in place by :func:`unpatch`) (its own behaviour is kept; the launch underneath is
+still native), ``warmup=True``
 (compile only), and every call the native key does not cover (counted in ``fastkernel.stats()``
 with its reason, as for ``@fastkernel``).
 """
@@ -48,6 +49,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import sys
 import threading
 import types
 import weakref
@@ -94,6 +97,8 @@ _HOOK_CHAIN = getattr(getattr(triton, "knobs", None), "HookChain", None)
 
 # The classes whose __getitem__ and run the patch replaces (and unpatch restores).
 _PATCHED_CLASSES = (JITFunction, Autotuner, TritonHeuristics, CompiledKernel, _cache.CachedKernel)
+# Those of them that are kernel objects, served by the native subscript.
+_KERNEL_CLASSES = (JITFunction, Autotuner, TritonHeuristics)
 
 _lock = _locks.rlock()
 _saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they were, while patched
@@ -673,25 +678,55 @@ def _new_dispatch_or_unserved(obj: Any) -> NativeDispatch | _Unserved | None:
         return unserved
 
 
-def _type_run_served(obj: Any) -> bool:
-    """Whether ``obj``'s type launches through a ``run`` the patch serves: the patch's own
+def _type_launches_served(cls: type) -> bool:
+    """Whether objects of ``cls`` launch through a ``run`` the patch serves: the patch's own
     (``JITFunction``, ``Autotuner``) or Triton's ``Heuristics.run`` where the patch installed
-    it, not a subclass's or one another library assigned on the class."""
-    run = type(obj).run
+    it, not a subclass's or one another library assigned on the class. The native subscript
+    asks again whenever the class (or a base) changed."""
+    for base, attribute in list(_installed_runs.items()):
+        if base.__dict__.get("run") is attribute.function:
+            # The patch's function, read through the class and assigned back (SGLang's
+            # recorder puts `JITFunction.run` back so): the attribute that also watches
+            # instance assignments goes back in its place.
+            type.__setattr__(base, "run", attribute)
+    run = getattr(cls, "run", None)
     return getattr(run, "_fastkernel_patched", False) or (
         run is HEURISTICS_RUN and TritonHeuristics in _installed_runs
     )
+
+
+def _type_run_served(obj: Any) -> bool:
+    """:func:`_type_launches_served` of ``obj``'s type."""
+    return _type_launches_served(type(obj))
+
+
+def _same_source(code_file: str | None, module: Any) -> bool:
+    """Whether a function's code file (``co_filename``) is ``module``'s source (its
+    ``__file__``, which may name the compiled file)."""
+    module_file = getattr(module, "__file__", None)
+    if not code_file or not module_file:
+        return False
+    return os.path.splitext(code_file)[0] == os.path.splitext(module_file)[0]
+
+
+def _run_owner(cls: type) -> type | None:
+    """The class in ``cls``'s MRO whose ``__dict__`` holds the ``run`` its objects call."""
+    return next((c for c in cls.__mro__ if "run" in c.__dict__), None)
 
 
 def _tritons_own_run(cls: type) -> bool:
     """Whether ``cls.run`` is the function Triton defines (``runtime/jit.py``,
     ``runtime/autotuner.py``), not one another library assigned on the class, as vLLM does to
     ``Autotuner.run`` under ``VLLM_TRITON_FORCE_FIRST_CONFIG`` (a replacement made before
-    fastkernel was imported included)."""
+    fastkernel was imported included, and one made with ``functools.wraps``, which copies the
+    names: its code is not in Triton's module)."""
     run = cls.__dict__.get("run")
+    module = sys.modules.get(cls.__module__)
     return (
         getattr(run, "__module__", None) == cls.__module__
         and getattr(run, "__qualname__", None) == f"{cls.__qualname__}.run"
+        and not hasattr(run, "__wrapped__")
+        and _same_source(getattr(getattr(run, "__code__", None), "co_filename", None), module)
         and not getattr(run, "_fastkernel_patched", False)
     )
 
@@ -710,6 +745,8 @@ def _dispatch_for(obj: Any):
     dispatch for): its dispatch; None when this object keeps Triton's own path; False when every
     instance of its type does (a subclass with its own ``run``)."""
     if not _type_run_served(obj):
+        if _run_owner(type(obj)) in _KERNEL_CLASSES:
+            return None  # a run another library assigned on Triton's class, maybe for a while
         return False  # a subclass with its own run: its behaviour is its own
     if "run" in getattr(obj, "__dict__", ()):
         return None  # a run of its own (`kernel.run = wrapper`), which Triton's [grid] calls
@@ -984,9 +1021,8 @@ def patch() -> bool:
             if name in cls.__dict__
         }
         triton_getitem = KernelInterface.__dict__["__getitem__"]
-        _C.install_patch(JITFunction, _dispatch_for, triton_getitem)
-        _C.install_patch(Autotuner, _dispatch_for, triton_getitem)
-        _C.install_patch(TritonHeuristics, _dispatch_for, triton_getitem)
+        for cls in _KERNEL_CLASSES:
+            _C.install_patch(cls, _dispatch_for, triton_getitem, _type_launches_served)
         for cls, function in (
             (JITFunction, _patched_run),
             (Autotuner, _patched_autotuner_run),
@@ -1033,8 +1069,12 @@ def unpatch() -> None:
 
         for cls in _PATCHED_CLASSES:
             for name in ("__getitem__", "run"):
-                if name == "run" and cls in (JITFunction, Autotuner, TritonHeuristics):
-                    if cls.__dict__.get("run") is not _installed_runs.pop(cls, None):
+                if name == "run" and cls in _KERNEL_CLASSES:
+                    installed = _installed_runs.pop(cls, None)
+                    current = cls.__dict__.get("run")
+                    # The patch's own: the attribute, or the function a library read through
+                    # the class (`saved = JITFunction.run`) and assigned back.
+                    if installed is None or current not in (installed, installed.function):
                         continue  # kept at patch(), or replaced since by another library: theirs
                 if (cls, name) in _saved:
                     setattr(cls, name, _saved[(cls, name)])
