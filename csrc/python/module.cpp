@@ -214,9 +214,12 @@ PYBIND11_MODULE(_C, m) {
   m.attr("TORCH_VERSION") = FASTKERNEL_TORCH_VERSION;
 
   if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&BoundLaunchType) < 0 ||
-      PyType_Ready(&GridMetaType) < 0 || PyType_Ready(&RunLauncherType) < 0) {
+      PyType_Ready(&GridMetaType) < 0 || PyType_Ready(&RunLauncherType) < 0 ||
+      PyType_Ready(&DispatchInputType) < 0) {
     throw py::error_already_set();
   }
+  m.add_object("DispatchInput",
+               py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&DispatchInputType)));
   m.add_object("GridMeta",
                py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&GridMetaType)));
   m.add_object("Kernel",

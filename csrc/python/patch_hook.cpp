@@ -7,6 +7,8 @@
 // frame, exactly like a @fastkernel kernel's own subscript.
 #include "patch_hook.h"
 
+#include <structmember.h>
+
 #include <unordered_map>
 #include <unordered_set>
 
@@ -278,6 +280,114 @@ bool patch_slot_is_native(PyTypeObject* type) {
   return type->tp_as_mapping != nullptr &&
          type->tp_as_mapping->mp_subscript == reinterpret_cast<binaryfunc>(&patched_subscript);
 }
+
+namespace {
+
+struct DispatchInputObject {
+  PyObject_HEAD PyObject* name;  // str
+  PyObject* on_change;           // callable(obj)
+};
+
+PyObject* dispatch_input_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* name = nullptr;
+  PyObject* on_change = nullptr;
+  static const char* keywords[] = {"name", "on_change", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO:DispatchInput", const_cast<char**>(keywords),
+                                   &name, &on_change)) {
+    return nullptr;
+  }
+  if (!PyCallable_Check(on_change)) {
+    PyErr_SetString(PyExc_TypeError, "DispatchInput: argument 'on_change' must be callable");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<DispatchInputObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    return nullptr;
+  }
+  self->name = Py_NewRef(name);
+  PyUnicode_InternInPlace(&self->name);
+  self->on_change = Py_NewRef(on_change);
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void dispatch_input_dealloc(DispatchInputObject* self) {
+  Py_CLEAR(self->name);
+  Py_CLEAR(self->on_change);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyObject* no_attribute(DispatchInputObject* self, PyObject* obj, PyObject* type) {
+  PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'",
+               obj != nullptr && obj != Py_None ? Py_TYPE(obj)->tp_name
+                                                : reinterpret_cast<PyTypeObject*>(type)->tp_name,
+               self->name);
+  return nullptr;
+}
+
+PyObject* dispatch_input_get(PyObject* descr, PyObject* obj, PyObject* type) {
+  auto* self = reinterpret_cast<DispatchInputObject*>(descr);
+  if (obj == nullptr || obj == Py_None) {
+    return no_attribute(self, obj, type);
+  }
+  PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
+  if (dict == nullptr) {
+    return nullptr;
+  }
+  PyObject* value = PyDict_GetItemWithError(dict, self->name);
+  Py_DECREF(dict);
+  if (value == nullptr) {
+    return PyErr_Occurred() ? nullptr : no_attribute(self, obj, type);
+  }
+  return Py_NewRef(value);
+}
+
+int dispatch_input_set(PyObject* descr, PyObject* obj, PyObject* value) {
+  auto* self = reinterpret_cast<DispatchInputObject*>(descr);
+  PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
+  if (dict == nullptr) {
+    return -1;
+  }
+  int rc =
+      value != nullptr ? PyDict_SetItem(dict, self->name, value) : PyDict_DelItem(dict, self->name);
+  Py_DECREF(dict);
+  if (rc < 0) {
+    if (value == nullptr && PyErr_ExceptionMatches(PyExc_KeyError)) {
+      PyErr_Clear();
+      no_attribute(self, obj, reinterpret_cast<PyObject*>(Py_TYPE(obj)));
+    }
+    return -1;
+  }
+  PyObject* result = PyObject_CallOneArg(self->on_change, obj);
+  if (result == nullptr) {
+    return -1;
+  }
+  Py_DECREF(result);
+  return 0;
+}
+
+PyMemberDef dispatch_input_members[] = {
+    {"name", T_OBJECT_EX, offsetof(DispatchInputObject, name), READONLY,
+     "The instance attribute's name."},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+}  // namespace
+
+PyTypeObject DispatchInputType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "fastkernel._C.DispatchInput";
+  t.tp_doc =
+      "DispatchInput(name, on_change): an instance attribute kept in the instance __dict__; "
+      "storing or deleting it calls on_change(obj).";
+  t.tp_basicsize = sizeof(DispatchInputObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT;
+  t.tp_new = dispatch_input_new;
+  t.tp_dealloc = reinterpret_cast<destructor>(dispatch_input_dealloc);
+  t.tp_descr_get = dispatch_input_get;
+  t.tp_descr_set = dispatch_input_set;
+  t.tp_members = dispatch_input_members;
+  return t;
+}();
 
 void drop_patched_dispatch(PyObject* jit) {
   auto& map = dispatches();

@@ -51,4 +51,11 @@ void forget_patched_dispatch(KernelObject* kernel);
 /// Triton's path for it (a `run` assigned on the instance) or give back the same dispatch.
 void drop_patched_dispatch(PyObject* jit);
 
+/// `_C.DispatchInput(name, on_change)`: a data descriptor for an instance attribute a native
+/// dispatch is built from (fastkernel.patch installs it on Triton's Autotuner and Heuristics).
+/// Read and stored in the instance __dict__ as without it; a store or delete then calls
+/// `on_change(obj)`. Native, so that the reads Triton's own Python makes on every call
+/// (Autotuner.run reads self.fn, self.keys, self.configs, self.cache) stay a dict lookup.
+extern PyTypeObject DispatchInputType;
+
 }  // namespace fastkernel

@@ -176,6 +176,17 @@ def set_launch_hook_support(
     add_launch_metadata: Callable[..., Any],
     plain_check: Callable[[type], bool] | None = None,
 ) -> None: ...
+
+class DispatchInput:
+    """An instance attribute kept in the instance ``__dict__``; storing or deleting it calls
+    ``on_change(obj)``."""
+
+    name: str
+    def __init__(self, name: str, on_change: Callable[[Any], object]) -> None: ...
+    def __get__(self, obj: Any, cls: type | None = None) -> Any: ...
+    def __set__(self, obj: Any, value: Any) -> None: ...
+    def __delete__(self, obj: Any) -> None: ...
+
 def install_patch(
     jit_type: type,
     factory: Callable[[Any], Kernel | None],

@@ -239,7 +239,7 @@ class PatchedAutotuner(NativeDispatch):
     A config picked for a key stays registered for that key: clearing ``autotuner.cache`` in
     place does not re-tune keys already served natively (call :func:`unpatch` first); assigning
     the autotuner's ``fn``, ``configs``, ``keys`` or ``cache`` drops its dispatch
-    (:class:`_DispatchInput`), so its next launches are served as Triton's ``run`` then serves
+    (``_DISPATCH_INPUTS``), so its next launches are served as Triton's ``run`` then serves
     them.
     """
 
@@ -452,7 +452,7 @@ class PatchedHeuristics(NativeDispatch):
     other than a pure built-in, ``math`` function, ``triton.cdiv``, ``triton.next_power_of_2`` or
     a Python function whose own code reads none; a closure variable; an import), found from its
     bytecode (``fastkernel._heuristic_code``). Assigning ``fn`` or ``values`` on a level drops
-    the dispatch (:class:`_DispatchInput`); a change made in place to a ``values`` dict after
+    the dispatch (``_DISPATCH_INPUTS``); a change made in place to a ``values`` dict after
     the first launch is not seen.
     """
 
@@ -851,44 +851,13 @@ class _RunAttribute:
         _forget_dispatches_over(obj)
 
 
-class _DispatchInput:
-    """An instance attribute of Triton's ``Autotuner`` or ``Heuristics`` that its native
-    dispatch is built from (``fn``; an autotuner's ``configs``, ``keys`` and ``cache``; a
-    heuristics' ``values``), while patched: read and stored in the instance's ``__dict__`` as
-    without the patch, and assigning or deleting it drops the instance's dispatch and those of
-    the objects launching through it (a heuristics or autotuner over it), so their next launch
-    is built from what is there now, as Triton's ``run`` reads these attributes on every call.
-    (A change made in place, such as ``heuristics.values[name] = f`` or
-    ``autotuner.cache.clear()``, or through ``__dict__`` directly, is not seen.)
-    """
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __get__(self, obj, cls=None):
-        try:
-            if obj is not None:
-                return obj.__dict__[self.name]
-        except KeyError:
-            pass
-        owner = cls.__name__ if obj is None else type(obj).__name__
-        raise AttributeError(f"{owner!r} object has no attribute {self.name!r}")
-
-    def __set__(self, obj, value) -> None:
-        obj.__dict__[self.name] = value
-        _forget_dispatch(obj)
-
-    def __delete__(self, obj) -> None:
-        try:
-            del obj.__dict__[self.name]
-        except KeyError:
-            raise AttributeError(self.name) from None
-        _forget_dispatch(obj)
-
-
-# The attributes watched by _DispatchInput, by class.
+# The instance attributes of Triton's Autotuner and Heuristics that their native dispatch is
+# built from, by class. While patched each is a native descriptor (_C.DispatchInput): read and
+# stored in the instance __dict__ as without the patch (a read stays a dict lookup, which
+# Triton's own run makes several of on every call), and assigning or deleting one calls
+# _forget_dispatch, so the next launch is built from what is there now, as Triton's run reads
+# them on every call. (A change made in place, such as ``heuristics.values[name] = f`` or
+# ``autotuner.cache.clear()``, or through ``__dict__`` directly, is not seen.)
 _DISPATCH_INPUTS = (
     (Autotuner, ("fn", "configs", "keys", "cache")),
     (TritonHeuristics, ("fn", "values")),
@@ -1042,7 +1011,7 @@ def patch() -> bool:
         for cls, names in _DISPATCH_INPUTS:
             for name in names:
                 if name not in cls.__dict__:  # an instance attribute in every supported Triton
-                    setattr(cls, name, _DispatchInput(name))
+                    setattr(cls, name, _C.DispatchInput(name, _forget_dispatch))
         _C.install_handle_subscript(CompiledKernel, None, _patched_handle_getitem)
         _C.install_handle_subscript(_cache.CachedKernel, None, _patched_cached_getitem)
         if isinstance(COMPILED_RUN, property):
@@ -1082,7 +1051,7 @@ def unpatch() -> None:
                     delattr(cls, name)
         for cls, names in _DISPATCH_INPUTS:
             for name in names:
-                if isinstance(cls.__dict__.get(name), _DispatchInput):
+                if isinstance(cls.__dict__.get(name), _C.DispatchInput):
                     delattr(cls, name)
         _host_helpers.uninstall()
         _C.uninstall_patch()
