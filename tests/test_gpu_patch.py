@@ -114,6 +114,52 @@ def test_patched_heuristics_launch_natively_and_compute_what_triton_computes(n):
     assert stats["hits"] >= 1 and stats["fallbacks"] == 0, stats
 
 
+@triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK": 256}, num_warps=2),
+        triton.Config({"BLOCK": 1024}, num_warps=4),
+    ],
+    key=["n", "HAS_Y"],
+)
+@triton.jit
+def _stacked_axpy(x_ptr, y_ptr, out_ptr, a, n, HAS_Y: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = a * tl.load(x_ptr + offs, mask=mask)
+    if HAS_Y:
+        x += tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x, mask=mask)
+
+
+@pytest.mark.parametrize("with_y", [True, False])
+def test_patched_heuristics_over_autotune_tunes_as_triton_and_then_hits_natively(with_y):
+    """flash-linear-attention's stack (a heuristics over an autotuner): tuned as Triton tunes,
+    then one native hit per call, each launch computing what Triton's own launch computes."""
+    n = 100_003
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda") if with_y else None
+    out = torch.empty_like(x)
+    expected = 0.5 * x + (y if with_y else 0)
+
+    def grid(meta):
+        return (triton.cdiv(n, meta["BLOCK"]),)
+
+    with fastkernel.patched():
+        for _ in range(3):
+            out.fill_(float("nan"))
+            _stacked_axpy[grid](x, y, out, 0.5, n)
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+        stats = _dispatch_stats(_stacked_axpy)
+        best = _stacked_axpy.fn.best_config
+    assert best is not None and PATCH_ATTR not in vars(_stacked_axpy.fn)
+    assert stats["hits"] >= 2 and stats["fallbacks"] == 0, stats
+    ref = torch.empty_like(x)
+    _stacked_axpy[grid](x, y, ref, 0.5, n)  # Triton's own launch of the chosen config
+    torch.cuda.synchronize()
+    assert _stacked_axpy.fn.best_config is best and torch.equal(out, ref)
+
+
 def test_patched_handle_launches_compute_what_tritons_runner_computes():
     """Triton's fused-softmax tutorial: ``compiled = kernel.warmup(...)``, then
     ``compiled[(rows, 1, 1)](...)`` with every argument. Under the patch the handle's launches

@@ -1639,6 +1639,160 @@ def test_a_name_computed_at_two_levels_of_a_stack_keeps_tritons_path(stand_in):
     assert (kernel_stats["misses"], kernel_stats["hits"]) == (1, 2)
 
 
+def _heuristics_over_autotune(timings, key=("n", "HAS_Y"), heuristic=None):
+    """flash-linear-attention's usual stack: Triton's heuristics (``HAS_Y`` from whether y is
+    None, by default) over Triton's autotuner (``CONFIGS``, picked by ``timings``) over a fresh
+    JITFunction of optional_add_kernel."""
+    tuned = triton.autotune(configs=CONFIGS, key=list(key), do_bench=_timer(timings))(
+        JITFunction(kernels.optional_add_kernel.fn)
+    )
+    top = triton.heuristics({"HAS_Y": heuristic or (lambda args: args["y_ptr"] is not None)})(tuned)
+    _KEPT.extend((tuned.fn, tuned, top))
+    return top
+
+
+def test_a_heuristics_over_triton_autotune_is_one_native_hit(stand_in):
+    """A call of ``@triton.heuristics`` over ``@triton.autotune`` (flash-linear-attention's most
+    common stack) is one native hit: the same launches, tuning, autotune cache and
+    ``best_config`` after every call as Triton's, a computed value in the autotune key."""
+    x, y, out = _tensors()
+    calls = [(y, N), (None, N), (y, N), (y, N // 2), (None, N), (y, N // 2), (y, N)]
+    runs = {}
+    for on in (False, True):
+        # Three autotune keys, two configs timed for each.
+        top = _heuristics_over_autotune([3.0, 1.0, 0.5, 2.0, 1.0, 2.0])
+        stand_in.reset()
+        best = []
+        with _triton_on_stand_in(stand_in, patched=on):
+            for b, n in calls:
+                top[_grid_by_block](x, b, out, n)
+                best.append(top.fn.best_config)
+            if on:
+                stats = _stats_of(top)
+                # One dispatch: the autotuner was never launched as a dispatch of its own
+                # (Triton's Autotuner.run, which a miss runs, launches its kernel natively).
+                autotuner_served = PATCH_ATTR in vars(top.fn)
+        runs[on] = (stand_in.launches(), best, dict(top.fn.cache))
+    (mine, my_best, my_cache), (theirs, their_best, their_cache) = runs[True], runs[False]
+    assert len(mine) == len(theirs) == len(calls) + 3 * 2
+    for ours, reference_launch in zip(mine, theirs):
+        assert_same_launch(ours, reference_launch)
+    assert my_best == their_best and my_cache == their_cache and len(my_cache) == 3
+    assert my_best[:3] == [CONFIGS[1], CONFIGS[0], CONFIGS[1]]
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (3, 4, 0)
+    assert not autotuner_served
+
+
+@pytest.mark.parametrize(
+    "key, heuristic, reason",
+    [
+        (
+            ("x_ptr",),
+            None,
+            "autotune key 'x_ptr' holds a tensor, which Triton keys by identity",
+        ),
+        (
+            ("n",),
+            lambda args: args["y_ptr"].shape[0] > 8,
+            "a heuristic reads argument 'y_ptr' of type Tensor; only scalars are keyed",
+        ),
+    ],
+    ids=["autotune key", "heuristic"],
+)
+def test_a_heuristics_over_triton_autotune_the_key_cannot_follow_keeps_tritons_path(
+    stand_in, key, heuristic, reason
+):
+    """A call whose autotune key or heuristic the native key cannot imply runs as Triton runs
+    it (the same launches and tuning), counted as a fallback with the reason."""
+    x, y, out = _tensors()
+    runs = {}
+    for on in (False, True):
+        top = _heuristics_over_autotune([1.0, 2.0] * 2, key=key, heuristic=heuristic)
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched=on):
+            for _ in range(3):
+                top[_grid_by_block](x, y, out, N)
+            if on:
+                stats = _stats_of(top)
+        runs[on] = (stand_in.launches(), dict(top.fn.cache))
+    assert len(runs[True][0]) == len(runs[False][0])
+    for ours, reference_launch in zip(*(runs[on][0] for on in (True, False))):
+        assert_same_launch(ours, reference_launch)
+    assert runs[True][1] == runs[False][1]
+    assert stats["hits"] == 0 and stats["fallbacks"] == 3
+    (counted,) = stats["fallback_reasons"]
+    assert counted.startswith(reason), counted
+
+
+def _served_stack(stack: str):
+    """A fresh kernel object launching through others, and the keywords its calls add."""
+    if stack == "autotuner":
+        return _autotuned([1.0, 2.0]), {}
+    if stack == "heuristics":
+        launched = triton.heuristics({"BLOCK": lambda args: 256})(_fresh_add_kernel())
+        _KEPT.append(launched)
+        return launched, {}
+    return _heuristics_over_autotune([1.0, 2.0]), {}
+
+
+@pytest.mark.parametrize(
+    "stack, cls",
+    [
+        ("autotuner", JITFunction),
+        ("heuristics", JITFunction),
+        ("heuristics over autotuner", JITFunction),
+        ("heuristics over autotuner", Autotuner),
+    ],
+    ids=lambda v: v.__name__ if isinstance(v, type) else v,
+)
+def test_a_run_assigned_on_a_class_under_a_served_kernel_is_called(stand_in, stack, cls):
+    """Triton's autotuner and heuristics launch through ``self.fn.run``: while another
+    library's ``run`` is on the class of an object under them (SGLang's ``replay_launches``
+    puts a launch recorder on ``JITFunction``; vLLM replaces ``Autotuner.run``), every launch
+    of theirs calls it, after native hits and on a first launch alike, as without the patch;
+    once it is gone, they are native hits again."""
+    x, y, out = _tensors()
+    calls: dict[bool, list] = {}
+    hits: dict[str, int] = {}
+    for on in (False, True):
+        seen = calls[on] = []
+        tritons = cls.__dict__["run"]
+        first, extra = _served_stack(stack)
+        later, _ = _served_stack(stack)
+        with _triton_on_stand_in(stand_in, patched=on):
+            saved = cls.run  # as SGLang saves it, when it records: read through the class
+
+            def recorder(self, *args, saved=saved, seen=seen, **kwargs):
+                seen.append(type(self).__name__)
+                return saved(self, *args, **kwargs)
+
+            try:
+                for _ in range(2):
+                    first[(4,)](x, y, out, N, **extra)
+                cls.run = recorder
+                for _ in range(2):
+                    first[(4,)](x, y, out, N, **extra)
+                later[(4,)](x, y, out, N, **extra)  # its first launch
+                first.run(x, y, out, N, grid=(4,), warmup=False, **extra)
+            finally:
+                cls.run = saved
+            if on:
+                before = {"first": _stats_of(first)["hits"], "later": 0}
+            for _ in range(2):
+                first[(4,)](x, y, out, N, **extra)
+                later[(4,)](x, y, out, N, **extra)
+            if on:
+                hits = {
+                    "first": _stats_of(first)["hits"] - before["first"],
+                    "later": _stats_of(later)["hits"],
+                }
+        assert cls.__dict__["run"] is tritons
+    # Four launches, and the later autotuner's two benchmarked configs as it first tunes.
+    tuned_under = 2 if "autotuner" in stack and cls is JITFunction else 0
+    assert calls[True] == calls[False] and len(calls[True]) == 4 + tuned_under, calls
+    assert hits == {"first": 2, "later": 1}  # the later one: a miss, then a hit
+
+
 def test_a_heuristic_sees_whether_an_argument_was_passed(stand_in):
     # Triton's Heuristics.run passes only the arguments given: `scale` left out (default 2.0)
     # and `scale=2.0` passed are different inputs to the heuristic, so different keys.
@@ -2376,6 +2530,11 @@ def _stack_with_a_run_below(over: str):
     if over == "autotuner":
         top = _autotuned([1.0, 2.0])
         return top, top.fn
+    if over.startswith("heuristics over autotuner"):
+        tuned = _autotuned([1.0, 2.0])
+        top = triton.heuristics({})(tuned)
+        _KEPT.append(top)
+        return top, tuned.fn if over.endswith("kernel") else tuned
     heuristics = triton.heuristics({"BLOCK": lambda args: 256})(kernel)
     _KEPT.append(heuristics)
     if over == "heuristics":
@@ -2385,7 +2544,17 @@ def _stack_with_a_run_below(over: str):
     return top, heuristics if over == "stack level" else kernel
 
 
-@pytest.mark.parametrize("over", ["heuristics", "stack level", "stack kernel", "autotuner"])
+@pytest.mark.parametrize(
+    "over",
+    [
+        "heuristics",
+        "stack level",
+        "stack kernel",
+        "autotuner",
+        "heuristics over autotuner",
+        "heuristics over autotuner kernel",
+    ],
+)
 def test_a_run_set_under_a_heuristics_or_autotuner_is_what_its_launches_call(stand_in, over):
     """Triton's ``Heuristics.run`` and ``Autotuner.run`` launch through ``self.fn.run``: a
     ``run`` set on the kernel or heuristics level under them, before their first launch or after
@@ -2423,20 +2592,24 @@ def _stack_and_its_change(what: str):
     """(the object a call launches, the kernels it may launch, a function that assigns one
     attribute its dispatch is built from)."""
     k1, k2 = _fresh_add_kernel(), _fresh_add_kernel()
-    if what.startswith("autotuner"):
-        top = _autotuned([1.0, 2.0, 3.0, 0.5])  # CONFIGS[0]; after a retune, CONFIGS[1]
-        k1 = top.fn
+    if "autotuner" in what:
+        tuned = _autotuned([1.0, 2.0, 3.0, 0.5])  # CONFIGS[0]; after a retune, CONFIGS[1]
+        k1 = tuned.fn
+        top = tuned
+        if what.startswith("heuristics over"):  # the autotuner under a heuristics
+            top = triton.heuristics({})(tuned)
+            _KEPT.append(top)
 
         def change():
-            if what == "autotuner fn":
-                top.fn = k2
-            elif what == "autotuner cache":
-                top.cache = {}
-            elif what == "autotuner keys":
-                top.keys = []  # a new Triton key for every call: tuned again
+            if what.endswith("autotuner fn"):
+                tuned.fn = k2
+            elif what.endswith("autotuner cache"):
+                tuned.cache = {}
+            elif what.endswith("autotuner keys"):
+                tuned.keys = []  # a new Triton key for every call: tuned again
             else:
-                top.configs = [triton.Config({"BLOCK": 128}, num_warps=1)]
-                top.cache = {}
+                tuned.configs = [triton.Config({"BLOCK": 128}, num_warps=1)]
+                tuned.cache = {}
 
         return top, (k1, k2), change
     heuristics = triton.heuristics({"BLOCK": lambda args: 256})(k1)
@@ -2463,6 +2636,8 @@ def _stack_and_its_change(what: str):
         "autotuner cache",
         "autotuner keys",
         "autotuner configs",
+        "heuristics over autotuner fn",
+        "heuristics over autotuner cache",
     ],
 )
 def test_an_attribute_a_dispatch_is_built_from_assigned_after_native_launches(stand_in, what):

@@ -1090,6 +1090,9 @@ int kernel_traverse(KernelObject* self, visitproc visit, void* arg) {
   Py_VISIT(self->publish_owner);
   Py_VISIT(self->last_published);
   Py_VISIT(self->jit_function);
+  for (int i = 0; i < self->num_under_types; ++i) {
+    Py_VISIT(self->under_types[i]);
+  }
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_VISIT(p.default_value);
@@ -1112,6 +1115,11 @@ int kernel_clear(KernelObject* self) {
   Py_CLEAR(self->publish_name);
   Py_CLEAR(self->last_published);
   Py_CLEAR(self->jit_function);
+  const int num_under = self->num_under_types;
+  self->num_under_types = 0;  // before the references go: a hit reads the count first
+  for (int i = 0; i < num_under; ++i) {
+    Py_CLEAR(self->under_types[i]);
+  }
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_CLEAR(p.default_value);

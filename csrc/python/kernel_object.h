@@ -16,6 +16,8 @@ namespace fastkernel {
 /// The most declared parameters and keyword options one kernel may have on the native path.
 constexpr int kMaxArgs = 128;
 constexpr int kMaxOptions = 64;
+/// The most kernel classes a patched dispatch launches through underneath (KernelObject).
+constexpr int kMaxUnderTypes = 4;
 
 /// One declared kernel parameter, as the key builder needs it.
 struct ParamSpec {
@@ -115,6 +117,15 @@ struct KernelObject {
   /// The `jit_function` attribute (the wrapped JITFunction), in a slot so that a hooked launch
   /// reads it without an attribute lookup; nullptr while unset.
   PyObject* jit_function;
+  /// Under fastkernel.patch(), the classes of the kernel objects a launch of patched_jit goes
+  /// through underneath (the JITFunction under an autotuner or heuristics, the autotuner and
+  /// lower levels under a heuristics stack) other than patched_jit's own class, owned: Triton's
+  /// run of patched_jit calls their `run`, so a `run` another library assigns on one of these
+  /// classes sends launches back to Triton's path while it is there. With the version tag each
+  /// was found serving under (~0u until checked).
+  PyTypeObject* under_types[kMaxUnderTypes];
+  unsigned int under_tags[kMaxUnderTypes];
+  int num_under_types;
 };
 
 /// `kernel[grid]`: a kernel with its grid, called with the kernel's arguments.

@@ -175,6 +175,38 @@ void register_kernel_methods() {
       py::arg("owner"), py::arg("name"),
       "A hit sets `owner.<name>` to its record's `published` object when that differs from the\n"
       "one set last (owner None: nothing is published).");
+  def_kernel_method(
+      "_set_under_types",
+      [](py::handle self, const py::tuple& types) {
+        if (types.size() > size_t(kMaxUnderTypes)) {
+          throw py::value_error("_set_under_types: at most " + std::to_string(kMaxUnderTypes) +
+                                " types, got " + std::to_string(types.size()));
+        }
+        for (const py::handle t : types) {
+          if (!PyType_Check(t.ptr())) {
+            throw py::type_error("_set_under_types: argument 'types' must hold types, not " +
+                                 std::string(Py_TYPE(t.ptr())->tp_name));
+          }
+        }
+        KernelObject* kernel = as_kernel(self);
+        const int old_count = kernel->num_under_types;
+        kernel->num_under_types = 0;
+        for (int i = 0; i < old_count; ++i) {
+          Py_CLEAR(kernel->under_types[i]);
+        }
+        int n = 0;
+        for (const py::handle t : types) {
+          kernel->under_types[n] = reinterpret_cast<PyTypeObject*>(t.inc_ref().ptr());
+          kernel->under_tags[n] = ~0u;
+          ++n;
+        }
+        kernel->num_under_types = n;
+      },
+      py::arg("types"),
+      "Under fastkernel.patch(): the classes (a tuple of at most 4 types) of the kernel objects\n"
+      "a launch goes through underneath, other than the served object's own class. A launch\n"
+      "takes Triton's path while a `run` another library assigned is on one of them\n"
+      "(install_patch's type_served says so); checked again whenever one changed.");
   def_kernel_method("_counters", &stats,
                     "{hits, misses, fallbacks, specializations, evictions, table_bytes}: ints.");
   def_kernel_method(

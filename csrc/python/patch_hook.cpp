@@ -155,6 +155,39 @@ int type_served(PyTypeObject* type, unsigned int* tag) {
   return 1;
 }
 
+// Whether the classes a launch of `kernel` goes through underneath (under_types) are unchanged
+// since each was found serving: one compare per class, none for a plain kernel's dispatch. The
+// raw tag is compared, without version_tag's flag test before 3.12: a noted tag is never 0,
+// and a change of the class sets its tag to 0 on every supported CPython (PyType_Modified),
+// until a lookup gives it a new one.
+inline bool under_tags_match(const KernelObject* kernel) {
+  for (int i = 0; i < kernel->num_under_types; ++i) {
+    if (kernel->under_types[i]->tp_version_tag != kernel->under_tags[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+inline bool under_unchanged(const KernelObject* kernel) {
+  return __builtin_expect(kernel->num_under_types == 0, 1) || under_tags_match(kernel);
+}
+
+// type_served for each class under `kernel`, noting the tags it gives: 1 when all still launch
+// through the run the patch serves, 0 when one does not (another library's `run` is on it), -1
+// with an exception set.
+[[gnu::noinline]] int under_served(KernelObject* kernel) {
+  for (int i = 0; i < kernel->num_under_types; ++i) {
+    unsigned int tag = kUnchecked;
+    const int served = type_served(kernel->under_types[i], &tag);
+    kernel->under_tags[i] = served > 0 && tag != 0 ? tag : kUnchecked;
+    if (served <= 0) {
+      return served;
+    }
+  }
+  return 1;
+}
+
 // The dispatch of `jit`, or Py_None (borrowed, or owned through *owned as above), or nullptr
 // with an exception set.
 inline PyObject* find_or_create(PyObject* jit, PyObject** owned) {
@@ -173,12 +206,15 @@ inline PyObject* find_or_create(PyObject* jit, PyObject** owned) {
   }
   if (dispatch != Py_None) {
     unsigned int tag = kUnchecked;
-    const int served = type_served(Py_TYPE(jit), &tag);
+    int served = type_served(Py_TYPE(jit), &tag);
+    if (served > 0 && !under_unchanged(reinterpret_cast<KernelObject*>(dispatch))) {
+      served = under_served(reinterpret_cast<KernelObject*>(dispatch));
+    }
     if (served < 0) {
       Py_XDECREF(owned);
       return nullptr;
     }
-    if (served == 0) {  // a run assigned on the class: it is what Triton's [grid] calls
+    if (served == 0) {  // a run assigned on a class: it is what Triton's [grid] calls
       Py_XDECREF(owned);
       owned = nullptr;
       dispatch = Py_None;
@@ -204,7 +240,8 @@ inline PyObject* find_or_create(PyObject* jit, PyObject** owned) {
 PyObject* patched_subscript(PyObject* jit, PyObject* grid) {
   // The kernel launched last (always a dispatch: the cache holds no other), its type unchanged
   // since it was found serving: two compares and a jump into its own subscript.
-  if (jit == g_last_jit && version_tag(Py_TYPE(jit)) == g_last_tag) {
+  if (jit == g_last_jit && version_tag(Py_TYPE(jit)) == g_last_tag &&
+      under_unchanged(g_last_dispatch)) {
     return kernel_subscript(g_last_dispatch, grid);
   }
   return patched_subscript_slow(jit, grid);
@@ -213,10 +250,18 @@ PyObject* patched_subscript(PyObject* jit, PyObject* grid) {
 PyObject* patched_dispatch(PyObject* jit) {
   PyObject* owned = nullptr;
   PyObject* dispatch = find_or_create(jit, &owned);
-  if (dispatch == nullptr || owned != nullptr) {
-    return dispatch;  // nullptr with an exception set, or the factory's new reference
+  if (dispatch == nullptr || dispatch == Py_None) {
+    return dispatch == nullptr ? nullptr : Py_NewRef(Py_None);
   }
-  return Py_NewRef(dispatch);
+  KernelObject* kernel = reinterpret_cast<KernelObject*>(dispatch);
+  if (!under_unchanged(kernel)) {
+    const int served = under_served(kernel);
+    if (served <= 0) {  // a run another library assigned under it: Triton's run calls that
+      Py_XDECREF(owned);
+      return served < 0 ? nullptr : Py_NewRef(Py_None);
+    }
+  }
+  return owned != nullptr ? owned : Py_NewRef(dispatch);
 }
 
 PyObject* new_slot_wrapper(PyObject* type, PyTypeObject* model, const char* name, void* fn) {

@@ -34,11 +34,15 @@ bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getit
 /// type's attribute).
 void uninstall_patch();
 
-/// `jit[grid]` under the patch: the dispatch's bound launch, or Triton's proxy.
+/// `jit[grid]` under the patch: the dispatch's bound launch, or Triton's proxy (Triton's
+/// `__getitem__`, which calls `run`) while a `run` another library assigned is on `jit`'s class
+/// or on one the dispatch launches through underneath.
 PyObject* patched_subscript(PyObject* jit, PyObject* grid);
 
 /// The dispatch Kernel serving `jit` (created through the factory on first use), or Py_None
-/// when it keeps Triton's path. New reference; nullptr with an exception set on failure.
+/// when it keeps Triton's path, as it does while a `run` another library assigned is on a class
+/// it launches through underneath (KernelObject::under_types). New reference; nullptr with an
+/// exception set on failure.
 PyObject* patched_dispatch(PyObject* jit);
 
 /// Whether `type`'s mp_subscript slot is the native patched subscript (no Python in between).

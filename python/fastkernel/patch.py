@@ -16,9 +16,10 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   (:class:`PatchedAutotuner`). Its misses run Triton's ``Autotuner.run`` itself, so tuning,
   pruning, hooks, ``cache_results`` and the chosen config are Triton's.
 - ``Heuristics.__getitem__`` likewise: a call of Triton's own ``@triton.heuristics`` over a
-  ``triton.jit`` function is one native hit when its functions read only scalars and
-  constexprs, each named in their code (:class:`PatchedHeuristics`); other heuristics run in
-  Python on every call and launch natively underneath.
+  ``triton.jit`` function, or over Triton's own autotuner over one, is one native hit when its
+  functions read only scalars and constexprs, each named in their code
+  (:class:`PatchedHeuristics`); other heuristics run in Python on every call and launch
+  natively underneath.
 - ``CompiledKernel.__getitem__`` and ``fastkernel.cache.CachedKernel.__getitem__`` (what a
   launch returns in a process that read the binary from the disk cache) become slot wrappers of
   the native handle subscript (``csrc/python/handle_launch.cpp``): ``handle[grid]`` of a handle
@@ -38,8 +39,8 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
 What stays on Triton's path: a ``JITFunction`` or ``Autotuner`` subclass that defines its own
 ``run``, and these classes while another library's ``run`` is assigned on the class itself
 (before :func:`patch`, or while patched: the native subscript asks again whenever the class
-changed; left in place by :func:`unpatch`) (its own behaviour is kept; the launch underneath is
-still native), ``warmup=True``
+changed, or a class it launches through underneath; left in place by :func:`unpatch`) (its own
+behaviour is kept; the launch underneath is still native), ``warmup=True``
 (compile only), and every call the native key does not cover (counted in ``fastkernel.stats()``
 with its reason, as for ``@fastkernel``).
 """
@@ -249,20 +250,10 @@ class PatchedAutotuner(NativeDispatch):
         jit_fn = autotuner.fn
         self.autotuner = autotuner
         self._config_params = config_params
-        tune = {
-            p.name: (TUNE_CONFIG_PROVIDED if p.name in config_params else 0)
-            | (TUNE_VALUE if p.name in autotuner.keys else 0)
-            # A required constexpr no config sets: a call leaving it out goes to Triton's run,
-            # where a pruned config can set it.
-            | (
-                TUNE_MAY_BE_PROVIDED
-                if p.is_constexpr and not p.has_default and p.name not in config_params
-                else 0
-            )
-            for p in jit_fn.params
-        }
+        tune = {p.name: _tuned_flags(p, autotuner, config_params) for p in jit_fn.params}
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
         self._set_publish(autotuner, "best_config")
+        _set_under_types(self, autotuner, iter((jit_fn,)))
 
     def __repr__(self) -> str:
         return f"PatchedAutotuner({self._stats_name()})"
@@ -295,85 +286,132 @@ class PatchedAutotuner(NativeDispatch):
                     names.append(name)
         return tuple(names)
 
-    def _not_native(self, named: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
-        """Why Triton's autotune key of this call is not implied by the native key, or None."""
-        import torch
-
-        autotuner = self.autotuner
-        if type(autotuner.cache) is not dict:
-            return "the autotuner's cache is not a plain dict"
-        if self.jit_function.pre_run_hooks:
-            return "the kernel has pre-run hooks, which Triton runs with the config's values"
-        given = [name for name in self._config_params if name in kwargs]
-        if given:
-            return f"argument {given[0]!r} is set by the autotuner's configs"
-        for name in autotuner.keys:
-            for value in _leaves(named.get(name)):
-                if isinstance(value, torch.Tensor):
-                    return f"autotune key {name!r} holds a tensor, which Triton keys by identity"
-                if isinstance(value, float) and value != value:
-                    return f"autotune key {name!r} holds NaN, which never equals Triton's key"
-        for name, value in named.items():
-            if hasattr(value, "dtype") and not isinstance(value, torch.Tensor):
-                return (
-                    f"argument {name!r} of type {type(value).__name__} has a dtype, which "
-                    f"Triton's autotune key includes"
-                )
-        return None
-
     def _on_miss(
         self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
     ):
-        autotuner = self.autotuner
-        if key is not None:
-            named = dict(zip(autotuner.arg_names, args))
-            named.update((k, v) for k, v in kwargs.items() if k in autotuner.arg_names)
-            reason = self._not_native(named, kwargs)
-        # A call without a key was counted as a fallback natively.
-        pending = _tuning.__dict__.setdefault("pending", [])
-        launch = _TunedLaunch(autotuner)
-        pending.append(launch)
-        try:
-            result = self._run_through_triton(
-                lambda: AUTOTUNER_RUN(autotuner, *args, grid=grid, warmup=False, **kwargs),
-                counted=key is None,
+        return _tuned_miss(
+            self, self.autotuner, self._config_params, grid, args, kwargs, key, device, reason
+        )
+
+
+def _tuned_flags(
+    p: Any, autotuner: Autotuner, config_params: tuple[str, ...], computed: Any = ()
+) -> int:
+    """The ``TUNE_*`` flags of kernel parameter ``p`` launched through ``autotuner``, whose
+    configs set ``config_params`` and a heuristics over it computes ``computed``: those are
+    absent from the call and given by the record; the autotuner's ``key`` parameters the call
+    gives are keyed by value; a required constexpr nothing sets is left to Triton's ``run``
+    when a call leaves it out (a pruned config can set it)."""
+    set_for_call = p.name in config_params or p.name in computed
+    return (
+        (TUNE_CONFIG_PROVIDED if set_for_call else 0)
+        | (TUNE_VALUE if p.name in autotuner.keys and p.name not in computed else 0)
+        | (TUNE_MAY_BE_PROVIDED if p.is_constexpr and not p.has_default and not set_for_call else 0)
+    )
+
+
+def _autotune_not_native(
+    autotuner: Autotuner,
+    config_params: tuple[str, ...],
+    named: dict[str, Any],
+    kwargs: dict[str, Any],
+) -> str | None:
+    """Why Triton's autotune key of a call (its arguments by name in ``named``, its keywords in
+    ``kwargs``) is not implied by the native key, or None."""
+    import torch
+
+    if type(autotuner.cache) is not dict:
+        return "the autotuner's cache is not a plain dict"
+    if autotuner.fn.pre_run_hooks:
+        return "the kernel has pre-run hooks, which Triton runs with the config's values"
+    given = [name for name in config_params if name in kwargs]
+    if given:
+        return f"argument {given[0]!r} is set by the autotuner's configs"
+    for name in autotuner.keys:
+        for value in _leaves(named.get(name)):
+            if isinstance(value, torch.Tensor):
+                return f"autotune key {name!r} holds a tensor, which Triton keys by identity"
+            if isinstance(value, float) and value != value:
+                return f"autotune key {name!r} holds NaN, which never equals Triton's key"
+    for name, value in named.items():
+        if hasattr(value, "dtype") and not isinstance(value, torch.Tensor):
+            return (
+                f"argument {name!r} of type {type(value).__name__} has a dtype, which "
+                f"Triton's autotune key includes"
             )
-        finally:
-            pending.pop()
-            self.forget_published()
-        if key is not None and reason is None:
-            config = launch.config  # what Triton's run launched this call with
-            if config is None:
-                reason = "the config Triton's Autotuner.run launched with could not be told"
-            elif config.pre_hook is not None:
-                reason = "the tuned config has a pre_hook, which runs in Python before every launch"
-            elif unkeyed := [
-                name
-                for name in config.kwargs
-                if name in self.jit_function.arg_names and name not in self._config_params
-            ]:
-                # A config from a prune or a replaced `configs` list: the native key and the
-                # record's tuned arguments cover only what the configs set when the dispatch
-                # was made.
-                reason = (
-                    f"the tuned config sets {unkeyed[0]!r}, which the autotuner's configs did "
-                    f"not set when its native dispatch was made"
-                )
-            else:
-                merged = {**kwargs, **config.all_kwargs()}
-                tuned_args = self._tuned_args(merged, self._config_params)
-                record = self._launch_record(
-                    args, merged, key, device, tuned_args, published=config, launched=result
-                )
-                if isinstance(record, str):
-                    reason = record
-                else:  # Triton launched this call; the record serves the next ones
-                    self._insert(key, record)
-        if reason is not None:
-            if key is not None:
-                self._miss_fallbacks += 1
-            self._count_fallback(reason, what="tunes and launches through Triton's Autotuner.run")
-        return result
+    return None
+
+
+def _tuned_miss(
+    dispatch: NativeDispatch,
+    autotuner: Autotuner,
+    config_params: tuple[str, ...],
+    grid,
+    args: tuple,
+    kwargs: dict,
+    key: bytes | None,
+    device: int,
+    reason: str | None,
+    provided: frozenset[str] = frozenset(),
+):
+    """The miss of ``dispatch``, a native dispatch whose calls launch through ``autotuner``:
+    runs Triton's ``Autotuner.run`` itself on the call (``kwargs`` hold any values computed
+    over the autotuner), which tunes if Triton's key is new and launches natively underneath;
+    then registers ``key`` with the config that run launched, unless ``reason`` (or a reason
+    found here) keeps the call on Triton's path, counted as a fallback. ``provided``: the
+    parameters given by the record besides the configs' (values computed over the
+    autotuner)."""
+    if key is not None:
+        named = dict(zip(autotuner.arg_names, args))
+        named.update((k, v) for k, v in kwargs.items() if k in autotuner.arg_names)
+        reason = _autotune_not_native(autotuner, config_params, named, kwargs)
+    # A call without a key was counted as a fallback natively.
+    pending = _tuning.__dict__.setdefault("pending", [])
+    launch = _TunedLaunch(autotuner)
+    pending.append(launch)
+    try:
+        result = dispatch._run_through_triton(
+            lambda: AUTOTUNER_RUN(autotuner, *args, grid=grid, warmup=False, **kwargs),
+            counted=key is None,
+        )
+    finally:
+        pending.pop()
+        # Triton's run set best_config itself: the next hit sets it again even when its
+        # config is the one a hit set last.
+        dispatch._set_publish(autotuner, "best_config")
+    if key is not None and reason is None:
+        config = launch.config  # what Triton's run launched this call with
+        if config is None:
+            reason = "the config Triton's Autotuner.run launched with could not be told"
+        elif config.pre_hook is not None:
+            reason = "the tuned config has a pre_hook, which runs in Python before every launch"
+        elif unkeyed := [
+            name
+            for name in config.kwargs
+            if name in dispatch.jit_function.arg_names and name not in config_params
+        ]:
+            # A config from a prune or a replaced `configs` list: the native key and the
+            # record's tuned arguments cover only what the configs set when the dispatch
+            # was made.
+            reason = (
+                f"the tuned config sets {unkeyed[0]!r}, which the autotuner's configs did "
+                f"not set when its native dispatch was made"
+            )
+        else:
+            merged = {**kwargs, **config.all_kwargs()}
+            tuned_args = dispatch._tuned_args(merged, frozenset(config_params) | provided)
+            record = dispatch._launch_record(
+                args, merged, key, device, tuned_args, published=config, launched=result
+            )
+            if isinstance(record, str):
+                reason = record
+            else:  # Triton launched this call; the record serves the next ones
+                dispatch._insert(key, record)
+    if reason is not None:
+        if key is not None:
+            dispatch._miss_fallbacks += 1
+        dispatch._count_fallback(reason, what="tunes and launches through Triton's Autotuner.run")
+    return result
 
 
 class _RecordedArguments(dict):
@@ -433,8 +471,9 @@ del _method
 
 class PatchedHeuristics(NativeDispatch):
     """The native dispatch of Triton's own ``@triton.heuristics`` over a ``triton.jit`` function
-    (or over a stack of them, :meth:`for_heuristics`), under :func:`patch`: each computed value
-    is compiled into the launch record of its key, so a call is one native hit.
+    (or over a stack of them, or over Triton's own ``@triton.autotune`` over one:
+    :meth:`for_heuristics`), under :func:`patch`: each computed value (and the tuned config) is
+    compiled into the launch record of its key, so a call is one native hit.
 
     The key is the kernel's own plus, for every parameter whose name a heuristic function's code
     spells (its string constants, nested functions included), its exact value and whether the
@@ -466,8 +505,14 @@ class PatchedHeuristics(NativeDispatch):
         spelled: frozenset[str],
         identity_only: frozenset[str] = frozenset(),
         outside: str | None = None,
+        autotuner: Autotuner | None = None,
+        config_params: tuple[str, ...] = (),
+        under: tuple[Any, ...] = (),
     ):
         self.heuristics = heuristics
+        #: The Triton ``Autotuner`` the stack launches through, or None (over the kernel).
+        self.autotuner = autotuner
+        self._config_params = config_params
         self._values = values
         self._identity_only = identity_only
         self._outside = outside
@@ -478,15 +523,20 @@ class PatchedHeuristics(NativeDispatch):
         tune = {
             p.name: (TUNE_CONFIG_PROVIDED if p.name in self._values else 0)
             | (TUNE_VALUE if p.name in self._keyed else 0)
+            | (_tuned_flags(p, autotuner, config_params, values) if autotuner is not None else 0)
             for p in jit_fn.params
         }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
+        if autotuner is not None:
+            self._set_publish(autotuner, "best_config")
+        _set_under_types(self, heuristics, iter(under))
 
     @classmethod
     def for_heuristics(cls, heuristics: TritonHeuristics) -> PatchedHeuristics | None:
         """Its dispatch, or None when it keeps Triton's path: over an autotuner or a kernel with
-        a ``run`` of its own, or a computed name that is not a constexpr parameter of the kernel
-        (a compile option or a runtime argument, which the record cannot carry).
+        a ``run`` of its own, over an autotuner whose configs set what the record cannot carry or
+        a computed name, or a computed name that is not a constexpr parameter of the kernel (a
+        compile option or a runtime argument, which the record cannot carry).
 
         A stack of heuristics (``@triton.heuristics`` over ``@triton.heuristics`` ... over the
         ``triton.jit`` function, as SGLang's Mamba kernel stacks eight, vLLM's seven) is one
@@ -494,22 +544,44 @@ class PatchedHeuristics(NativeDispatch):
         ``run`` with them among the keywords, so the stack computes every level's values in
         order, outermost first, each function seeing the values computed before it. A name
         computed at two levels keeps the stack on Triton's path.
+
+        Over Triton's own ``Autotuner`` (flash-linear-attention's usual stack), the stack and
+        the autotuner are one dispatch too: the key adds the autotuner's (``_tuned_flags``), a
+        miss computes the values and then runs Triton's ``Autotuner.run`` with them among the
+        keywords (:func:`_tuned_miss`), and the record carries both the values and the tuned
+        config's; a hit sets the autotuner's ``best_config``.
         """
         values: dict[str, Any] = {}
         level: Any = heuristics
+        under: list[Any] = []  # the objects it launches through, in order
         while isinstance(level, TritonHeuristics):
-            if level is not heuristics and not _launches_through_served_run(level, heuristics):
-                return None  # a level with a run of its own: its behaviour is its own
+            if level is not heuristics:
+                if not _launches_through_served_run(level, heuristics):
+                    return None  # a level with a run of its own: its behaviour is its own
+                under.append(level)
             for name, fn in level.values.items():
                 if name in values:
                     return None
                 values[name] = fn
             level = level.fn
+        autotuner = None
+        config_params: tuple[str, ...] | None = ()
+        if isinstance(level, Autotuner):
+            # Over Triton's own autotuner (flash-linear-attention's usual stack): its
+            # Autotuner.run gets the computed values among the keywords.
+            if not _launches_through_served_run(level, heuristics):
+                return None  # an Autotuner subclass or instance with a run of its own
+            autotuner, level = level, level.fn
+            under.append(autotuner)
+            config_params = PatchedAutotuner.config_params(autotuner)
+            if config_params is None or set(config_params) & set(values):
+                return None  # a config sets what the record cannot carry, or a computed name
         jit_fn = level
         if not isinstance(jit_fn, JITFunction) or not _launches_through_served_run(
             jit_fn, heuristics
         ):
             return None  # a kernel with a run of its own (`kernel.run = wrapper`, a subclass's)
+        under.append(jit_fn)
         params = {p.name: p for p in jit_fn.params}
         spelled: set[str] = set()
         identity_only: set[str] = set()
@@ -534,6 +606,9 @@ class PatchedHeuristics(NativeDispatch):
             frozenset(spelled),
             frozenset(identity_only - other_uses),
             outside,
+            autotuner,
+            config_params or (),
+            tuple(under),
         )
 
     def __repr__(self) -> str:
@@ -594,6 +669,20 @@ class PatchedHeuristics(NativeDispatch):
         if reason is not None:
             return self._through_triton(grid, args, kwargs, key, reason)
         call_kwargs = {**kwargs, **values}
+        if self.autotuner is not None:
+            # What Triton's Heuristics.run does next: the autotuner's run, with the values.
+            return _tuned_miss(
+                self,
+                self.autotuner,
+                self._config_params,
+                grid,
+                args,
+                call_kwargs,
+                key,
+                device,
+                None,
+                frozenset(self._values),
+            )
         tuned_args = self._tuned_args(call_kwargs, self._values)
         return self._register_miss(grid, args, call_kwargs, key, device, tuned_args)
 
@@ -616,7 +705,6 @@ def _new_dispatch(obj: Any) -> NativeDispatch | None:
         return PatchedKernel(obj)
     fn = getattr(obj, "fn", None)
     if isinstance(obj, TritonHeuristics):
-        # None over an autotuner: Triton's run, native underneath
         return PatchedHeuristics.for_heuristics(obj)
     if (
         not isinstance(obj, Autotuner)
@@ -732,12 +820,28 @@ def _tritons_own_run(cls: type) -> bool:
 
 
 def _launches_through_served_run(level: Any, top: Any) -> bool:
-    """Whether ``level``, which ``top`` launches through (a kernel or heuristics under it),
-    launches through a ``run`` the patch serves: its type's (:func:`_type_run_served`), with none
-    set on the instance. Notes the dependency either way, so that a ``run`` set on or deleted
-    from ``level`` later drops ``top``'s dispatch (:func:`_forget_dispatches_over`)."""
+    """Whether ``level``, which ``top`` launches through (a kernel, autotuner or heuristics
+    under it), launches through a ``run`` the patch serves: none set on the instance, and its
+    type's (:func:`_type_run_served`) or Triton's class's with another library's ``run`` on it
+    for now (a launch of ``top`` checks that natively, :func:`_set_under_types`), not a
+    subclass's own. Notes the dependency either way, so that a ``run`` set on or deleted from
+    ``level`` later drops ``top``'s dispatch (:func:`_forget_dispatches_over`)."""
     _note_under(level, top)
-    return "run" not in vars(level) and _type_run_served(level)
+    return "run" not in vars(level) and (
+        _type_run_served(level) or _run_owner(type(level)) in _KERNEL_CLASSES
+    )
+
+
+def _set_under_types(dispatch: NativeDispatch, top: Any, levels: Iterator[Any]) -> None:
+    """Tells ``dispatch`` (serving ``top``) the classes of the ``levels`` its launches go
+    through underneath, other than ``top``'s own (which the native subscript checks anyway):
+    Triton's ``run`` of ``top`` calls theirs, so while another library's ``run`` is assigned on
+    one of these classes (SGLang's launch recorder on ``JITFunction``, vLLM's
+    ``Autotuner.run``), ``top``'s launches take Triton's path and call it (``_C``
+    ``_set_under_types``; ``csrc/python/patch_hook.cpp``)."""
+    dispatch._set_under_types(
+        tuple(dict.fromkeys(type(level) for level in levels if type(level) is not type(top)))
+    )
 
 
 def _dispatch_for(obj: Any):
