@@ -753,6 +753,10 @@ SGLANG_CASES = [
     "moe_fused_gate",
     "token_bitmask",
     "selective_state_update",
+    # Its copy of flash-linear-attention (sglang/kernels/ops/attention/fla): the decode step of
+    # Qwen3-Next's gated delta rule and of Kimi Linear's KDA.
+    "fla fused_recurrent_gated_delta_rule_packed_decode",
+    "fla fused_recurrent_kda_packed_decode",
 ]
 
 
@@ -936,6 +940,57 @@ def _sglang_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         ),
         "token_bitmask": token_bitmask,
         "selective_state_update": mamba_decode,
+        **_sglang_fla_cases(),
+    }
+
+
+def _sglang_fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
+    """The decode step of linear attention through SGLang's copy of flash-linear-attention, as
+    its Triton GDN and KDA backends call it (sglang/srt/layers/attention/linear/kernels): 2
+    sequences of one token, q, k and v packed in the projection's output (2 heads of 64
+    each), their recurrent states in slots 2 and 0 of a pool of 3, updated in place, q and k
+    L2-normalized inside the op. (Its chunked prefill kernels, the ones under
+    triton.heuristics over triton.autotune, use block pointers, which Triton no longer compiles:
+    it replaced them with tensor descriptors.)"""
+    with warnings.catch_warnings():
+        # As for its Mamba ops: its utilities find no GPU when imported and warn.
+        warnings.simplefilter("ignore", UserWarning)
+        from sglang.kernels.ops.attention.fla.fused_recurrent import (
+            fused_recurrent_gated_delta_rule_packed_decode,
+            fused_recurrent_kda_packed_decode,
+        )
+
+    half = torch.bfloat16
+
+    # The gate's input a and its bias dt_bias, ``gates`` per head: one (the gated delta rule)
+    # or one per key channel (KDA); the write strength's input b, one per head.
+    def packed_decode(op, gates, **options):
+        mixed_qkv, a, b = (_x(2, n, dtype=half) for n in (3 * 2 * 64, 2 * gates, 2))
+        a_log, dt_bias = _x(2), _x(2 * gates)
+        states, out = _x(3, 2, 64, 64), _x(2, 1, 2, 64, dtype=half)
+        slots = torch.tensor([2, 0], dtype=torch.int32, device=DEVICE)
+        return lambda: op(
+            mixed_qkv,
+            a,
+            b,
+            a_log,
+            dt_bias,
+            64**-0.5,
+            states,
+            out,
+            slots,
+            use_qk_l2norm_in_kernel=True,
+            **options,
+        )
+
+    return {
+        "fla fused_recurrent_gated_delta_rule_packed_decode": lambda: packed_decode(
+            fused_recurrent_gated_delta_rule_packed_decode, 1
+        ),
+        # Kimi Linear's, with its safe gate's lower bound.
+        "fla fused_recurrent_kda_packed_decode": lambda: packed_decode(
+            fused_recurrent_kda_packed_decode, 64, lower_bound=-5.0
+        ),
     }
 
 
@@ -991,6 +1046,13 @@ VLLM_CASES = [
     "mean_dim batch-invariant",
     "lightning attention decode",
     "get_num_nans",
+    # Its copy of flash-linear-attention (vllm/third_party/flash_linear_attention): the prefill
+    # of Qwen3-Next's gated delta rule and of KDA (its gate activated before the op or in it),
+    # and the gated delta rule's decode step.
+    "fla chunk_gated_delta_rule",
+    "fla chunk_kda",
+    "fla chunk_kda_with_fused_gate",
+    "fla fused_recurrent_gated_delta_rule decode",
 ]
 
 #: The modules of the host functions the vLLM cases call, imported with vllm (below).
@@ -1017,6 +1079,8 @@ VLLM_MODULES = (
     "vllm.model_executor.determinism.batch_invariant",
     "vllm.model_executor.layers.lightning_attn",
     "vllm.v1.worker.gpu.metrics.logits",
+    "vllm.third_party.flash_linear_attention.ops",
+    "vllm.third_party.flash_linear_attention.ops.kda",
 )
 
 #: Modules that, on vLLM's CPU platform, replace their Triton host functions with CPU ops when
@@ -1239,6 +1303,7 @@ def _vllm_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         **_vllm_model_runner_cases(),
         **_vllm_lora_cases(),
         **_vllm_layer_cases(),
+        **_vllm_fla_cases(),
     }
 
 
@@ -1268,6 +1333,96 @@ def _vllm_layer_cases() -> dict[str, Callable[[], Callable[[], object]]]:
         "mean_dim batch-invariant": lambda: lambda x=_x(4, 64, 32): batch_invariant.mean_dim(x, 1),
         "lightning attention decode": lightning_decode,
         "get_num_nans": lambda: lambda logits=_x(3, 1000): get_num_nans(logits),
+    }
+
+
+def _vllm_fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
+    """Linear attention through vLLM's copy of flash-linear-attention, the one its Qwen3-Next
+    and Bailing layers call (vllm/third_party/flash_linear_attention): a prefill of two
+    sequences of 80 and 48 tokens packed in one batch row from their recurrent states,
+    returning their final states, or a decode step of two sequences of one token whose states
+    sit in slots 2 and 0 of a pool of 3, updated in place; q, k and v of 2 heads of 64, q and
+    k L2-normalized inside the op. Its chunked kernels stack triton.heuristics over
+    triton.autotune, its recurrent one triton.heuristics over the kernel."""
+    from vllm.third_party.flash_linear_attention.ops import (
+        chunk_gated_delta_rule,
+        fused_recurrent_gated_delta_rule,
+    )
+    from vllm.third_party.flash_linear_attention.ops.kda import chunk_kda, chunk_kda_with_fused_gate
+
+    half = torch.bfloat16
+
+    # The sequences' cumulative lengths (int32, the runner's query start locations), q, k, v.
+    def packed(*seq_lens):
+        q, k, v = (_x(1, sum(seq_lens), 2, 64, dtype=half) for _ in range(3))
+        cu_seqlens = torch.tensor([0, *seq_lens], dtype=torch.int32, device=DEVICE).cumsum(0)
+        return cu_seqlens.int(), q, k, v
+
+    # The log-space decay, per head (the gated delta rule) or key channel (KDA), and the write
+    # strength beta, per head.
+    def gates(tokens, *channels):
+        g = torch.nn.functional.logsigmoid(_x(1, tokens, 2, *channels))
+        return g, _x(1, tokens, 2, dtype=half).sigmoid()
+
+    def prefill(op, *channels):
+        cu_seqlens, q, k, v = packed(80, 48)
+        g, beta = gates(128, *channels)
+        states = _x(2, 2, 64, 64)
+        return lambda: op(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=states,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu_seqlens,
+        )
+
+    # KDA from the gate's projection, raw: activated (under a safe gate's lower bound, with
+    # the layer's A_log and dt_bias) and summed over each chunk in one kernel.
+    def kda_with_fused_gate():
+        cu_seqlens, q, k, v = packed(80, 48)
+        raw_g, (_, beta) = _x(1, 128, 2, 64, dtype=half), gates(128)
+        a_log, dt_bias, states = _x(2), _x(2 * 64), _x(2, 2, 64, 64)
+        return lambda: chunk_kda_with_fused_gate(
+            q,
+            k,
+            v,
+            raw_g,
+            beta,
+            a_log,
+            dt_bias,
+            initial_state=states,
+            output_final_state=True,
+            lower_bound=-5.0,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu_seqlens,
+        )
+
+    def decode():
+        cu_seqlens, q, k, v = packed(1, 1)
+        g, beta = gates(2)
+        states, slots = _x(3, 2, 64, 64), torch.tensor([2, 0], dtype=torch.int32, device=DEVICE)
+        return lambda: fused_recurrent_gated_delta_rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=states,
+            inplace_final_state=True,
+            cu_seqlens=cu_seqlens,
+            ssm_state_indices=slots,
+            use_qk_l2norm_in_kernel=True,
+        )
+
+    return {
+        "fla chunk_gated_delta_rule": lambda: prefill(chunk_gated_delta_rule),
+        "fla chunk_kda": lambda: prefill(chunk_kda, 64),
+        "fla chunk_kda_with_fused_gate": kda_with_fused_gate,
+        "fla fused_recurrent_gated_delta_rule decode": decode,
     }
 
 
