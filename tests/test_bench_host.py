@@ -6,6 +6,7 @@ otherwise pass as a fast benchmark). No timing is asserted: this machine's speed
 contract. The callgrind report parser is checked on a canned ``callgrind_annotate`` report.
 """
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -129,11 +130,14 @@ def test_the_native_table_memory_is_reported(host_report):
 
 
 def test_library_calls_are_timed_on_the_native_path(host_report):
-    """Liger-Kernel's RMSNorm and a decoder step built from Liger's ops, each timed unpatched
-    and patched; the patched calls were native hits with no fallback."""
+    """Liger-Kernel's RMSNorm, a decoder step built from Liger's ops and flash-linear-attention's
+    token shift, each timed unpatched and patched; the patched calls were native hits with no
+    fallback."""
     report, _ = host_report
     library = report["library_calls_us"]
-    assert len(library) == 2 and any(name.startswith("decoder step") for name in library)
+    fla = importlib.util.find_spec("fla") is not None  # fla-core, a test dependency
+    assert len(library) == 2 + fla and any(name.startswith("decoder step") for name in library)
+    assert any(name.startswith("flash-linear-attention") for name in library) == fla
     for name, row in library.items():
         assert row["unpatched"] > 0 and row["patched"] > 0, name
         assert row["patched_hits"] > 0 and row["patched_fallbacks"] == 0, name

@@ -419,9 +419,9 @@ def _patched_dispatch(kernel) -> Any:
 
 def _patched_tuned_calls(shape) -> list[tuple[str, Any, Any, tuple, Callable[[Any], Any]]]:
     """The shape's kernel under Triton's own ``triton.autotune`` (tuned by its first call,
-    the first config winning: there is no GPU to time them on) and ``triton.heuristics``, each
-    as (grid kind, kernel, grid, arguments, what counts its hits given the kernel). Empty for
-    shapes without BLOCK. Call under ``fastkernel.patch()``."""
+    the first config winning: there is no GPU to time them on), ``triton.heuristics``, and a
+    heuristics over an autotuner, each as (grid kind, kernel, grid, arguments, what counts its
+    hits given the kernel). Empty for shapes without BLOCK. Call under ``fastkernel.patch()``."""
     from . import common
     from .host import _first_config_wins
 
@@ -433,6 +433,11 @@ def _patched_tuned_calls(shape) -> list[tuple[str, Any, Any, tuple, Callable[[An
     if heuristics is not None:
         calls.append(
             ("patched heuristics", heuristics[0], shape.grid, heuristics[1], _patched_dispatch)
+        )
+    stack = common.triton_heuristics_autotuned_call(shape, "cpu", _first_config_wins)
+    if stack is not None:
+        calls.append(
+            ("patched heuristics+autotune", stack[0], shape.grid, stack[1], _patched_dispatch)
         )
     return calls
 
@@ -666,6 +671,11 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
             "patched triton.heuristics hit / patched plain hit (fastkernel's own instructions "
             "per hit, tuple grid): ",
             against("patched heuristics", "patched", lambda k, t: f"{k / t:.3f}"),
+        ),
+        (
+            "patched triton.heuristics over triton.autotune hit / patched plain hit "
+            "(fastkernel's own instructions per hit, tuple grid): ",
+            against("patched heuristics+autotune", "patched", lambda k, t: f"{k / t:.3f}"),
         ),
         (
             "patched CompiledKernel handle launch / patched plain hit (fastkernel's own "

@@ -885,6 +885,30 @@ def triton_heuristics_call(shape, device: str) -> tuple[Any, tuple] | None:
     return kernel, shape.make_args(device)[:-1]
 
 
+def triton_heuristics_autotuned_call(
+    shape, device: str, do_bench: Callable | None = None
+) -> tuple[Any, tuple] | None:
+    """The shape's kernel under Triton's own ``triton.heuristics`` computing BLOCK from ``n``
+    over Triton's own ``triton.autotune`` tuning ``num_warps`` (two configs, key ``["n"]``), as
+    flash-linear-attention stacks them, tuned by one first call (with ``do_bench``, else
+    Triton's timer); and its call arguments on ``device`` without BLOCK; None for shapes
+    without a BLOCK constexpr."""
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+        return None
+    block = shape.make_args(device)[-1]
+    configs = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)]
+    tuned = triton.autotune(configs, key=["n"], do_bench=do_bench)(JITFunction(shape.kernel.fn))
+    kernel = triton.heuristics(
+        {"BLOCK": lambda args, block=block: block if args["n"] >= block else 2 * block}
+    )(tuned)
+    args = shape.make_args(device)[:-1]
+    kernel[shape.grid](*args)
+    return kernel, args
+
+
 def time_patched(
     shape,
     device: str,

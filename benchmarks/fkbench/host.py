@@ -156,6 +156,7 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
     from triton_reference import TritonReference
 
     absent = {"inductor_static": "needs a GPU", "cuda_graph": "needs a GPU"}
+    library_calls.import_device_probing_libraries()
     try:
         reference = TritonReference(drv, HOST_STREAM)
         reference.__enter__()  # Triton's launcher on the stand-in, until the end of the run
@@ -285,9 +286,15 @@ def run_host(opts: argparse.Namespace, repo: pathlib.Path) -> int:
             drv.reset()
         library = {}
         if reference is not None:  # Triton's launcher runs the unpatched calls
-            library = library_calls.time_library_calls(
-                max(iterations // 10, 1), repeats, "cpu", lambda: None, drv.reset
-            )
+            # An autotuned library kernel tunes at its first call with Triton's benchmarker,
+            # which times CUDA events; here every config times alike (the first wins).
+            reference.driver.get_benchmarker = lambda: _first_config_wins
+            try:
+                library = library_calls.time_library_calls(
+                    max(iterations // 10, 1), repeats, "cpu", lambda: None, drv.reset
+                )
+            finally:
+                del reference.driver.get_benchmarker
         helpers = time_host_helpers(repeats)
     finally:
         if reference is not None:

@@ -1,11 +1,12 @@
 """Library ops called through their own Python functions, unpatched and under fastkernel.patch().
 
 Liger-Kernel's RMSNorm autograd function (batch 1, hidden 2048; its wrapper calls
-``triton.next_power_of_2`` on every call), and one decoder step of a small transformer layer
-written with Liger-Kernel's ops (:func:`liger_decoder_step`). Host-side (CPU tensors, launches
-to the recording stand-in) the times are the host cost of a call; on a GPU they are wall time
-per call with the device synchronized before each clock read, and the decoder step is also
-replayed as a CUDA graph (the launch-free reference).
+``triton.next_power_of_2`` on every call), one decoder step of a small transformer layer
+written with Liger-Kernel's ops (:func:`liger_decoder_step`), and flash-linear-attention's
+token shift at decode (a heuristics over an autotuner, :func:`fla_token_shift`). Host-side
+(CPU tensors, launches to the recording stand-in) the times are the host cost of a call; on a
+GPU they are wall time per call with the device synchronized before each clock read, and the
+decoder step is also replayed as a CUDA graph (the launch-free reference).
 """
 
 from __future__ import annotations
@@ -26,6 +27,37 @@ def liger_rms_norm(device: str) -> Callable[[], Any] | None:
 
     x, w = torch.randn(1, 2048, device=device), torch.randn(2048, device=device)
     return lambda: LigerRMSNormFunction.apply(x, w, 1e-6)
+
+
+def import_device_probing_libraries() -> None:
+    """Imports the libraries whose import probes the device: flash-linear-attention reads
+    Triton's active driver when imported and, finding a CUDA one, asks torch for the GPU's
+    name. A host-side run calls this before it makes the stand-in Triton's active driver, so
+    fla takes its settings for a machine without a GPU, as it does in the tests."""
+    import warnings
+
+    with warnings.catch_warnings():
+        # Finding no Triton driver, fla warns that it takes CPU settings.
+        warnings.simplefilter("ignore")
+        try:
+            import fla.modules.token_shift  # noqa: F401
+        except ImportError:
+            pass
+
+
+def fla_token_shift(device: str) -> Callable[[], Any] | None:
+    """flash-linear-attention's token shift forward at decode (batch 1, one token, hidden
+    2048, fp32; ``fla.modules.token_shift.token_shift_fwd``): its kernel is a
+    ``triton.heuristics`` over a ``triton.autotune``, launched with every argument by keyword.
+    None without fla-core."""
+    try:
+        from fla.modules.token_shift import token_shift_fwd
+    except ImportError:
+        return None
+    import torch
+
+    x = torch.randn(1, 1, 2048, device=device)
+    return lambda: token_shift_fwd(x)
 
 
 def liger_decoder_step(device: str) -> Callable[[], Any] | None:
@@ -163,6 +195,7 @@ def time_library_calls(
     ops = {
         "Liger-Kernel RMSNorm": liger_rms_norm(device),
         "decoder step (Liger RMSNorm x2, RoPE, SwiGLU; torch matmuls)": liger_decoder_step(device),
+        "flash-linear-attention token shift (decode)": fla_token_shift(device),
     }
     out: dict[str, dict[str, float]] = {}
     for name, op in ops.items():
