@@ -1725,7 +1725,10 @@ def test_a_heuristics_over_triton_autotune_the_key_cannot_follow_keeps_tritons_p
 
 
 def _served_stack(stack: str):
-    """A fresh kernel object launching through others, and the keywords its calls add."""
+    """A fresh kernel object launching through others (or a kernel), and the keywords its
+    calls add."""
+    if stack == "kernel":
+        return _fresh_add_kernel(), {"BLOCK": 256}
     if stack == "autotuner":
         return _autotuned([1.0, 2.0]), {}
     if stack == "heuristics":
@@ -1735,9 +1738,11 @@ def _served_stack(stack: str):
     return _heuristics_over_autotune([1.0, 2.0]), {}
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["function", "functools.wraps"])
 @pytest.mark.parametrize(
     "stack, cls",
     [
+        ("kernel", JITFunction),
         ("autotuner", JITFunction),
         ("heuristics", JITFunction),
         ("heuristics over autotuner", JITFunction),
@@ -1745,12 +1750,13 @@ def _served_stack(stack: str):
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else v,
 )
-def test_a_run_assigned_on_a_class_under_a_served_kernel_is_called(stand_in, stack, cls):
+def test_a_run_assigned_on_a_class_under_a_served_kernel_is_called(stand_in, stack, cls, wrapped):
     """Triton's autotuner and heuristics launch through ``self.fn.run``: while another
     library's ``run`` is on the class of an object under them (SGLang's ``replay_launches``
     puts a launch recorder on ``JITFunction``; vLLM replaces ``Autotuner.run``), every launch
     of theirs calls it, after native hits and on a first launch alike, as without the patch;
-    once it is gone, they are native hits again."""
+    once it is gone, they are native hits again. So for a kernel's own class; and for a
+    recorder made with ``functools.wraps`` over the patch's run, which copies its attributes."""
     x, y, out = _tensors()
     calls: dict[bool, list] = {}
     hits: dict[str, int] = {}
@@ -1765,6 +1771,9 @@ def test_a_run_assigned_on_a_class_under_a_served_kernel_is_called(stand_in, sta
             def recorder(self, *args, saved=saved, seen=seen, **kwargs):
                 seen.append(type(self).__name__)
                 return saved(self, *args, **kwargs)
+
+            if wrapped:
+                recorder = functools.wraps(saved)(recorder)
 
             try:
                 for _ in range(2):
@@ -1789,8 +1798,53 @@ def test_a_run_assigned_on_a_class_under_a_served_kernel_is_called(stand_in, sta
         assert cls.__dict__["run"] is tritons
     # Four launches, and the later autotuner's two benchmarked configs as it first tunes.
     tuned_under = 2 if "autotuner" in stack and cls is JITFunction else 0
+    if stack == "kernel":  # the kernel itself: `first.run(...)` calls the recorder directly
+        assert calls[True] == calls[False] and len(calls[True]) == 4, calls
+        return
     assert calls[True] == calls[False] and len(calls[True]) == 4 + tuned_under, calls
     assert hits == {"first": 2, "later": 1}  # the later one: a miss, then a hit
+
+
+@pytest.mark.parametrize("entry", ["subscript", "run"])
+def test_a_dispatch_dropped_while_a_class_under_it_is_checked_serves_that_launch(stand_in, entry):
+    """Checking a class under a dispatch (after it changed) calls Python, where another thread
+    may drop the dispatch (an attribute it is built from assigned, ``unpatch()``): the launch
+    that was checking keeps it alive and is served by it; the next one builds a new one."""
+    x, y, out = _tensors()
+    top = _heuristics_over_autotune([1.0, 2.0])
+    dropped = []
+
+    def drop_then_answer(cls):  # as if another thread ran inside the check
+        dispatch = top.__dict__.get(PATCH_ATTR)
+        if isinstance(dispatch, NativeDispatch) and not dropped:
+            dropped.append(weakref.ref(dispatch))
+            del dispatch
+            patch_module._forget_dispatch(top)
+            gc.collect()  # its own reference cycles (a cached bound launch) collected too
+        return patch_module._type_launches_served(cls)
+
+    triton_getitem = KernelInterface.__dict__["__getitem__"]
+    with _triton_on_stand_in(stand_in, patched=True):
+        top[_grid_by_block](x, y, out, N)
+        top[_grid_by_block](x, y, out, N)
+        for cls in patch_module._KERNEL_CLASSES:
+            _C.install_patch(cls, patch_module._dispatch_for, triton_getitem, drop_then_answer)
+        JITFunction._fastkernel_test_mark = True  # a change of the class under it
+        del JITFunction._fastkernel_test_mark
+        if entry == "subscript":
+            launch = top[_grid_by_block]
+            assert dropped and dropped[0]() is not None  # kept by the bound launch
+            launch(x, y, out, N)
+            del launch
+        else:  # the autotuner's patched run asks for its dispatch so
+            served = _C.patched_dispatch(top)
+            assert dropped and served is dropped[0]()
+            del served
+        gc.collect()
+        assert dropped[0]() is None  # released after that launch
+        top[_grid_by_block](x, y, out, N)
+        assert isinstance(top.__dict__.get(PATCH_ATTR), NativeDispatch)
+    assert len(stand_in.launches()) >= 3 + (entry == "subscript")
 
 
 def test_a_heuristic_sees_whether_an_argument_was_passed(stand_in):

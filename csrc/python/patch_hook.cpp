@@ -205,6 +205,11 @@ inline PyObject* find_or_create(PyObject* jit, PyObject** owned) {
     return nullptr;
   }
   if (dispatch != Py_None) {
+    // type_served and under_served may call Python, where another thread can drop the
+    // dispatch (unpatch(), an assigned attribute it was built from): held until it is used.
+    if (owned == nullptr) {
+      owned = Py_NewRef(dispatch);
+    }
     unsigned int tag = kUnchecked;
     int served = type_served(Py_TYPE(jit), &tag);
     if (served > 0 && !under_unchanged(reinterpret_cast<KernelObject*>(dispatch))) {
@@ -218,7 +223,7 @@ inline PyObject* find_or_create(PyObject* jit, PyObject** owned) {
       Py_XDECREF(owned);
       owned = nullptr;
       dispatch = Py_None;
-    } else if (g_last_jit == jit) {
+    } else if (g_last_jit == jit && g_last_dispatch == reinterpret_cast<KernelObject*>(dispatch)) {
       g_last_tag = tag;
     }
   }
@@ -253,15 +258,19 @@ PyObject* patched_dispatch(PyObject* jit) {
   if (dispatch == nullptr || dispatch == Py_None) {
     return dispatch == nullptr ? nullptr : Py_NewRef(Py_None);
   }
+  // Owned from here: under_served may call Python, where another thread can drop it.
+  if (owned == nullptr) {
+    owned = Py_NewRef(dispatch);
+  }
   KernelObject* kernel = reinterpret_cast<KernelObject*>(dispatch);
   if (!under_unchanged(kernel)) {
     const int served = under_served(kernel);
     if (served <= 0) {  // a run another library assigned under it: Triton's run calls that
-      Py_XDECREF(owned);
+      Py_DECREF(owned);
       return served < 0 ? nullptr : Py_NewRef(Py_None);
     }
   }
-  return owned != nullptr ? owned : Py_NewRef(dispatch);
+  return owned;
 }
 
 PyObject* new_slot_wrapper(PyObject* type, PyTypeObject* model, const char* name, void* fn) {

@@ -179,12 +179,18 @@ _C.set_grid_program_support(
 TRITON_RUN = JITFunction.run
 
 
+#: The ``run`` functions fastkernel.patch() puts on Triton's classes, told apart by identity (a
+#: marker attribute would not do: ``functools.wraps`` copies a function's ``__dict__`` onto the
+#: wrapper another library assigns over one of them).
+PATCHED_RUNS: set[Any] = set()
+
+
 def triton_launch(jit_fn: JITFunction, grid, args: tuple, kwargs: dict):
     """Launch a call through Triton's own ``run`` (the kernel's class's, or Triton's
     ``JITFunction.run`` where fastkernel.patch() replaced it), as ``jit_fn[grid](*args, **kwargs)``
     does without fastkernel."""
     run = type(jit_fn).run
-    if getattr(run, "_fastkernel_patched", False):
+    if run in PATCHED_RUNS:
         run = TRITON_RUN
     return run(jit_fn, *args, grid=grid, warmup=False, **kwargs)
 

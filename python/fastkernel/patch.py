@@ -72,6 +72,7 @@ from .kernel import (
     _KERNELS,
     COMPILED_GETITEM,
     PATCH_ATTR,
+    PATCHED_RUNS,
     TRITON_RUN,
     CompiledLaunch,
     NativeDispatch,
@@ -778,9 +779,7 @@ def _type_launches_served(cls: type) -> bool:
             # instance assignments goes back in its place.
             type.__setattr__(base, "run", attribute)
     run = getattr(cls, "run", None)
-    return getattr(run, "_fastkernel_patched", False) or (
-        run is HEURISTICS_RUN and TritonHeuristics in _installed_runs
-    )
+    return run in PATCHED_RUNS or (run is HEURISTICS_RUN and TritonHeuristics in _installed_runs)
 
 
 def _type_run_served(obj: Any) -> bool:
@@ -815,7 +814,7 @@ def _tritons_own_run(cls: type) -> bool:
         and getattr(run, "__qualname__", None) == f"{cls.__qualname__}.run"
         and not hasattr(run, "__wrapped__")
         and _same_source(getattr(getattr(run, "__code__", None), "co_filename", None), module)
-        and not getattr(run, "_fastkernel_patched", False)
+        and run not in PATCHED_RUNS
     )
 
 
@@ -908,7 +907,7 @@ def _patched_autotuner_run(self, *args, **kwargs):
             served.forget_published()
 
 
-_patched_autotuner_run._fastkernel_patched = True  # type: ignore[attr-defined]
+PATCHED_RUNS.add(_patched_autotuner_run)
 
 
 class _RunAttribute:
@@ -1031,7 +1030,7 @@ _patched_cached_getitem = functools.partial(
 )
 
 
-_patched_run._fastkernel_patched = True  # type: ignore[attr-defined]
+PATCHED_RUNS.add(_patched_run)
 
 # Python names a function by these in the TypeError a bad call raises (a missing `warmup`, a
 # keyword given twice): the patched methods raise Triton's own message.
