@@ -65,10 +65,11 @@ def _tuned_axpy(x_ptr, y_ptr, out_ptr, a, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, a * x + y, mask=mask)
 
 
-def test_patched_triton_autotune_tunes_as_triton_and_then_hits_natively():
-    n = 100_003
-    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-    out = torch.empty_like(x)
+def _tuned_calls_patched(kernel, x, y, out, expected):
+    """Three calls of the tuned axpy ``kernel`` (``out = 0.5 * x + y``, BLOCK from its
+    configs) under the patch, each checked against ``expected``; the grid function and the
+    dispatch's counters."""
+    n = x.numel()
 
     def grid(meta):
         return (triton.cdiv(n, meta["BLOCK"]),)
@@ -76,10 +77,17 @@ def test_patched_triton_autotune_tunes_as_triton_and_then_hits_natively():
     with fastkernel.patched():
         for _ in range(3):
             out.fill_(float("nan"))
-            _tuned_axpy[grid](x, y, out, 0.5, n)
+            kernel[grid](x, y, out, 0.5, n)
             torch.cuda.synchronize()
-            torch.testing.assert_close(out, 0.5 * x + y, rtol=1e-6, atol=1e-6)
-        stats = _dispatch_stats(_tuned_axpy)
+            torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+        return grid, _dispatch_stats(kernel)
+
+
+def test_patched_triton_autotune_tunes_as_triton_and_then_hits_natively():
+    n = 100_003
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+    grid, stats = _tuned_calls_patched(_tuned_axpy, x, y, out, 0.5 * x + y)
     assert _tuned_axpy.best_config is not None
     assert stats["hits"] >= 2 and stats["fallbacks"] == 0, stats
     # The tuned launch equals Triton's own launch of the chosen config, bit for bit.
@@ -140,18 +148,8 @@ def test_patched_heuristics_over_autotune_tunes_as_triton_and_then_hits_natively
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda") if with_y else None
     out = torch.empty_like(x)
     expected = 0.5 * x + (y if with_y else 0)
-
-    def grid(meta):
-        return (triton.cdiv(n, meta["BLOCK"]),)
-
-    with fastkernel.patched():
-        for _ in range(3):
-            out.fill_(float("nan"))
-            _stacked_axpy[grid](x, y, out, 0.5, n)
-            torch.cuda.synchronize()
-            torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-        stats = _dispatch_stats(_stacked_axpy)
-        best = _stacked_axpy.fn.best_config
+    grid, stats = _tuned_calls_patched(_stacked_axpy, x, y, out, expected)
+    best = _stacked_axpy.fn.best_config
     assert best is not None and PATCH_ATTR not in vars(_stacked_axpy.fn)
     assert stats["hits"] >= 2 and stats["fallbacks"] == 0, stats
     ref = torch.empty_like(x)
