@@ -1115,11 +1115,7 @@ int kernel_clear(KernelObject* self) {
   Py_CLEAR(self->publish_name);
   Py_CLEAR(self->last_published);
   Py_CLEAR(self->jit_function);
-  const int num_under = self->num_under_types;
-  self->num_under_types = 0;  // before the references go: a hit reads the count first
-  for (int i = 0; i < num_under; ++i) {
-    Py_CLEAR(self->under_types[i]);
-  }
+  clear_under_types(self);
   if (self->state != nullptr) {
     for (ParamSpec& p : self->state->params) {
       Py_CLEAR(p.default_value);
@@ -1180,6 +1176,14 @@ PyMappingMethods kernel_mapping = {nullptr, reinterpret_cast<binaryfunc>(kernel_
                                    nullptr};
 
 }  // namespace
+
+void clear_under_types(KernelObject* kernel) {
+  const int count = kernel->num_under_types;
+  kernel->num_under_types = 0;  // before the references go: a hit reads the count first
+  for (int i = 0; i < count; ++i) {
+    Py_CLEAR(kernel->under_types[i]);
+  }
+}
 
 PyObject* kernel_subscript(KernelObject* self, PyObject* grid) {
   // Reuse the cached bound launch when only this kernel holds it: `kernel[grid](...)` then

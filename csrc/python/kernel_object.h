@@ -173,6 +173,9 @@ struct BoundCall {
 /// `kernel[grid]`: the kernel's bound launch for `grid` (new reference).
 PyObject* kernel_subscript(KernelObject* kernel, PyObject* grid);
 
+/// Releases the kernel's under_types (its count set to 0 first).
+void clear_under_types(KernelObject* kernel);
+
 /// Binds vectorcall arguments to `kernel`'s parameters (TypeError on a bad call), then builds the
 /// specialization key and captures argument values. Never calls into Python on supported kinds.
 KeyStatus bind_and_build_key(KernelObject* kernel, PyObject* const* args, Py_ssize_t nargs,

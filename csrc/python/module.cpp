@@ -189,11 +189,7 @@ void register_kernel_methods() {
           }
         }
         KernelObject* kernel = as_kernel(self);
-        const int old_count = kernel->num_under_types;
-        kernel->num_under_types = 0;
-        for (int i = 0; i < old_count; ++i) {
-          Py_CLEAR(kernel->under_types[i]);
-        }
+        clear_under_types(kernel);
         int n = 0;
         for (const py::handle t : types) {
           kernel->under_types[n] = reinterpret_cast<PyTypeObject*>(t.inc_ref().ptr());

@@ -180,7 +180,7 @@ inline bool under_unchanged(const KernelObject* kernel) {
   for (int i = 0; i < kernel->num_under_types; ++i) {
     unsigned int tag = kUnchecked;
     const int served = type_served(kernel->under_types[i], &tag);
-    kernel->under_tags[i] = served > 0 && tag != 0 ? tag : kUnchecked;
+    kernel->under_tags[i] = served > 0 ? tag : kUnchecked;  // type_served never gives 0
     if (served <= 0) {
       return served;
     }

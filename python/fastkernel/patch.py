@@ -55,7 +55,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import triton
@@ -254,7 +254,7 @@ class PatchedAutotuner(NativeDispatch):
         tune = {p.name: _tuned_flags(p, autotuner, config_params) for p in jit_fn.params}
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
         self._set_publish(autotuner, "best_config")
-        _set_under_types(self, autotuner, iter((jit_fn,)))
+        _set_under_types(self, autotuner, (jit_fn,))
 
     def __repr__(self) -> str:
         return f"PatchedAutotuner({self._stats_name()})"
@@ -530,7 +530,7 @@ class PatchedHeuristics(NativeDispatch):
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
         if autotuner is not None:
             self._set_publish(autotuner, "best_config")
-        _set_under_types(self, heuristics, iter(under))
+        _set_under_types(self, heuristics, under)
 
     @classmethod
     def for_heuristics(cls, heuristics: TritonHeuristics) -> PatchedHeuristics | None:
@@ -831,7 +831,7 @@ def _launches_through_served_run(level: Any, top: Any) -> bool:
     )
 
 
-def _set_under_types(dispatch: NativeDispatch, top: Any, levels: Iterator[Any]) -> None:
+def _set_under_types(dispatch: NativeDispatch, top: Any, levels: Iterable[Any]) -> None:
     """Tells ``dispatch`` (serving ``top``) the classes of the ``levels`` its launches go
     through underneath, other than ``top``'s own (which the native subscript checks anyway):
     Triton's ``run`` of ``top`` calls theirs, so while another library's ``run`` is assigned on
