@@ -1726,16 +1726,11 @@ def test_a_heuristics_over_triton_autotune_the_key_cannot_follow_keeps_tritons_p
 
 def _served_stack(stack: str):
     """A fresh kernel object launching through others (or a kernel), and the keywords its
-    calls add."""
-    if stack == "kernel":
-        return _fresh_add_kernel(), {"BLOCK": 256}
-    if stack == "autotuner":
-        return _autotuned([1.0, 2.0]), {}
-    if stack == "heuristics":
-        launched = triton.heuristics({"BLOCK": lambda args: 256})(_fresh_add_kernel())
-        _KEPT.append(launched)
-        return launched, {}
-    return _heuristics_over_autotune([1.0, 2.0]), {}
+    calls add: :func:`_launched_through` for one level, or a heuristics over an autotuner."""
+    if stack == "heuristics over autotuner":
+        return _heuristics_over_autotune([1.0, 2.0]), {}
+    cls = {"kernel": JITFunction, "autotuner": Autotuner, "heuristics": Heuristics}[stack]
+    return _launched_through(cls)
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["function", "functools.wraps"])

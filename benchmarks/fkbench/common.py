@@ -847,6 +847,22 @@ def print_floor_vs_graph(rows: list[dict[str, Any]]) -> None:
 PATCHED_GROUP = " (patched)"
 
 
+def _tunable_block(shape, device: str) -> int | None:
+    """The shape's BLOCK (its last argument on ``device``), or None for shapes without a BLOCK
+    constexpr or without tensors: the shapes the Triton wrappers below serve."""
+    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+        return None
+    return shape.make_args(device)[-1]
+
+
+def _block_from_n(block: int) -> dict[str, Callable]:
+    """Triton heuristics values computing BLOCK from ``n`` (as Liger-Kernel and
+    flash-linear-attention compute block sizes). The heuristic reads only the argument mapping
+    and a constant default, as library heuristics do; one reading a closure variable would be
+    computed by Triton's own Heuristics.run on every call (fastkernel/_heuristic_code.py)."""
+    return {"BLOCK": lambda args, block=block: block if args["n"] >= block else 2 * block}
+
+
 def triton_autotuned_call(
     shape, device: str, do_bench: Callable | None = None
 ) -> tuple[Any, tuple] | None:
@@ -856,9 +872,9 @@ def triton_autotuned_call(
     import triton
     from triton.runtime.jit import JITFunction
 
-    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+    block = _tunable_block(shape, device)
+    if block is None:
         return None
-    block = shape.make_args(device)[-1]
     configs = [triton.Config({"BLOCK": block}), triton.Config({"BLOCK": 2 * block})]
     kernel = triton.autotune(configs, key=["n"], do_bench=do_bench)(JITFunction(shape.kernel.fn))
     args = shape.make_args(device)[:-1]
@@ -868,20 +884,15 @@ def triton_autotuned_call(
 
 def triton_heuristics_call(shape, device: str) -> tuple[Any, tuple] | None:
     """The shape's kernel under Triton's own ``triton.heuristics`` computing BLOCK from ``n``
-    (as Liger-Kernel and flash-linear-attention compute block sizes), and its call arguments on
-    ``device`` without BLOCK; None for shapes without a BLOCK constexpr."""
+    (:func:`_block_from_n`), and its call arguments on ``device`` without BLOCK; None for shapes
+    without a BLOCK constexpr."""
     import triton
     from triton.runtime.jit import JITFunction
 
-    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+    block = _tunable_block(shape, device)
+    if block is None:
         return None
-    # The heuristic reads only the argument mapping and a constant default, as library
-    # heuristics do; one reading a closure variable would be computed by Triton's own
-    # Heuristics.run on every call (fastkernel/_heuristic_code.py).
-    block = shape.make_args(device)[-1]
-    kernel = triton.heuristics(
-        {"BLOCK": lambda args, block=block: block if args["n"] >= block else 2 * block}
-    )(JITFunction(shape.kernel.fn))
+    kernel = triton.heuristics(_block_from_n(block))(JITFunction(shape.kernel.fn))
     return kernel, shape.make_args(device)[:-1]
 
 
@@ -889,21 +900,19 @@ def triton_heuristics_autotuned_call(
     shape, device: str, do_bench: Callable | None = None
 ) -> tuple[Any, tuple] | None:
     """The shape's kernel under Triton's own ``triton.heuristics`` computing BLOCK from ``n``
-    over Triton's own ``triton.autotune`` tuning ``num_warps`` (two configs, key ``["n"]``), as
-    flash-linear-attention stacks them, tuned by one first call (with ``do_bench``, else
-    Triton's timer); and its call arguments on ``device`` without BLOCK; None for shapes
-    without a BLOCK constexpr."""
+    (:func:`_block_from_n`) over Triton's own ``triton.autotune`` tuning ``num_warps`` (two
+    configs, key ``["n"]``), as flash-linear-attention stacks them, tuned by one first call
+    (with ``do_bench``, else Triton's timer); and its call arguments on ``device`` without
+    BLOCK; None for shapes without a BLOCK constexpr."""
     import triton
     from triton.runtime.jit import JITFunction
 
-    if shape.num_tensors == 0 or shape.kernel.arg_names[-1] != "BLOCK":
+    block = _tunable_block(shape, device)
+    if block is None:
         return None
-    block = shape.make_args(device)[-1]
     configs = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)]
     tuned = triton.autotune(configs, key=["n"], do_bench=do_bench)(JITFunction(shape.kernel.fn))
-    kernel = triton.heuristics(
-        {"BLOCK": lambda args, block=block: block if args["n"] >= block else 2 * block}
-    )(tuned)
+    kernel = triton.heuristics(_block_from_n(block))(tuned)
     args = shape.make_args(device)[:-1]
     kernel[shape.grid](*args)
     return kernel, args
