@@ -17,10 +17,12 @@ The libraries are test dependencies (scripts/dev.sh installs them); a machine wi
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import re
 import warnings
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -354,7 +356,7 @@ LIGER_CASES: dict[str, Callable[[], Callable[[], object]]] = {
 # flash-linear-attention (fla-core): its norms, activations and chunk utilities, most of them
 # under triton.autotune.
 def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
-    from fla.modules import activations, l2norm, rotary, token_shift
+    from fla.modules import activations, causal_conv1d, l2norm, rotary, token_shift
     from fla.modules.norm import layernorm
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
@@ -407,6 +409,12 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
             )
         ),
         "token_shift": lambda: lambda x=_x(1, 16, 64): token_shift.token_shift(x),
+        # A decode step's short convolution: 2 sequences of 64 channels, a window of 4.
+        "causal_conv1d_update": lambda: (
+            lambda x=_x(2, 64), cache=_x(2, 64, 4), w=_x(64, 4), b=_x(64): (
+                causal_conv1d.causal_conv1d_update(x, cache.clone(), None, w, b, "silu")[0]
+            )
+        ),
         "solve_tril": lambda: lambda A=_x(1, 128, 2, 64): solve_tril(A),
         # The recurrent delta rule expects unit-norm keys: with raw ones (norm about 8) its
         # state grows each step until the output is NaN. The kernel normalizes q and k itself.
@@ -440,6 +448,7 @@ FLA_CASES = [
     "layer_norm prenorm",
     "rotary_embedding",
     "token_shift",
+    "causal_conv1d_update",
     "solve_tril",
     "fused_recurrent_gated_delta_rule",
     "chunk_gated_delta_rule",
@@ -451,8 +460,7 @@ FLA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", FLA_CASES)
-def test_flash_linear_attention_ops_launch_as_triton_does_and_hit_natively(case, stand_in):
+def _fla_quiet_cases() -> dict[str, Callable[[], Callable[[], object]]]:
     pytest.importorskip("fla", reason="fla-core is a test dependency")
     # fla probes Triton's active driver when imported; finding none (no GPU), it warns and
     # takes its CPU settings, which is what this machine is. It also warns that flash-attn (an
@@ -460,8 +468,81 @@ def test_flash_linear_attention_ops_launch_as_triton_does_and_hit_natively(case,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", ImportWarning)
-        cases = _fla_cases()
-    run_case(stand_in, cases[case]())
+        return _fla_cases()
+
+
+@pytest.mark.parametrize("case", FLA_CASES)
+def test_flash_linear_attention_ops_launch_as_triton_does_and_hit_natively(case, stand_in):
+    run_case(stand_in, _fla_quiet_cases()[case]())
+
+
+# Kernels under fla's own autotuner, `CachedAutotuner` (its `fla_cache_autotune` decorator), and
+# the dispatch that serves each: the autotuner itself, or a heuristics over it.
+FLA_CACHED_AUTOTUNER_CASES = {
+    "l2norm": "fla.modules.norm.l2norm.l2norm_fwd_kernel [triton.autotune]",
+    "causal_conv1d_update": (
+        "fla.modules.causal_conv1d.ops.causal_conv1d_update_kernel [triton.heuristics]"
+    ),
+}
+
+
+def _hits_by_name(stand_in, call) -> dict[str, int]:
+    """:func:`run_case`; then the hits each kernel name got, by ``fastkernel.stats()``."""
+    before = fastkernel.stats()
+    run_case(stand_in, call)
+    after = fastkernel.stats()
+    return {
+        name: s["hits"] - before.get(name, {}).get("hits", 0)
+        for name, s in after.items()
+        if s["hits"] != before.get(name, {}).get("hits", 0)
+    }
+
+
+@pytest.mark.parametrize("case", list(FLA_CACHED_AUTOTUNER_CASES))
+def test_flash_linear_attention_cached_autotuner_is_one_native_hit(case, stand_in):
+    """fla's ``CachedAutotuner`` defines its own ``run``, which for a key in its cache does what
+    Triton's ``Autotuner.run`` does (``fastkernel._autotuner_classes``): its kernels are one
+    native hit of the autotuner's (or the heuristics') dispatch, launching what Triton does."""
+    hits = _hits_by_name(stand_in, _fla_quiet_cases()[case]())
+    assert hits == {FLA_CACHED_AUTOTUNER_CASES[case]: 1}, hits
+
+
+@pytest.mark.parametrize("change", ["none", "source digest", "functools.wraps"])
+def test_flash_linear_attention_cached_autotuner_is_known_only_as_verified(change, monkeypatch):
+    """fla's ``CachedAutotuner`` is known while its ``run`` and ``should_check_fla_cache`` are
+    its module's own functions with the source read (their SHA-256); another digest (another
+    fla version) or a wrapper another library put on ``run`` (``functools.wraps`` copies the
+    names, and ``inspect.getsource`` follows ``__wrapped__``) keeps its own run."""
+    _fla_quiet_cases()
+    from fla.ops.utils.cache import CachedAutotuner
+
+    from fastkernel import _autotuner_classes
+
+    monkeypatch.setattr(_autotuner_classes, "_known_checked", weakref.WeakKeyDictionary())
+    if change == "source digest":
+        known = dict(_autotuner_classes._KNOWN)
+        names, _digests, when = known[("fla.ops.utils.cache", "CachedAutotuner")]
+        known[("fla.ops.utils.cache", "CachedAutotuner")] = (names, frozenset({"0" * 64}), when)
+        monkeypatch.setattr(_autotuner_classes, "_KNOWN", known)
+    if change == "functools.wraps":
+        run = CachedAutotuner.__dict__["run"]
+        monkeypatch.setattr(
+            CachedAutotuner, "run", functools.wraps(run)(lambda *a, **k: run(*a, **k))
+        )
+    found = _autotuner_classes.registration(CachedAutotuner)
+    assert (found is not None) == (change == "none")
+
+
+def test_flash_linear_attention_cache_mode_always_keeps_its_run(stand_in, monkeypatch):
+    """With ``FLA_CACHE_MODE=always`` fla re-reads its config files on every call: the
+    autotuner keeps its own run, and the launch underneath is the native hit."""
+    cases = _fla_quiet_cases()
+    from fla.ops.utils import cache
+
+    monkeypatch.setattr(cache, "FLA_CACHE_MODE", cache.FlaCacheMode.ALWAYS)
+    monkeypatch.setenv("FLA_CONFIG_DIR", "/nonexistent")  # no config file: Triton tunes
+    hits = _hits_by_name(stand_in, cases["l2norm"]())
+    assert hits == {"fla.modules.norm.l2norm.l2norm_fwd_kernel": 1}, hits
 
 
 # conch-triton-kernels: vLLM-style activation, normalization and rotary-embedding ops.

@@ -480,6 +480,323 @@ def test_an_autotuner_subclass_with_its_own_run_keeps_it(stand_in):
     assert (inner["misses"], inner["hits"]) == (1, 2)  # the launch underneath is native
 
 
+def _autotuner_with_own_run(seen: list):
+    """A fresh ``Autotuner`` subclass whose ``run`` notes each call's grid, then calls Triton's
+    (flash-linear-attention's ``CachedAutotuner`` has this shape: a lookup, then
+    ``super().run``)."""
+
+    class OwnRunAutotuner(Autotuner):
+        def run(self, *args, **kwargs):
+            seen.append(kwargs["grid"])
+            return super().run(*args, **kwargs)
+
+    return OwnRunAutotuner
+
+
+def _own_run_autotuned(cls, timings):
+    jit_fn = _fresh_add_kernel()
+    tuned = cls(
+        jit_fn,
+        jit_fn.arg_names,
+        configs=CONFIGS,
+        key=["n"],
+        reset_to_zero=None,
+        restore_value=None,
+        do_bench=_timer(timings),
+    )
+    _KEPT.append(tuned)
+    return tuned
+
+
+def test_a_registered_autotuner_subclass_is_one_native_hit(stand_in):
+    """A subclass registered with ``fastkernel.register_autotuner`` runs its own ``run`` on the
+    first call of each autotune key (which tunes through Triton's, under ``super().run``) and
+    is one native hit after: the same launches, cache and ``best_config`` after every call as
+    without the patch."""
+    x, y, out = _tensors()
+    ns = [N, N, N // 2, N, N // 2, N // 2, N]
+    runs = {}
+    for on in (False, True):
+        seen: list = []
+        cls = _autotuner_with_own_run(seen)
+        fastkernel.register_autotuner(cls)
+        tuned = _own_run_autotuned(cls, [3.0, 1.0, 0.5, 2.0])
+        stand_in.reset()
+        best = []
+        with _triton_on_stand_in(stand_in, patched=on):
+            for n in ns:
+                tuned[(4,)](x, y, out, n)
+                best.append(tuned.best_config)
+            if on:
+                stats = _stats_of(tuned)
+        runs[on] = (stand_in.launches(), best, dict(tuned.cache), seen)
+    (mine, my_best, my_cache, my_seen), (theirs, their_best, their_cache, their_seen) = (
+        runs[True],
+        runs[False],
+    )
+    assert len(mine) == len(theirs) == len(ns) + 2 * 2
+    for ours, reference_launch in zip(mine, theirs):
+        assert_same_launch(ours, reference_launch)
+    assert my_best == their_best == [CONFIGS[i] for i in (1, 1, 0, 1, 0, 0, 1)]
+    assert my_cache == their_cache and len(my_cache) == 2
+    assert len(their_seen) == len(ns) and my_seen == [(4,)] * 2  # its run: the misses only
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 5, 0)
+
+
+def test_a_registered_autotuner_subclass_called_by_its_run_runs_it_once_a_call(stand_in):
+    """``autotuner.run(..., grid=, warmup=False)`` calls the class's own ``run``, whose
+    ``super().run`` is the native dispatch: a miss there runs Triton's ``Autotuner.run``, not
+    the class's again."""
+    seen: list = []
+    cls = _autotuner_with_own_run(seen)
+    fastkernel.register_autotuner(cls)
+    tuned = _own_run_autotuned(cls, [1.0, 2.0])
+    x, y, out = _tensors()
+    with _triton_on_stand_in(stand_in, patched=True):
+        for _ in range(3):
+            tuned.run(x, y, out, N, grid=(4,), warmup=False)
+        stats = _stats_of(tuned)
+    assert seen == [(4,)] * 3
+    assert (stats["misses"], stats["hits"]) == (1, 2)
+
+
+def test_a_heuristics_over_a_registered_autotuner_subclass_is_one_native_hit(stand_in):
+    seen: list = []
+    cls = _autotuner_with_own_run(seen)
+    fastkernel.register_autotuner(cls)
+    jit_fn = JITFunction(kernels.optional_add_kernel.fn)
+    tuned = cls(
+        jit_fn, jit_fn.arg_names, CONFIGS, ["n", "HAS_Y"], None, None, do_bench=_timer([1.0] * 4)
+    )
+    top = triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})(tuned)
+    _KEPT.extend((jit_fn, tuned, top))
+    x, y, out = _tensors()
+    with _triton_on_stand_in(stand_in, patched=True):
+        for b in (y, None, y, None, y):
+            top[_grid_by_block](x, b, out, N)
+        stats = _stats_of(top)
+    assert seen == [_grid_by_block] * 2 and PATCH_ATTR not in vars(tuned)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
+
+
+def _assign_run_on(cls):
+    """Assigns a ``run`` on ``cls`` that calls the one there; returns the names it saw and how
+    to take it away."""
+    saved = cls.__dict__["run"]
+    function = saved.function if hasattr(saved, "function") else saved
+    calls: list = []
+
+    def run(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return function(self, *args, **kwargs)
+
+    type.__setattr__(cls, "run", run)
+    return calls, lambda: type.__setattr__(cls, "run", saved)
+
+
+@pytest.mark.parametrize("case", ["when says no", "run replaced", "Autotuner.run replaced"])
+def test_a_registered_autotuner_subclass_keeps_its_run_where_it_may_not_serve(stand_in, case):
+    """Its ``run`` runs on every call while its predicate says no for the object, while another
+    ``run`` is on the class, or while another library's ``run`` is on Triton's ``Autotuner``
+    (which its ``super().run`` reaches; once that is gone, the calls are native hits again)."""
+    seen: list = []
+    cls = _autotuner_with_own_run(seen)
+    fastkernel.register_autotuner(cls, when=lambda autotuner: case != "when says no")
+    tuned = _own_run_autotuned(cls, [1.0, 2.0])
+    x, y, out = _tensors()
+    with _triton_on_stand_in(stand_in, patched=True):
+        tuned[(4,)](x, y, out, N)
+        tuned[(4,)](x, y, out, N)
+        if case == "when says no":
+            assert vars(tuned)[PATCH_ATTR] is False
+            assert len(seen) == 2
+            return
+        assert len(seen) == 1 and _stats_of(tuned)["hits"] == 1
+        calls, restore = _assign_run_on(cls if case == "run replaced" else Autotuner)
+        try:
+            for _ in range(2):
+                tuned[(4,)](x, y, out, N)
+        finally:
+            restore()
+        tuned[(4,)](x, y, out, N)
+        hits = _stats_of(tuned)["hits"]
+    # Each call under the assigned run reached the class's own (both wrappers call what they
+    # replaced), whose super().run went native; once it is gone, the class's run is skipped.
+    assert calls == [cls.__name__] * 2 and len(seen) == 3
+    assert hits == 4
+
+
+def test_an_autotuner_subclass_registered_after_its_first_launch_is_served(stand_in):
+    seen: list = []
+    cls = _autotuner_with_own_run(seen)
+    tuned = _own_run_autotuned(cls, [1.0, 2.0])
+    x, y, out = _tensors()
+    with _triton_on_stand_in(stand_in, patched=True):
+        tuned[(4,)](x, y, out, N)  # the patch refuses its class: not registered
+        fastkernel.register_autotuner(cls)
+        tuned[(4,)](x, y, out, N)
+        tuned[(4,)](x, y, out, N)
+        stats = _stats_of(tuned)
+    assert len(seen) == 2 and (stats["misses"], stats["hits"]) == (1, 1)
+
+
+def test_a_run_assigned_on_an_object_of_a_registered_subclass_is_called(stand_in):
+    """``tuned.run = wrapper`` on an object of a registered class (whose own ``run`` Python
+    finds before Triton's) drops its dispatch, as on Triton's classes: Triton's ``[grid]`` calls
+    the wrapper until it is deleted, and the calls are native hits again after. ``unpatch()``
+    leaves the class's own ``run`` function in place."""
+    seen: list = []
+    cls = _autotuner_with_own_run(seen)
+    fastkernel.register_autotuner(cls)
+    tuned = _own_run_autotuned(cls, [1.0, 2.0])
+    x, y, out = _tensors()
+    wrapped: list = []
+    run = cls.__dict__["run"]
+    with _triton_on_stand_in(stand_in, patched=True):
+        tuned[(4,)](x, y, out, N)
+        own = tuned.run
+
+        def wrapper(*args, **kwargs):
+            wrapped.append(kwargs["grid"])
+            return own(*args, **kwargs)
+
+        tuned.run = wrapper
+        tuned[(4,)](x, y, out, N)
+        tuned[(4,)](x, y, out, N)
+        del tuned.run
+        tuned[(4,)](x, y, out, N)
+        tuned[(4,)](x, y, out, N)
+        stats = _stats_of(tuned)
+    assert wrapped == [(4,)] * 2 and len(seen) == 3
+    # Under the wrapper the object keeps Triton's path (its class's run, then Triton's, the
+    # launch under it native); after it, its dispatch serves the key it registered first.
+    assert (stats["misses"], stats["hits"]) == (1, 2)
+    assert cls.__dict__["run"] is run
+
+
+def test_registering_while_the_factory_refuses_the_class_serves_it(stand_in, monkeypatch):
+    """A registration made while another thread's patch factory is refusing the class (it read
+    the class unregistered) wins: the refusal is not remembered."""
+    patch_module = importlib.import_module("fastkernel.patch")
+
+    seen: list = []
+    cls = _autotuner_with_own_run(seen)
+    tuned = _own_run_autotuned(cls, [1.0, 2.0])
+    served_for_now = patch_module._served_for_now
+
+    def registered_meanwhile(of):
+        answer = served_for_now(of)  # unregistered: the factory refuses the class
+        if of is cls:
+            fastkernel.register_autotuner(cls)  # another thread, before the refusal is noted
+        return answer
+
+    monkeypatch.setattr(patch_module, "_served_for_now", registered_meanwhile)
+    x, y, out = _tensors()
+    with _triton_on_stand_in(stand_in, patched=True):
+        tuned[(4,)](x, y, out, N)
+        monkeypatch.setattr(patch_module, "_served_for_now", served_for_now)
+        for _ in range(3):
+            tuned[(4,)](x, y, out, N)
+        stats = _stats_of(tuned)
+    # The first call: its class's run, whose super().run found the class registered (a miss).
+    assert len(seen) == 1 and (stats["misses"], stats["hits"]) == (1, 3)
+
+
+def test_a_heuristics_over_a_subclass_launched_before_its_registration_is_served(stand_in):
+    seen: list = []
+    cls = _autotuner_with_own_run(seen)
+    jit_fn = JITFunction(kernels.optional_add_kernel.fn)
+    tuned = cls(
+        jit_fn, jit_fn.arg_names, CONFIGS, ["n", "HAS_Y"], None, None, do_bench=_timer([1.0] * 2)
+    )
+    top = triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})(tuned)
+    _KEPT.extend((jit_fn, tuned, top))
+    x, y, out = _tensors()
+    with _triton_on_stand_in(stand_in, patched=True):
+        top[_grid_by_block](x, y, out, N)  # its class's run, the launch under it native
+        fastkernel.register_autotuner(cls)
+        for _ in range(3):
+            top[_grid_by_block](x, y, out, N)
+        stats = _stats_of(top)
+    assert len(seen) == 2 and (stats["misses"], stats["hits"]) == (1, 2)
+
+
+def test_register_autotuner_checks_its_arguments():
+    class NoRun(Autotuner):
+        pass
+
+    class OwnRun(Autotuner):
+        def run(self, *args, **kwargs):
+            return super().run(*args, **kwargs)
+
+    class RunNone(Autotuner):
+        run = None
+
+    for cls in (JITFunction, 3):
+        with pytest.raises(TypeError, match="argument 'cls' must be a subclass of Triton's"):
+            fastkernel.register_autotuner(cls)
+    with pytest.raises(TypeError, match="argument 'when' must be callable or None, not int"):
+        fastkernel.register_autotuner(OwnRun, when=1)
+    with pytest.raises(TypeError, match="argument 'cls'"):  # kind before value
+        fastkernel.register_autotuner(3, when=1)
+    with pytest.raises(TypeError, match="argument 'when'"):
+        fastkernel.register_autotuner(NoRun, when=1)
+    with pytest.raises(TypeError, match="takes 1 positional argument"):
+        fastkernel.register_autotuner(OwnRun, lambda autotuner: True)  # `when` is keyword-only
+    with pytest.raises(ValueError, match="argument 'cls' is Triton's Autotuner itself"):
+        fastkernel.register_autotuner(Autotuner)
+    with pytest.raises(ValueError, match=r"argument 'cls' \(.*NoRun\) defines no run of its own"):
+        fastkernel.register_autotuner(NoRun)
+    with pytest.raises(ValueError, match=r"\(.*RunNone\) has a run that is not a function"):
+        fastkernel.register_autotuner(RunNone)
+
+
+def test_a_known_library_autotuner_is_served_only_with_its_modules_own_code():
+    """flash-linear-attention's ``CachedAutotuner`` is known by name only while its ``run`` and
+    ``should_check_fla_cache`` are the functions its module's source defines: a class of that
+    name with code from elsewhere keeps its own run (tests/test_libraries.py checks the source
+    digest on fla's own class)."""
+    from fastkernel import _autotuner_classes
+
+    class CachedAutotuner(Autotuner):
+        def run(self, *args, **kwargs):
+            return super().run(*args, **kwargs)
+
+        def should_check_fla_cache(self, key):
+            return True
+
+    CachedAutotuner.__module__ = "fla.ops.utils.cache"
+    CachedAutotuner.__qualname__ = "CachedAutotuner"
+    assert _autotuner_classes.registration(CachedAutotuner) is None
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["unregistered", "registered"])
+def test_super_run_from_a_subclass_run_is_tritons_under_an_instance_run(stand_in, registered):
+    """``super().run`` in a subclass's own ``run`` reads no instance attribute, with the patch's
+    ``run`` attribute on ``Autotuner`` as without it: a wrapper assigned on the object that calls
+    the object's own ``run`` does not recurse into itself."""
+    seen: list = []
+    cls = _autotuner_with_own_run(seen)
+    if registered:
+        fastkernel.register_autotuner(cls)
+    tuned = _own_run_autotuned(cls, [1.0, 2.0])
+    x, y, out = _tensors()
+    wrapped: list = []
+    with _triton_on_stand_in(stand_in, patched=True):
+        tuned[(4,)](x, y, out, N)
+        own = tuned.run
+
+        def wrapper(*args, **kwargs):
+            wrapped.append(kwargs["grid"])
+            return own(*args, **kwargs)
+
+        tuned.run = wrapper
+        tuned[(4,)](x, y, out, N)
+        tuned.run(x, y, out, N, grid=(2,), warmup=False)
+    assert wrapped == [(4,), (2,)] and seen == [(4,), (4,), (2,)]
+    assert len(stand_in.launches()) == 3 + 2  # and the first call's two configs timed
+
+
 def test_autotune_over_heuristics_launches_natively_underneath(stand_in):
     jit_fn = _fresh_add_kernel()
     tuned = triton.autotune(configs=[triton.Config({}, num_warps=4)], key=["n"])(

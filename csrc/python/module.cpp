@@ -420,6 +420,8 @@ PYBIND11_MODULE(_C, m) {
         "How many launchers remember_handle_launch gave are remembered.");
   m.def("uninstall_patch", &uninstall_patch,
         "Forget every patched dispatch (the caller restores the type's __getitem__).");
+  m.def("forget_refused_types", &forget_refused_types,
+        "Forget the types the patch factory refused as a whole: their objects ask it again.");
   m.def(
       "patched_dispatch",
       [](py::handle jit) {

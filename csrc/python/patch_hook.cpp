@@ -11,6 +11,7 @@
 
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace fastkernel {
 namespace {
@@ -59,6 +60,9 @@ std::unordered_set<PyTypeObject*>& refused_types() {
   static auto* set = new std::unordered_set<PyTypeObject*>();
   return *set;
 }
+// Counts forget_refused_types calls: a refusal the factory gave before one (another thread
+// registered the class while the factory ran) is not remembered.
+uint64_t g_refused_generation = 0;
 
 // find_or_create past the one-entry cache: the map, then the factory (out of line, so the
 // cached case stays inline in patched_subscript). A Kernel the factory made is returned with
@@ -80,13 +84,15 @@ std::unordered_set<PyTypeObject*>& refused_types() {
   if (!refused.empty() && refused.count(Py_TYPE(jit)) != 0) {
     return Py_None;
   }
+  const uint64_t generation = g_refused_generation;
   PyObject* made = PyObject_CallOneArg(g_factory, jit);
   if (made == nullptr) {
     return nullptr;
   }
   if (made == Py_False) {
     Py_DECREF(made);
-    if (g_factory != nullptr && refused.insert(Py_TYPE(jit)).second) {
+    if (g_factory != nullptr && generation == g_refused_generation &&
+        refused.insert(Py_TYPE(jit)).second) {
       Py_INCREF(Py_TYPE(jit));
     }
     return Py_None;
@@ -317,10 +323,7 @@ void uninstall_patch() {
     kernel->patched_jit = nullptr;
   }
   dispatches().clear();
-  for (PyTypeObject* type : refused_types()) {
-    Py_DECREF(type);
-  }
-  refused_types().clear();
+  forget_refused_types();
   served_tags().clear();
   g_last_jit = nullptr;
   g_last_dispatch = nullptr;
@@ -328,6 +331,16 @@ void uninstall_patch() {
   // Triton's __getitem__ stays referenced: a launch that entered the slot before the type's
   // attribute was restored still completes through it.
   Py_CLEAR(g_factory);
+}
+
+void forget_refused_types() {
+  ++g_refused_generation;
+  auto& refused = refused_types();
+  std::vector<PyTypeObject*> types(refused.begin(), refused.end());
+  refused.clear();  // before the references go: a type's deallocation may run Python
+  for (PyTypeObject* type : types) {
+    Py_DECREF(type);
+  }
 }
 
 bool patch_slot_is_native(PyTypeObject* type) {

@@ -34,6 +34,10 @@ bool install_patch(PyObject* jit_type, PyObject* factory, PyObject* triton_getit
 /// type's attribute).
 void uninstall_patch();
 
+/// Forgets the types the factory refused as a whole: their instances ask the factory again at
+/// their next launch (a subclass with its own run that was registered since).
+void forget_refused_types();
+
 /// `jit[grid]` under the patch: the dispatch's bound launch, or Triton's proxy (Triton's
 /// `__getitem__`, which calls `run`) while a `run` another library assigned is on `jit`'s class
 /// or on one the dispatch launches through underneath.

@@ -63,7 +63,7 @@ from ._autotune import Autotuned, AutotuneError, Heuristics, autotune, heuristic
 from ._C import BundleError, CudaError, DriverUnavailableError
 from .bundle import check_bundle, export
 from .kernel import FastKernel, fastkernel, stats
-from .patch import is_patched, patch, patched, unpatch
+from .patch import is_patched, patch, patched, register_autotuner, unpatch
 
 
 def patch_host_helpers() -> bool:
@@ -100,6 +100,7 @@ __all__ = [
     "unpatch",
     "patched",
     "is_patched",
+    "register_autotuner",
     "patch_host_helpers",
     "unpatch_host_helpers",
     "DriverUnavailableError",

@@ -36,8 +36,13 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   autotuner's ``configs``, ``keys`` or ``cache``, a heuristics' ``values``) drops it, and the
   next launch builds it again.
 
-What stays on Triton's path: a ``JITFunction`` or ``Autotuner`` subclass that defines its own
-``run``, and these classes while another library's ``run`` is assigned on the class itself
+An ``Autotuner`` subclass that defines its own ``run`` is served the same way when registered
+with :func:`fastkernel.register_autotuner`, or known to ``fastkernel._autotuner_classes``
+(flash-linear-attention's ``CachedAutotuner``, for the code verified): its misses run its own
+``run``, whose ``super().run`` is Triton's.
+
+What stays on Triton's path: a ``JITFunction`` subclass, or an unregistered ``Autotuner``
+subclass, that defines its own ``run``, and these classes while another library's ``run`` is assigned on the class itself
 (before :func:`patch`, or while patched: the native subscript asks again whenever the class
 changed, or a class it launches through underneath; left in place by :func:`unpatch`) (its own
 behaviour is kept; the launch underneath is still native), ``warmup=True``
@@ -55,7 +60,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import triton
@@ -65,6 +70,7 @@ from triton.runtime.autotuner import Heuristics as TritonHeuristics
 from triton.runtime.jit import JITFunction, KernelInterface
 
 from . import _C, _env, _heuristic_code, _locks
+from . import _autotuner_classes as _classes
 from . import _triton_abi as abi
 from . import cache as _cache
 from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_MAY_BE_PROVIDED, TUNE_VALUE
@@ -107,6 +113,9 @@ _saved: dict[tuple[type, str], Any] | None = None  # Triton's attributes as they
 # The run attribute the patch installed on each kernel class, while patched: not on a class
 # whose run another library had replaced (kept), and unpatch() puts back only these.
 _installed_runs: dict[type, Any] = {}
+# The watch the patch put on the run of each registered Autotuner subclass it served, while
+# patched (_watch_registered_runs).
+_watched_runs: dict[type, _RunAttribute] = {}
 # Every JITFunction given a dispatch, by id (JITFunctions need not be hashable).
 _served: dict[int, weakref.ref[JITFunction]] = {}
 
@@ -366,13 +375,16 @@ def _tuned_miss(
         named = dict(zip(autotuner.arg_names, args))
         named.update((k, v) for k, v in kwargs.items() if k in autotuner.arg_names)
         reason = _autotune_not_native(autotuner, config_params, named, kwargs)
-    # A call without a key was counted as a fallback natively.
+    # A call without a key was counted as a fallback natively. A registered subclass's own run
+    # runs on its miss (its super().run is then Triton's: _in_tuned_miss), unless this call
+    # came through Autotuner.run, which that run calls: it ran already.
+    run = AUTOTUNER_RUN if getattr(_tuning, "entered", None) is autotuner else _own_run(autotuner)
     pending = _tuning.__dict__.setdefault("pending", [])
     launch = _TunedLaunch(autotuner)
     pending.append(launch)
     try:
         result = dispatch._run_through_triton(
-            lambda: AUTOTUNER_RUN(autotuner, *args, grid=grid, warmup=False, **kwargs),
+            lambda: run(autotuner, *args, grid=grid, warmup=False, **kwargs),
             counted=key is None,
         )
     finally:
@@ -570,7 +582,9 @@ class PatchedHeuristics(NativeDispatch):
         if isinstance(level, Autotuner):
             # Over Triton's own autotuner (flash-linear-attention's usual stack): its
             # Autotuner.run gets the computed values among the keywords.
-            if not _launches_through_served_run(level, heuristics):
+            if not _launches_through_served_run(level, heuristics) or not _registration_allows(
+                level
+            ):
                 return None  # an Autotuner subclass or instance with a run of its own
             autotuner, level = level, level.fn
             under.append(autotuner)
@@ -714,7 +728,7 @@ def _new_dispatch(obj: Any) -> NativeDispatch | None:
     ):
         return None  # over a heuristics, another autotuner or a kernel with its own run
     params = PatchedAutotuner.config_params(obj)
-    if params is None:
+    if params is None or not _registration_allows(obj):
         return None
     return PatchedAutotuner(obj, params)
 
@@ -770,16 +784,127 @@ def _new_dispatch_or_unserved(obj: Any) -> NativeDispatch | _Unserved | None:
 def _type_launches_served(cls: type) -> bool:
     """Whether objects of ``cls`` launch through a ``run`` the patch serves: the patch's own
     (``JITFunction``, ``Autotuner``) or Triton's ``Heuristics.run`` where the patch installed
-    it, not a subclass's or one another library assigned on the class. The native subscript
+    it, or a registered ``Autotuner`` subclass's over the patch's (:func:`_registered_run_served`);
+    not another subclass's, nor one another library assigned on the class. The native subscript
     asks again whenever the class (or a base) changed."""
-    for base, attribute in list(_installed_runs.items()):
+    for base, attribute in [*_installed_runs.items(), *_watched_runs.items()]:
         if base.__dict__.get("run") is attribute.function:
             # The patch's function, read through the class and assigned back (SGLang's
             # recorder puts `JITFunction.run` back so): the attribute that also watches
             # instance assignments goes back in its place.
             type.__setattr__(base, "run", attribute)
     run = getattr(cls, "run", None)
-    return run in PATCHED_RUNS or (run is HEURISTICS_RUN and TritonHeuristics in _installed_runs)
+    if run in PATCHED_RUNS or (run is HEURISTICS_RUN and TritonHeuristics in _installed_runs):
+        return True
+    return issubclass(cls, Autotuner) and _registered_run_served(cls)
+
+
+def _registered_run_served(cls: type) -> bool:
+    """Whether objects of ``cls``, an ``Autotuner`` subclass, call a registered ``run``
+    (``fastkernel._autotuner_classes``) that reaches the patch's ``Autotuner.run`` through
+    ``super()``, each class on the way registered and as registered."""
+    for owner in cls.__mro__:
+        if "run" not in owner.__dict__:
+            continue
+        if owner is Autotuner:
+            return owner.__dict__["run"] is _installed_runs.get(Autotuner)
+        found = _classes.registration(owner)
+        if found is None or not found.current(cls, _unwrapped_run(owner)):
+            return False
+    return False
+
+
+def _unwrapped_run(owner: type) -> Any:
+    """The ``run`` function ``owner``'s ``__dict__`` holds, through the patch's watch on it."""
+    run = owner.__dict__.get("run")
+    return run.function if isinstance(run, _RunAttribute) else run
+
+
+def _own_run(autotuner: Autotuner) -> Any:
+    """The ``run`` function a served autotuner's calls go through: Triton's ``Autotuner.run``,
+    or a registered subclass's own (which reaches Triton's through ``super()``)."""
+    owner = _run_owner(type(autotuner))
+    return AUTOTUNER_RUN if owner is Autotuner or owner is None else _unwrapped_run(owner)
+
+
+def _watch_registered_runs(cls: type) -> None:
+    """Puts the patch's watch (:class:`_RunAttribute`) on the ``run`` of each registered class
+    in ``cls``'s MRO, as on Triton's classes: a ``run`` assigned on one of their objects then
+    drops that object's dispatch (Python finds the class's own ``run`` before Triton's, so the
+    watch on ``Autotuner.run`` never sees it). :func:`unpatch` puts the functions back."""
+    if not issubclass(cls, Autotuner):
+        return
+    for owner in cls.__mro__:
+        if owner is Autotuner:
+            return
+        run = owner.__dict__.get("run")
+        if (
+            run is not None
+            and not isinstance(run, _RunAttribute)
+            and _classes.registration(owner) is not None
+        ):
+            _watched_runs[owner] = _RunAttribute(run, owner)
+            type.__setattr__(owner, "run", _watched_runs[owner])
+
+
+def register_autotuner(cls: type, *, when: Callable[[Any], bool] | None = None) -> None:
+    """Serve ``cls``, a subclass of Triton's ``Autotuner`` that defines its own ``run``, natively
+    under :func:`patch`.
+
+    Without this, such a class keeps its own ``run`` on every call (only the launch underneath
+    is native). Registering it declares that ``cls.run``, called with a call whose autotune key
+    (Triton's: the ``key`` arguments' values and every tensor's dtype) it has launched before,
+    does what Triton's ``Autotuner.run`` does for a key in ``self.cache``: it ends in
+    ``super().run(*args, **kwargs)`` with the call unchanged, and nothing else it does changes a
+    launch. Then the first call of each key runs ``cls.run`` itself (its own config lookup, or
+    Triton's tuning through ``super().run``) and the native record keeps the config that call
+    launched; later calls of the key are one native hit, which sets ``best_config`` and skips
+    ``cls.run``. Another ``run`` assigned on ``cls``, on one of its objects or on Triton's
+    ``Autotuner`` sends the calls through it again, as for Triton's own classes. Objects
+    launched before the registration are served from their next launch. The registration lasts
+    for the process (the class is kept alive).
+
+    Parameters
+    ----------
+    cls : type
+        A subclass of ``triton.runtime.autotuner.Autotuner`` with a ``run`` function in its own
+        ``__dict__`` that reaches Triton's through ``super()`` (directly, or through registered
+        classes).
+    when : callable(autotuner) -> bool, optional
+        Asked of each autotuner object when its native dispatch is built (at its first launch
+        under the patch, and again after its dispatch is dropped): False keeps that object on
+        its own ``run``. A predicate that raises answers False (logged).
+
+    Raises
+    ------
+    TypeError
+        ``cls`` is not a subclass of Triton's ``Autotuner``, or ``when`` is neither None nor
+        callable.
+    ValueError
+        ``cls`` is Triton's ``Autotuner`` itself, defines no ``run`` of its own, or has a
+        ``run`` that is not a function.
+    """
+    _classes.register(cls, when)
+    with _lock:
+        # Its objects launched before now, refused as a class or kept on Python under a
+        # heuristics: decided again at their next launch.
+        _C.forget_refused_types()
+        for ref, _over in list(_under.values()):
+            level = ref()
+            if isinstance(level, cls):
+                _forget_dispatches_over(level)
+
+
+def _registration_allows(autotuner: Autotuner) -> bool:
+    """Whether each registered class ``autotuner``'s run goes through allows serving it."""
+    for owner in type(autotuner).__mro__:
+        if owner is Autotuner:
+            return True
+        if "run" in owner.__dict__:
+            found = _classes.registration(owner)
+            if found is None or not found.allows(autotuner):
+                return False
+    return True
 
 
 def _type_run_served(obj: Any) -> bool:
@@ -826,8 +951,23 @@ def _launches_through_served_run(level: Any, top: Any) -> bool:
     subclass's own. Notes the dependency either way, so that a ``run`` set on or deleted from
     ``level`` later drops ``top``'s dispatch (:func:`_forget_dispatches_over`)."""
     _note_under(level, top)
-    return "run" not in vars(level) and (
-        _type_run_served(level) or _run_owner(type(level)) in _KERNEL_CLASSES
+    if "run" in vars(level):
+        return False
+    if _type_run_served(level):
+        _watch_registered_runs(type(level))
+        return True
+    return _served_for_now(type(level))
+
+
+def _served_for_now(cls: type) -> bool:
+    """Whether ``cls``'s objects launch through Triton's class's ``run`` or a registered
+    subclass's, which another library's ``run`` assigned on a class may displace for a while
+    (the native subscript asks :func:`_type_launches_served` again when a class changes)."""
+    owner = _run_owner(cls)
+    return owner in _KERNEL_CLASSES or (
+        owner is not None
+        and issubclass(owner, Autotuner)
+        and _classes.registration(owner) is not None
     )
 
 
@@ -848,7 +988,7 @@ def _dispatch_for(obj: Any):
     dispatch for): its dispatch; None when this object keeps Triton's own path; False when every
     instance of its type does (a subclass with its own ``run``)."""
     if not _type_run_served(obj):
-        if _run_owner(type(obj)) in _KERNEL_CLASSES:
+        if _served_for_now(type(obj)):
             return None  # a run another library assigned on Triton's class, maybe for a while
         return False  # a subclass with its own run: its behaviour is its own
     if "run" in getattr(obj, "__dict__", ()):
@@ -856,6 +996,7 @@ def _dispatch_for(obj: Any):
     with _lock:  # not while unpatch() runs in another thread
         if _saved is None:
             return None
+        _watch_registered_runs(type(obj))
         dispatch = obj.__dict__.get(PATCH_ATTR)
         served = _served.get(id(obj))
         if dispatch is not None and (served is None or served() is not obj):
@@ -887,17 +1028,35 @@ def _patched_run(self, *args, grid, warmup, **kwargs):
         return TRITON_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
 
 
+def _in_tuned_miss(autotuner: Autotuner) -> bool:
+    """Whether the innermost tuned miss on this thread is ``autotuner``'s: its registered
+    subclass's ``run`` is running and now calls ``super().run``, which is Triton's for it."""
+    pending: list[_TunedLaunch] = getattr(_tuning, "pending", [])
+    return bool(pending) and pending[-1].autotuner is autotuner
+
+
 def _patched_autotuner_run(self, *args, **kwargs):
     """``Autotuner.run`` under the patch: a launch (``grid=`` given, not ``warmup``) goes
-    through the autotuner's native dispatch; everything else to Triton's ``Autotuner.run``."""
-    if "grid" in kwargs and "warmup" in kwargs and not kwargs["warmup"]:
+    through the autotuner's native dispatch; everything else, and the ``super().run`` of a
+    registered subclass's ``run`` on a miss, to Triton's ``Autotuner.run``."""
+    if (
+        "grid" in kwargs
+        and "warmup" in kwargs
+        and not kwargs["warmup"]
+        and not _in_tuned_miss(self)
+    ):
         # (Without `warmup`, Triton's JITFunction.run under Autotuner.run raises TypeError.)
         dispatch = _C.patched_dispatch(self)
         if dispatch is not None:
             kwargs = dict(kwargs)
             grid = kwargs.pop("grid")
             kwargs.pop("warmup", None)
-            return dispatch[grid](*args, **kwargs)
+            entered = getattr(_tuning, "entered", None)
+            _tuning.entered = self  # for a miss: any run of a subclass over this one has run
+            try:
+                return dispatch[grid](*args, **kwargs)
+            finally:
+                _tuning.entered = entered
         _count_unserved(self)
     try:
         return AUTOTUNER_RUN(self, *args, **kwargs)
@@ -916,7 +1075,9 @@ class _RunAttribute:
 
     Read on the class, it is ``function`` (the patched run, or Triton's own for ``Heuristics``);
     read on an instance, the ``run`` assigned on that instance if there is one (kept in its
-    ``__dict__``, as without the patch), else ``function`` bound to it. Assigning or deleting an
+    ``__dict__``, as without the patch), else ``function`` bound to it. Through ``super()``
+    from a subclass's own ``run`` (the instance's class has a ``run`` before ``owner`` in its
+    MRO), ``function`` bound to it, as ``super()`` reads no instance attribute. Assigning or deleting an
     instance's ``run`` (``kernel.run = wrapper``, which Triton's ``kernel[grid]`` calls) also
     drops the instance's native dispatch: its next launch asks the patch factory again, which
     keeps it on Triton's path, the wrapper called, while one is assigned and serves it natively
@@ -925,18 +1086,22 @@ class _RunAttribute:
     their next launch. (A change made through ``kernel.__dict__`` directly is not seen.)
     """
 
-    __slots__ = ("function",)
+    __slots__ = ("function", "owner")
 
-    def __init__(self, function):
+    def __init__(self, function, owner: type):
         self.function = function
+        self.owner = owner
 
     def __get__(self, obj, cls=None):
         if obj is None:
             return self.function
         try:
-            return obj.__dict__["run"]
+            run = obj.__dict__["run"]
         except KeyError:
             return self.function.__get__(obj, cls)
+        if _run_owner(type(obj)) is not self.owner:  # super().run from a subclass's run
+            return self.function.__get__(obj, cls)
+        return run
 
     def __set__(self, obj, value) -> None:
         obj.__dict__["run"] = value
@@ -1101,7 +1266,7 @@ def patch() -> bool:
             (TritonHeuristics, HEURISTICS_RUN),
         ):
             if _tritons_own_run(cls):
-                _installed_runs[cls] = _RunAttribute(function)
+                _installed_runs[cls] = _RunAttribute(function, cls)
                 type.__setattr__(cls, "run", _installed_runs[cls])
             else:  # its objects launch through it; what it launches through a kernel is native
                 run = cls.__dict__.get("run")
@@ -1156,6 +1321,10 @@ def unpatch() -> None:
             for name in names:
                 if isinstance(cls.__dict__.get(name), _C.DispatchInput):
                     delattr(cls, name)
+        for owner, run_watch in _watched_runs.items():
+            if owner.__dict__.get("run") is run_watch:  # else replaced since: left as it is
+                type.__setattr__(owner, "run", run_watch.function)
+        _watched_runs.clear()
         _host_helpers.uninstall()
         _C.uninstall_patch()
         _C.forget_handle_launches()
