@@ -20,6 +20,7 @@ from triton_reference import TritonReference, assert_same_launch
 from fastkernel import _C, fastkernel
 from fastkernel import _triton_abi as abi
 from fastkernel import patched as fastkernel_patched
+from fastkernel.kernel import PATCH_ATTR
 
 X = torch.randn(64)
 
@@ -126,6 +127,28 @@ def test_kernel_launch_metadata_callback_reaches_hooks(stand_in, hook_log):
     metadata = seen[0].get()
     assert metadata["bytes"] == 64 * 12 and metadata["grid"] == (2, 1, 1)
     assert metadata["name"] == "add_kernel"
+
+
+def test_a_tuned_hits_launch_metadata_sees_the_configs_values(stand_in, hook_log):
+    """A tuple grid reads no tuned value, but the launch hooks do: the kernel's
+    ``launch_metadata`` callback gets the config's ``BLOCK`` on a native hit, as Triton's
+    autotuner passes it."""
+
+    def describe(grid, metadata, args):
+        return {"block": args["BLOCK"]}
+
+    jit_fn = triton.jit(kernels.add_kernel.fn, launch_metadata=describe)
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 32})], key=["n"])(jit_fn)
+    seen = []
+    with fastkernel_patched(), TritonReference(stand_in, TEST_STREAM):
+        knobs.runtime.launch_enter_hook.add(seen.append)
+        try:
+            for _ in range(3):
+                tuned[(2,)](X, X, X, 64)
+        finally:
+            knobs.runtime.launch_enter_hook.remove(seen.append)
+        hits = tuned.__dict__[PATCH_ATTR].stats()["hits"]
+    assert hits == 2 and [m.get()["block"] for m in seen] == [32] * 3
 
 
 def test_pre_run_hooks_added_after_the_first_call(add, stand_in):

@@ -938,7 +938,9 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       return unbound_slots_error(kernel, *rec, call);
     }
     if (C10_UNLIKELY(st.hit_extras)) {
-      if (!st.config_params.empty()) {
+      // The tuned values are read only by a callable grid (here) and the launch hooks (below):
+      // the launch packs no constexpr.
+      if (!st.config_params.empty() && !PyTuple_CheckExact(self->grid)) {
         fill_tuned_args(st, *rec, &call);
       }
       if (kernel->publish_owner != nullptr && !publish(kernel, *rec)) {
@@ -977,6 +979,9 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     if (hooked) {
       exit_hook.emplace(knobs->exit);
       const HeldHook enter_hook(knobs->enter);
+      if (!st.config_params.empty()) {
+        fill_tuned_args(st, *rec, &call);  // what the hooks see (a tuple grid left them out)
+      }
       hook_metadata.reset(make_hook_metadata(kernel, *rec, grid, ctx.stream, call));
       // Triton's C launcher reads the tensors' data pointers after the enter hooks, but its
       // Python side expanded host tensor descriptors before them (driver.py
