@@ -3,7 +3,9 @@
 Liger-Kernel's RMSNorm autograd function (batch 1, hidden 2048; its wrapper calls
 ``triton.next_power_of_2`` on every call), one decoder step of a small transformer layer
 written with Liger-Kernel's ops (:func:`liger_decoder_step`), and flash-linear-attention's
-token shift at decode (a heuristics over an autotuner, :func:`fla_token_shift`). Host-side
+token shift at decode (a heuristics over an autotuner, :func:`fla_token_shift`) and its
+causal-conv1d decode update (a heuristics over fla's own ``CachedAutotuner``,
+:func:`fla_causal_conv1d_update`). Host-side
 (CPU tensors, launches to the recording stand-in) the times are the host cost of a call; on a
 GPU they are wall time per call with the device synchronized before each clock read, and the
 decoder step is also replayed as a CUDA graph (the launch-free reference).
@@ -40,6 +42,7 @@ def import_device_probing_libraries() -> None:
         # Finding no Triton driver, fla warns that it takes CPU settings.
         warnings.simplefilter("ignore")
         try:
+            import fla.modules.causal_conv1d  # noqa: F401
             import fla.modules.token_shift  # noqa: F401
         except ImportError:
             pass
@@ -58,6 +61,22 @@ def fla_token_shift(device: str) -> Callable[[], Any] | None:
 
     x = torch.randn(1, 1, 2048, device=device)
     return lambda: token_shift_fwd(x)
+
+
+def fla_causal_conv1d_update(device: str) -> Callable[[], Any] | None:
+    """flash-linear-attention's short-convolution decode update (batch 1, hidden 2048, a window
+    of 4, SiLU, fp32; ``fla.modules.causal_conv1d.causal_conv1d_update``): its kernel is a
+    ``triton.heuristics`` over fla's ``CachedAutotuner`` (an ``Autotuner`` subclass with its
+    own ``run``), launched with every argument by keyword. None without fla-core."""
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d_update
+    except ImportError:
+        return None
+    import torch
+
+    x, cache = torch.randn(1, 2048, device=device), torch.randn(1, 2048, 4, device=device)
+    weight, bias = torch.randn(2048, 4, device=device), torch.randn(2048, device=device)
+    return lambda: causal_conv1d_update(x, cache, None, weight, bias, "silu")
 
 
 def liger_decoder_step(device: str) -> Callable[[], Any] | None:
@@ -135,8 +154,16 @@ def _time_modes(
     and fallbacks ``fastkernel.stats()`` reports for the live kernels at the end of the last
     ``patched`` loop."""
     import fastkernel
-    from fastkernel import _host_helpers
+    from fastkernel import _autotuner_classes, _host_helpers
     from fastkernel.patch import patch, unpatch
+
+    verified = dict(_autotuner_classes._KNOWN)
+
+    def know_library_autotuners(known: bool) -> None:
+        """Whether the patch serves the library autotuner classes it knows (while unpatched)."""
+        _autotuner_classes._KNOWN.clear()
+        _autotuner_classes._KNOWN.update(verified if known else {})
+        _autotuner_classes._known_checked.clear()
 
     native: dict[str, int] = {}
     current = [""]  # the mode switched to last
@@ -150,6 +177,7 @@ def _time_modes(
     def switch(mode: str, call: Callable[[], Any]) -> Callable[[], None]:
         def prepare() -> None:
             leave_mode()
+            know_library_autotuners(mode != "patched_own_run")
             if mode.startswith("patched"):
                 patch()
             if mode == "patched_without_helpers":
@@ -175,6 +203,7 @@ def _time_modes(
         samples = common.time_systems(systems, calls, repeats, sync, before_repeat=reset)
     finally:
         leave_mode()
+        know_library_autotuners(True)
     return samples, native
 
 
@@ -191,17 +220,22 @@ def time_library_calls(
     ``repeats`` loops of ``calls`` calls, the modes interleaved per repeat, ``sync`` before
     each clock read, ``reset`` before each loop (the stand-in's record). Also the native hits
     and fallbacks of the patched calls (``patched_hits``, ``patched_fallbacks``: a fallback
-    would mean a patched call left the native path)."""
+    would mean a patched call left the native path). An op under fla's ``CachedAutotuner`` is
+    also timed patched with that class's own ``run`` kept (``patched_own_run``: as the patch
+    serves an ``Autotuner`` subclass it does not know)."""
     ops = {
         "Liger-Kernel RMSNorm": liger_rms_norm(device),
         "decoder step (Liger RMSNorm x2, RoPE, SwiGLU; torch matmuls)": liger_decoder_step(device),
         "flash-linear-attention token shift (decode)": fla_token_shift(device),
+        "flash-linear-attention causal conv1d update (decode)": fla_causal_conv1d_update(device),
     }
     out: dict[str, dict[str, float]] = {}
     for name, op in ops.items():
         if op is None:
             continue
         calls_of = {"unpatched": op, "patched": op, "patched_without_helpers": op}
+        if "causal conv1d" in name:
+            calls_of["patched_own_run"] = op
         if device == "cuda" and name.startswith("decoder step"):
             calls_of["cuda_graph"] = _graph_replay(op)
         samples, native = _time_modes(calls_of, calls, repeats, sync, reset)
@@ -217,6 +251,8 @@ def print_library_calls(library: dict[str, dict[str, float]]) -> None:
     """One line per op: its modes in microseconds and unpatched / patched."""
     for name, row in library.items():
         graph = f"; CUDA graph replay {row['cuda_graph']:.2f} us" if "cuda_graph" in row else ""
+        if "patched_own_run" in row:
+            graph += f"; patched with CachedAutotuner.run kept {row['patched_own_run']:.2f} us"
         print(
             f"{name}, through its own Python function: unpatched {row['unpatched']:.2f} us, "
             f"patched {row['patched']:.2f} us per call ({row['ratio']:.2f}x); patched without "
