@@ -560,16 +560,24 @@ def test_a_registered_autotuner_subclass_called_by_its_run_runs_it_once_a_call(s
     assert (stats["misses"], stats["hits"]) == (1, 2)
 
 
+def _heuristics_over_own_run(cls, timings):
+    """flash-linear-attention's stack over an autotuner of class ``cls``: Triton's heuristics
+    (``HAS_Y`` from whether y is None) over it (``CONFIGS``, picked by ``timings``) over a fresh
+    JITFunction of optional_add_kernel. Returns the autotuner and the heuristics."""
+    jit_fn = JITFunction(kernels.optional_add_kernel.fn)
+    tuned = cls(
+        jit_fn, jit_fn.arg_names, CONFIGS, ["n", "HAS_Y"], None, None, do_bench=_timer(timings)
+    )
+    top = triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})(tuned)
+    _KEPT.extend((jit_fn, tuned, top))
+    return tuned, top
+
+
 def test_a_heuristics_over_a_registered_autotuner_subclass_is_one_native_hit(stand_in):
     seen: list = []
     cls = _autotuner_with_own_run(seen)
     fastkernel.register_autotuner(cls)
-    jit_fn = JITFunction(kernels.optional_add_kernel.fn)
-    tuned = cls(
-        jit_fn, jit_fn.arg_names, CONFIGS, ["n", "HAS_Y"], None, None, do_bench=_timer([1.0] * 4)
-    )
-    top = triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})(tuned)
-    _KEPT.extend((jit_fn, tuned, top))
+    tuned, top = _heuristics_over_own_run(cls, [1.0] * 4)
     x, y, out = _tensors()
     with _triton_on_stand_in(stand_in, patched=True):
         for b in (y, None, y, None, y):
@@ -640,6 +648,18 @@ def test_an_autotuner_subclass_registered_after_its_first_launch_is_served(stand
     assert len(seen) == 2 and (stats["misses"], stats["hits"]) == (1, 1)
 
 
+def _assign_wrapper_over_own_run(tuned, wrapped: list) -> None:
+    """Assigns on ``tuned`` a ``run`` that notes each call's grid in ``wrapped``, then calls the
+    ``run`` the object had (as a launch recorder wraps one)."""
+    own = tuned.run
+
+    def wrapper(*args, **kwargs):
+        wrapped.append(kwargs["grid"])
+        return own(*args, **kwargs)
+
+    tuned.run = wrapper
+
+
 def test_a_run_assigned_on_an_object_of_a_registered_subclass_is_called(stand_in):
     """``tuned.run = wrapper`` on an object of a registered class (whose own ``run`` Python
     finds before Triton's) drops its dispatch, as on Triton's classes: Triton's ``[grid]`` calls
@@ -654,13 +674,7 @@ def test_a_run_assigned_on_an_object_of_a_registered_subclass_is_called(stand_in
     run = cls.__dict__["run"]
     with _triton_on_stand_in(stand_in, patched=True):
         tuned[(4,)](x, y, out, N)
-        own = tuned.run
-
-        def wrapper(*args, **kwargs):
-            wrapped.append(kwargs["grid"])
-            return own(*args, **kwargs)
-
-        tuned.run = wrapper
+        _assign_wrapper_over_own_run(tuned, wrapped)
         tuned[(4,)](x, y, out, N)
         tuned[(4,)](x, y, out, N)
         del tuned.run
@@ -705,12 +719,7 @@ def test_registering_while_the_factory_refuses_the_class_serves_it(stand_in, mon
 def test_a_heuristics_over_a_subclass_launched_before_its_registration_is_served(stand_in):
     seen: list = []
     cls = _autotuner_with_own_run(seen)
-    jit_fn = JITFunction(kernels.optional_add_kernel.fn)
-    tuned = cls(
-        jit_fn, jit_fn.arg_names, CONFIGS, ["n", "HAS_Y"], None, None, do_bench=_timer([1.0] * 2)
-    )
-    top = triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})(tuned)
-    _KEPT.extend((jit_fn, tuned, top))
+    tuned, top = _heuristics_over_own_run(cls, [1.0] * 2)
     x, y, out = _tensors()
     with _triton_on_stand_in(stand_in, patched=True):
         top[_grid_by_block](x, y, out, N)  # its class's run, the launch under it native
@@ -784,13 +793,7 @@ def test_super_run_from_a_subclass_run_is_tritons_under_an_instance_run(stand_in
     wrapped: list = []
     with _triton_on_stand_in(stand_in, patched=True):
         tuned[(4,)](x, y, out, N)
-        own = tuned.run
-
-        def wrapper(*args, **kwargs):
-            wrapped.append(kwargs["grid"])
-            return own(*args, **kwargs)
-
-        tuned.run = wrapper
+        _assign_wrapper_over_own_run(tuned, wrapped)
         tuned[(4,)](x, y, out, N)
         tuned.run(x, y, out, N, grid=(2,), warmup=False)
     assert wrapped == [(4,), (2,)] and seen == [(4,), (4,), (2,)]
