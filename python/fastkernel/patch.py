@@ -1070,18 +1070,20 @@ PATCHED_RUNS.add(_patched_autotuner_run)
 
 
 class _RunAttribute:
-    """``run`` of Triton's ``JITFunction``, ``Autotuner`` and ``Heuristics`` while patched: what
-    Python's own lookup gives, and a watch on instance assignments.
+    """``run`` of Triton's ``JITFunction``, ``Autotuner`` and ``Heuristics`` (and of a registered
+    ``Autotuner`` subclass) while patched: what Python's own lookup gives, and a watch on
+    instance assignments.
 
     Read on the class, it is ``function`` (the patched run, or Triton's own for ``Heuristics``);
     read on an instance, the ``run`` assigned on that instance if there is one (kept in its
     ``__dict__``, as without the patch), else ``function`` bound to it. Through ``super()``
-    from a subclass's own ``run`` (the instance's class has a ``run`` before ``owner`` in its
-    MRO), ``function`` bound to it, as ``super()`` reads no instance attribute. Assigning or deleting an
-    instance's ``run`` (``kernel.run = wrapper``, which Triton's ``kernel[grid]`` calls) also
-    drops the instance's native dispatch: its next launch asks the patch factory again, which
-    keeps it on Triton's path, the wrapper called, while one is assigned and serves it natively
-    again once it is deleted. The objects that launch through it (a heuristics or an autotuner
+    from a subclass's own ``run`` (the instance's class has a ``run`` before ``owner``, the
+    class holding this attribute, in its MRO), ``function`` bound to it, as ``super()`` reads
+    no instance attribute. Assigning or deleting an instance's ``run`` (``kernel.run =
+    wrapper``, which Triton's ``kernel[grid]`` calls) also drops the instance's native
+    dispatch: its next launch asks the patch factory again, which keeps it on Triton's path,
+    the wrapper called, while one is assigned and serves it natively again once it is
+    deleted. The objects that launch through it (a heuristics or an autotuner
     over it, each level of a heuristics stack) lose their dispatches too, and decide again at
     their next launch. (A change made through ``kernel.__dict__`` directly is not seen.)
     """
