@@ -90,12 +90,12 @@ def register(cls: Any, when: Any) -> None:
             "register_autotuner: argument 'cls' is Triton's Autotuner itself, which the patch "
             "serves without registering"
         )
-    run = cls.__dict__.get("run")
     if "run" not in cls.__dict__:
         raise ValueError(
             f"register_autotuner: argument 'cls' ({cls.__qualname__}) defines no run of its "
             f"own; register the class whose run its objects call"
         )
+    run = cls.__dict__["run"]
     if not isinstance(run, types.FunctionType):
         raise ValueError(
             f"register_autotuner: argument 'cls' ({cls.__qualname__}) has a run that is not a "
@@ -120,20 +120,28 @@ def registration(cls: type) -> Registration | None:
     return known
 
 
-def _defined_by(cls: type, name: str, function: Any) -> bool:
-    """Whether ``function`` is the plain function ``cls``'s own source defines as ``name`` (not
-    a wrapper another library put there: ``functools.wraps`` copies the names and
-    ``inspect.getsource`` follows ``__wrapped__``)."""
-    if not isinstance(function, types.FunctionType) or hasattr(function, "__wrapped__"):
-        return False
-    module_file = getattr(sys.modules.get(cls.__module__), "__file__", None)
-    code_file = function.__code__.co_filename
+def defined_by(cls: type, name: str, function: Any) -> bool:
+    """Whether ``function`` is the one ``cls``'s own module defines as ``cls.name``: its
+    module and qualified name say so and its code is in that module's source, so not a
+    replacement another library assigned on the class, nor a wrapper over the original
+    (``functools.wraps`` copies the names and sets ``__wrapped__``, which
+    ``inspect.getsource`` follows)."""
+    code = getattr(function, "__code__", None)
     return (
-        function.__qualname__ == f"{cls.__qualname__}.{name}"
-        and function.__module__ == cls.__module__
-        and module_file is not None
-        and os.path.splitext(code_file)[0] == os.path.splitext(module_file)[0]
+        getattr(function, "__module__", None) == cls.__module__
+        and getattr(function, "__qualname__", None) == f"{cls.__qualname__}.{name}"
+        and not hasattr(function, "__wrapped__")
+        and _same_source(getattr(code, "co_filename", None), sys.modules.get(cls.__module__))
     )
+
+
+def _same_source(code_file: str | None, module: Any) -> bool:
+    """Whether a function's code file (``co_filename``) is ``module``'s source (its
+    ``__file__``, which may name the compiled file)."""
+    module_file = getattr(module, "__file__", None)
+    if not code_file or not module_file:
+        return False
+    return os.path.splitext(code_file)[0] == os.path.splitext(module_file)[0]
 
 
 def _source_digest(functions: tuple[tuple[str, Any], ...]) -> str | None:
@@ -181,7 +189,10 @@ def _known_registration(cls: type) -> Registration | None:
         return None
     names, digests, make_when = known
     functions = tuple((name, cls.__dict__.get(name)) for name in names)
-    if not all(_defined_by(cls, name, function) for name, function in functions):
+    if not all(
+        isinstance(function, types.FunctionType) and defined_by(cls, name, function)
+        for name, function in functions
+    ):
         log.info(
             "fastkernel: %s.%s's functions are not the ones its module defines: its own run is "
             "kept",

@@ -42,11 +42,11 @@ with :func:`fastkernel.register_autotuner`, or known to ``fastkernel._autotuner_
 ``run``, whose ``super().run`` is Triton's.
 
 What stays on Triton's path: a ``JITFunction`` subclass, or an unregistered ``Autotuner``
-subclass, that defines its own ``run``, and these classes while another library's ``run`` is assigned on the class itself
-(before :func:`patch`, or while patched: the native subscript asks again whenever the class
-changed, or a class it launches through underneath; left in place by :func:`unpatch`) (its own
-behaviour is kept; the launch underneath is still native), ``warmup=True``
-(compile only), and every call the native key does not cover (counted in ``fastkernel.stats()``
+subclass, that defines its own ``run``, and these classes while another library's ``run`` is
+assigned on the class itself (before :func:`patch`, or while patched: the native subscript
+asks again whenever the class changed, or a class it launches through underneath; left in
+place by :func:`unpatch`) (its own behaviour is kept; the launch underneath is still native),
+``warmup=True`` (compile only), and every call the native key does not cover (counted in ``fastkernel.stats()``
 with its reason, as for ``@fastkernel``).
 """
 
@@ -55,8 +55,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import sys
 import threading
 import types
 import weakref
@@ -799,19 +797,28 @@ def _type_launches_served(cls: type) -> bool:
     return issubclass(cls, Autotuner) and _registered_run_served(cls)
 
 
-def _registered_run_served(cls: type) -> bool:
-    """Whether objects of ``cls``, an ``Autotuner`` subclass, call a registered ``run``
-    (``fastkernel._autotuner_classes``) that reaches the patch's ``Autotuner.run`` through
-    ``super()``, each class on the way registered and as registered."""
+def _runs_above_autotuner(cls: type) -> Iterator[tuple[type, Any]]:
+    """Each class in ``cls``'s MRO before Triton's ``Autotuner`` that holds a ``run`` (whose
+    ``super().run`` calls lead to ``Autotuner.run``), with its registration
+    (``fastkernel._autotuner_classes``) or None. Nothing for a class that is not an
+    ``Autotuner``."""
+    if not issubclass(cls, Autotuner):
+        return
     for owner in cls.__mro__:
-        if "run" not in owner.__dict__:
-            continue
         if owner is Autotuner:
-            return owner.__dict__["run"] is _installed_runs.get(Autotuner)
-        found = _classes.registration(owner)
+            return
+        if "run" in owner.__dict__:
+            yield owner, _classes.registration(owner)
+
+
+def _registered_run_served(cls: type) -> bool:
+    """Whether objects of ``cls``, an ``Autotuner`` subclass, call a registered ``run`` that
+    reaches the patch's ``Autotuner.run`` through ``super()``, each class on the way registered
+    and as registered."""
+    for owner, found in _runs_above_autotuner(cls):
         if found is None or not found.current(cls, _unwrapped_run(owner)):
             return False
-    return False
+    return Autotuner.__dict__.get("run") is _installed_runs.get(Autotuner, False)
 
 
 def _unwrapped_run(owner: type) -> Any:
@@ -832,17 +839,9 @@ def _watch_registered_runs(cls: type) -> None:
     in ``cls``'s MRO, as on Triton's classes: a ``run`` assigned on one of their objects then
     drops that object's dispatch (Python finds the class's own ``run`` before Triton's, so the
     watch on ``Autotuner.run`` never sees it). :func:`unpatch` puts the functions back."""
-    if not issubclass(cls, Autotuner):
-        return
-    for owner in cls.__mro__:
-        if owner is Autotuner:
-            return
-        run = owner.__dict__.get("run")
-        if (
-            run is not None
-            and not isinstance(run, _RunAttribute)
-            and _classes.registration(owner) is not None
-        ):
+    for owner, found in _runs_above_autotuner(cls):
+        run = owner.__dict__["run"]
+        if found is not None and run is not None and not isinstance(run, _RunAttribute):
             _watched_runs[owner] = _RunAttribute(run, owner)
             type.__setattr__(owner, "run", _watched_runs[owner])
 
@@ -897,28 +896,15 @@ def register_autotuner(cls: type, *, when: Callable[[Any], bool] | None = None) 
 
 def _registration_allows(autotuner: Autotuner) -> bool:
     """Whether each registered class ``autotuner``'s run goes through allows serving it."""
-    for owner in type(autotuner).__mro__:
-        if owner is Autotuner:
-            return True
-        if "run" in owner.__dict__:
-            found = _classes.registration(owner)
-            if found is None or not found.allows(autotuner):
-                return False
-    return True
+    return all(
+        found is not None and found.allows(autotuner)
+        for _owner, found in _runs_above_autotuner(type(autotuner))
+    )
 
 
 def _type_run_served(obj: Any) -> bool:
     """:func:`_type_launches_served` of ``obj``'s type."""
     return _type_launches_served(type(obj))
-
-
-def _same_source(code_file: str | None, module: Any) -> bool:
-    """Whether a function's code file (``co_filename``) is ``module``'s source (its
-    ``__file__``, which may name the compiled file)."""
-    module_file = getattr(module, "__file__", None)
-    if not code_file or not module_file:
-        return False
-    return os.path.splitext(code_file)[0] == os.path.splitext(module_file)[0]
 
 
 def _run_owner(cls: type) -> type | None:
@@ -933,14 +919,7 @@ def _tritons_own_run(cls: type) -> bool:
     fastkernel was imported included, and one made with ``functools.wraps``, which copies the
     names: its code is not in Triton's module)."""
     run = cls.__dict__.get("run")
-    module = sys.modules.get(cls.__module__)
-    return (
-        getattr(run, "__module__", None) == cls.__module__
-        and getattr(run, "__qualname__", None) == f"{cls.__qualname__}.run"
-        and not hasattr(run, "__wrapped__")
-        and _same_source(getattr(getattr(run, "__code__", None), "co_filename", None), module)
-        and run not in PATCHED_RUNS
-    )
+    return _classes.defined_by(cls, "run", run) and run not in PATCHED_RUNS
 
 
 def _launches_through_served_run(level: Any, top: Any) -> bool:
@@ -1051,6 +1030,8 @@ def _patched_autotuner_run(self, *args, **kwargs):
             kwargs = dict(kwargs)
             grid = kwargs.pop("grid")
             kwargs.pop("warmup", None)
+            if type(self) is Autotuner:  # a miss runs Triton's run itself
+                return dispatch[grid](*args, **kwargs)
             entered = getattr(_tuning, "entered", None)
             _tuning.entered = self  # for a miss: any run of a subclass over this one has run
             try:
