@@ -77,13 +77,14 @@ def canonical_params(launch: Launch, k: int, made: list[tuple[int, int, int]]) -
 
 
 def assert_same_launches(ours: list[Launch], our_made, theirs: list[Launch], their_made) -> None:
-    """The launches are Triton's, parameter for parameter, addresses inside the storages each run
-    made compared as (storage, offset) (``canonical_params``)."""
+    """The launches are Triton's, binary for binary and parameter for parameter, addresses inside
+    the storages each run made compared as (storage, offset) (``canonical_params``)."""
     assert len(ours) == len(theirs), f"fastkernel made {len(ours)} launches, Triton {len(theirs)}"
     assert len(our_made) == len(their_made), "the runs made different numbers of storages"
     for k, (mine, triton_launch) in enumerate(zip(ours, theirs)):
         where = f"launch {k} ({triton_launch.name})"
         assert mine.name == triton_launch.name, where
+        assert mine.image == triton_launch.image, f"{where}: fastkernel launched another binary"
         assert (mine.grid, mine.block) == (triton_launch.grid, triton_launch.block), where
         assert mine.shared_mem == triton_launch.shared_mem, where
         assert (mine.stream, mine.device) == (triton_launch.stream, triton_launch.device), where

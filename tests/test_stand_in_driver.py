@@ -158,19 +158,27 @@ def _pop_all_contexts(d):
         assert d.lib.cuCtxPopCurrent(None) == CUDA_SUCCESS
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    """(cubin bytes, kernel name, threads per block) of scale_kernel built for sm_90."""
+def _scale_kernel(block: int):
+    """(cubin bytes, kernel name, threads per block) of scale_kernel with ``BLOCK=block``, built
+    for sm_90."""
     if triton is None:
         pytest.skip("triton is not installed")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     src = ASTSource(
-        scale_kernel, {"x_ptr": "*fp32", "n": "i32", "s": "fp32", "BLOCK": "constexpr"}, {(3,): 128}
+        scale_kernel,
+        {"x_ptr": "*fp32", "n": "i32", "s": "fp32", "BLOCK": "constexpr"},
+        {(3,): block},
     )
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     return k.asm["cubin"], k.name, k.metadata.num_warps * 32
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """(cubin bytes, kernel name, threads per block) of scale_kernel built for sm_90."""
+    return _scale_kernel(128)
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -421,6 +429,22 @@ def test_launch_records_parameter_bank(drv, kernel):
     assert drv.launches() == [] and drv.launch_count() == 0 and drv.module_loads() == 0
     assert _launch(drv, fn2, Args()) == CUDA_SUCCESS  # modules survive a reset
     assert drv.lib.cuModuleUnload(mod2) == CUDA_SUCCESS
+
+
+def test_a_launch_names_the_binary_it_ran(drv, kernel):
+    """Each launch records a digest of its function's module image: two loads of one cubin
+    give the same, another specialization of the same kernel (same name, same parameters)
+    another."""
+    cubin, name, threads = kernel
+    other, other_name, _ = _scale_kernel(256)
+    assert other_name == name and other != cubin
+    for image in (cubin, cubin, other):
+        _, mod, fn = _load(drv, image, name)
+        assert _launch(drv, fn, Args(), block=(threads, 1, 1)) == CUDA_SUCCESS
+        assert drv.lib.cuModuleUnload(mod) == CUDA_SUCCESS
+    first, again, another = (launch.image for launch in drv.launches())
+    assert first == again != another and first != 0
+    assert [launch.params for launch in drv.launches()] == [Args().expected()] * 3
 
 
 def test_param_layout_matches_cuobjdump(drv, kernel, tmp_path):

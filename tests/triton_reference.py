@@ -118,11 +118,12 @@ class TritonReference:
 
 
 def assert_same_launch(ours: Launch, triton_launch: Launch) -> None:
-    """The launch fastkernel made is the one Triton made: entry point, grid, block, dynamic
-    shared memory, stream, device, launch attributes and every parameter's bytes. (Triton always
-    calls cuLaunchKernelEx; fastkernel calls cuLaunchKernel when no attribute is needed, which
-    the driver treats the same.)"""
+    """The launch fastkernel made is the one Triton made: the binary (the module image's
+    digest) and its entry point, grid, block, dynamic shared memory, stream, device, launch
+    attributes and every parameter's bytes. (Triton always calls cuLaunchKernelEx; fastkernel
+    calls cuLaunchKernel when no attribute is needed, which the driver treats the same.)"""
     assert ours.name == triton_launch.name
+    assert ours.image == triton_launch.image, "fastkernel launched another binary than Triton"
     assert (ours.grid, ours.block) == (triton_launch.grid, triton_launch.block)
     assert ours.shared_mem == triton_launch.shared_mem
     assert (ours.stream, ours.device) == (triton_launch.stream, triton_launch.device)

@@ -117,6 +117,7 @@ class Launch:
     params: list[bytes]  # one entry per kernel parameter, in ordinal order
     param_layout: list[tuple[int, int]]  # (offset, size) of each parameter in `raw`
     raw: bytes  # the parameter bank (EIATTR_CBANK_PARAM_SIZE bytes) as the kernel would see it
+    image: int = 0  # a digest (FNV-1a) of the module image the launched function is in
 
 
 class RecordingDriver:
@@ -156,6 +157,7 @@ class RecordingDriver:
             "fkstub_launch_shared_mem": (c_int, [c_int, u32p]),
             "fkstub_launch_stream": (c_int, [c_int, ctypes.POINTER(ctypes.c_ulonglong)]),
             "fkstub_launch_is_ex": (c_int, [c_int]),
+            "fkstub_launch_image": (c_int, [c_int, ctypes.POINTER(ctypes.c_ulonglong)]),
             "fkstub_launch_num_attrs": (c_int, [c_int]),
             "fkstub_launch_attr": (c_int, [c_int, c_int, u32p, c_void_p]),
             "fkstub_launch_num_params": (c_int, [c_int]),
@@ -246,6 +248,8 @@ class RecordingDriver:
         L.fkstub_launch_shared_mem(i, ctypes.byref(smem))
         stream = ctypes.c_ulonglong()
         L.fkstub_launch_stream(i, ctypes.byref(stream))
+        image = ctypes.c_ulonglong()
+        L.fkstub_launch_image(i, ctypes.byref(image))
 
         attrs = []
         for j in range(L.fkstub_launch_num_attrs(i)):
@@ -276,4 +280,5 @@ class RecordingDriver:
             params=[raw[off : off + size] for off, size in layout],
             param_layout=layout,
             raw=raw,
+            image=image.value,
         )

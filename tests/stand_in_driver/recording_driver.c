@@ -158,6 +158,7 @@ struct fk_mod {
   CUcontext ctx;
   unsigned char* image;
   size_t size;
+  unsigned long long digest; /* FNV-1a of the image: which binary a launch ran */
   int unloaded;
   struct fk_func* funcs;
 };
@@ -171,6 +172,7 @@ struct fk_launch {
   unsigned int block[3];
   unsigned int shared_mem;
   unsigned long long stream;
+  unsigned long long image; /* the digest of the launched function's module image */
   int is_ex;
   int num_attrs;
   unsigned int attr_id[FK_MAX_ATTRS];
@@ -558,6 +560,10 @@ FK_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   memcpy(copy, image, size);
   m->image = copy;
   m->size = size;
+  m->digest = 0xcbf29ce484222325ULL; /* FNV-1a, 64-bit */
+  for (size_t i = 0; i < size; i++) {
+    m->digest = (m->digest ^ copy[i]) * 0x100000001b3ULL;
+  }
   m->ctx = ctx;
   pthread_mutex_lock(&g_lock);
   m->next = g_modules;
@@ -889,6 +895,7 @@ static CUresult do_launch(CUfunction f, const unsigned int grid[3], const unsign
     memcpy(rec->block, block, sizeof rec->block);
     rec->shared_mem = smem;
     rec->stream = (unsigned long long)(uintptr_t)stream;
+    rec->image = f->mod->digest;
     rec->is_ex = is_ex;
     rec->num_attrs = num_attrs > FK_MAX_ATTRS ? FK_MAX_ATTRS : (int)num_attrs;
     for (int i = 0; i < rec->num_attrs; i++) {
@@ -1295,6 +1302,15 @@ FK_EXPORT int fkstub_launch_stream(int i, unsigned long long* out) {
   const struct fk_launch* l = lock_launch(i);
   if (!l) return -1;
   if (out) *out = l->stream;
+  pthread_mutex_unlock(&g_lock);
+  return 0;
+}
+
+/* The digest (FNV-1a, 64-bit) of the module image whose function launch i ran. */
+FK_EXPORT int fkstub_launch_image(int i, unsigned long long* out) {
+  const struct fk_launch* l = lock_launch(i);
+  if (!l) return -1;
+  *out = l->image;
   pthread_mutex_unlock(&g_lock);
   return 0;
 }
