@@ -362,6 +362,7 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
     from fla.ops.utils import cumsum, softmax, solve_tril
+    from fla.ops.wall_attn import build_wall_kv_cache, parallel_wall_attn_decode
 
     def linear_attention(op, seq_len, beta=True, **options):
         """q, k, v (batch, time, heads, head dim), the log-space decay g (batch, time, heads),
@@ -387,6 +388,17 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
             return op(q, k, v, g)
 
         return _step(forward, *qkv, *gates)
+
+    def wall_attn_decode(window_size=None):
+        """A decode step of WALL attention: one query over a cache of 64 tokens in chunks of
+        16, two heads of 64 (Triton's autotuner over Triton's heuristics)."""
+        k, v = _x(1, 64, 2, 64), _x(1, 64, 2, 64)
+        prefix = torch.nn.functional.logsigmoid(_x(1, 64, 2, 64)).cumsum(1)
+        k_tilde, r_cache = build_wall_kv_cache(k, prefix, 16)
+        q, p_curr = _x(1, 1, 2, 64), prefix[:, -1:].contiguous()
+        return lambda: parallel_wall_attn_decode(
+            q, v, p_curr, k_tilde, r_cache, None, 0.125, 16, window_size=window_size
+        )
 
     return {
         "l2norm": lambda: lambda x=_x(4, 256): l2norm.l2norm(x),
@@ -417,6 +429,8 @@ def _fla_cases() -> dict[str, Callable[[], Callable[[], object]]]:
             )
         ),
         "solve_tril": lambda: lambda A=_x(1, 128, 2, 64): solve_tril(A),
+        "wall_attn decode": wall_attn_decode,
+        "wall_attn decode window": lambda: wall_attn_decode(window_size=32),
         # The recurrent delta rule expects unit-norm keys: with raw ones (norm about 8) its
         # state grows each step until the output is NaN. The kernel normalizes q and k itself.
         "fused_recurrent_gated_delta_rule": lambda: linear_attention(
@@ -451,6 +465,8 @@ FLA_CASES = [
     "token_shift",
     "causal_conv1d_update",
     "solve_tril",
+    "wall_attn decode",
+    "wall_attn decode window",
     "fused_recurrent_gated_delta_rule",
     "chunk_gated_delta_rule",
     "chunk_simple_gla",
@@ -506,6 +522,24 @@ def test_flash_linear_attention_cached_autotuner_is_one_native_hit(case, stand_i
     native hit of the autotuner's (or the heuristics') dispatch, launching what Triton does."""
     hits = _hits_by_name(stand_in, _fla_quiet_cases()[case]())
     assert hits == {FLA_CACHED_AUTOTUNER_CASES[case]: 1}, hits
+
+
+# Kernels under Triton's autotuner over Triton's heuristics, and the dispatch serving them.
+FLA_AUTOTUNE_OVER_HEURISTICS_CASES = {
+    "wall_attn decode": "fla.ops.wall_attn.decode.parallel_wall_attn_decode_kernel [triton.autotune]",
+    "wall_attn decode window": (
+        "fla.ops.wall_attn.decode.parallel_wall_attn_decode_kernel [triton.autotune]"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FLA_AUTOTUNE_OVER_HEURISTICS_CASES))
+def test_flash_linear_attention_autotune_over_heuristics_is_one_native_hit(case, stand_in):
+    """fla's WALL attention decode kernel, ``@triton.autotune`` over ``@triton.heuristics``: one
+    native hit of the autotuner's dispatch, whose record carries the tuned config and the
+    heuristics' values (which read whether optional tensors and the window are None)."""
+    hits = _hits_by_name(stand_in, _fla_quiet_cases()[case]())
+    assert hits == {FLA_AUTOTUNE_OVER_HEURISTICS_CASES[case]: 1}, hits
 
 
 @pytest.mark.parametrize("change", ["none", "source digest", "functools.wraps"])
@@ -669,6 +703,8 @@ FLAGGEMS_CASES = [
     "topk",
     "index_select",
     "gather",
+    "upsample_nearest2d",
+    "upsample_nearest2d same",
 ]
 
 
@@ -794,6 +830,10 @@ def _flag_gems_calls(flag_gems) -> dict[str, Callable[[], Callable[[], object]]]
         "topk": lambda: lambda x=_x(8, 128): ops.topk(x, 4),
         "index_select": lambda: lambda x=_x(64, 32), i=_ints(64, 16): ops.index_select(x, 0, i),
         "gather": lambda: lambda x=_x(8, 128), i=_ints(128, 8, 4): ops.gather(x, 1, i),
+        "upsample_nearest2d": lambda: lambda x=_x(1, 2, 8, 8): ops.upsample_nearest2d(x, (16, 16)),
+        "upsample_nearest2d same": lambda: (
+            lambda x=_x(1, 2, 8, 8): ops.upsample_nearest2d(x, (8, 8))
+        ),
     }
 
 
@@ -801,11 +841,32 @@ def _flag_gems_calls(flag_gems) -> dict[str, Callable[[], Callable[[], object]]]
 def test_flag_gems_ops_launch_as_triton_does_and_hit_natively(
     case, stand_in, flag_gems, monkeypatch
 ):
+    _flag_gems_on_stand_in(monkeypatch)
+    run_case(stand_in, _flag_gems_cases(flag_gems)[case]())
+
+
+def _flag_gems_on_stand_in(monkeypatch) -> None:
+    """FlagGems' host functions, made to run on the stand-in's CPU tensors."""
     # FlagGems enters torch.cuda.device(index) around each launch and keys its launch caches
     # by torch.cuda.current_device(): the one device the stand-in drives.
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    run_case(stand_in, _flag_gems_cases(flag_gems)[case]())
+    # Its upsampling asserts that the input is on its vendor's device type.
+    upsampling = importlib.import_module("flag_gems.ops.upsample_nearest2d")
+    monkeypatch.setattr(upsampling, "device", DEVICE)
+
+
+@pytest.mark.parametrize("case", ["upsample_nearest2d", "upsample_nearest2d same"])
+def test_flag_gems_autotune_over_heuristics_is_one_native_hit(
+    case, stand_in, flag_gems, monkeypatch
+):
+    """FlagGems' nearest upsampling kernel, ``@triton.autotune`` over ``@triton.heuristics``
+    without a LibEntry: one native hit of the autotuner's dispatch, whose record carries the
+    tuned config and the heuristics' values (computed from the keyed sizes)."""
+    _flag_gems_on_stand_in(monkeypatch)
+    hits = _hits_by_name(stand_in, _flag_gems_cases(flag_gems)[case]())
+    name = "flag_gems.ops.upsample_nearest2d.upsample_nearest2d_kernel [triton.autotune]"
+    assert hits == {name: 1}, hits
 
 
 # SGLang: the Triton kernels of its attention backend and of its layers, called through the host

@@ -800,17 +800,25 @@ def test_super_run_from_a_subclass_run_is_tritons_under_an_instance_run(stand_in
     assert len(stand_in.launches()) == 3 + 2  # and the first call's two configs timed
 
 
-def test_autotune_over_heuristics_launches_natively_underneath(stand_in):
+def test_autotune_over_heuristics_is_one_native_hit(stand_in):
     jit_fn = _fresh_add_kernel()
     tuned = triton.autotune(configs=[triton.Config({}, num_warps=4)], key=["n"])(
         triton.heuristics({"BLOCK": lambda args: 512})(jit_fn)
     )
     x, y, out = _tensors()
-    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM) as reference:
         for _ in range(3):
             tuned[(8,)](x, y, out, N)
-        inner = _stats_of(jit_fn)
-    assert (inner["misses"], inner["hits"], inner["fallbacks"]) == (1, 2, 0)
+        stats = _stats_of(tuned)
+        inner = _stats_of(jit_fn)  # Triton's Autotuner.run launched it on the miss
+    launches = stand_in.launches()
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(jit_fn, (8,), x, y, out, N, BLOCK=512, num_warps=4)
+    assert len(launches) == 3
+    for launch in launches:
+        assert_same_launch(launch, theirs)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0)
+    assert (inner["misses"], inner["hits"]) == (1, 0)
 
 
 def test_a_subclass_with_its_own_run_keeps_it(stand_in, patch_on):
@@ -2044,11 +2052,222 @@ def test_a_heuristics_over_triton_autotune_the_key_cannot_follow_keeps_tritons_p
     assert counted.startswith(reason), counted
 
 
+def _autotune_over_heuristics(timings, key=("n",), heuristic=None, configs=CONFIGS) -> Autotuner:
+    """FlagGems' upsampling stack: Triton's autotuner (``configs``, picked by ``timings``) over
+    Triton's heuristics (``HAS_Y`` from whether y is None, by default) over a fresh JITFunction
+    of optional_add_kernel."""
+    jit_fn = JITFunction(kernels.optional_add_kernel.fn)
+    stack = triton.heuristics({"HAS_Y": heuristic or (lambda args: args["y_ptr"] is not None)})(
+        jit_fn
+    )
+    tuned = triton.autotune(configs=configs, key=list(key), do_bench=_timer(timings))(stack)
+    _KEPT.extend((jit_fn, stack, tuned))
+    return tuned
+
+
+@pytest.mark.parametrize(
+    "heuristic",
+    [
+        None,
+        lambda args: args["y_ptr"] is not None and args["BLOCK"] >= 1024,
+        lambda args: args["y_ptr"] is not None and args["num_warps"] > 2,
+    ],
+    ids=["an argument", "the config's value", "the config's option"],
+)
+def test_a_triton_autotune_over_heuristics_is_one_native_hit(stand_in, heuristic):
+    """A call of ``@triton.autotune`` over ``@triton.heuristics`` (FlagGems' upsampling, fla's
+    WALL attention) is one native hit: the same launches, tuning, autotune cache and
+    ``best_config`` after every call as Triton's, with heuristics that read an argument, the
+    tuned config's value and the config's compile option (Triton's ``Autotuner.run`` passes
+    the heuristics the config's values)."""
+    x, y, out = _tensors()
+    calls = [(y, N), (None, N), (y, N), (y, N // 2), (None, N), (y, N // 2), (y, N)]
+    runs = {}
+    for on in (False, True):
+        # Three autotune keys, two configs timed for each: BLOCK 256, 1024, 256 picked.
+        tuned = _autotune_over_heuristics([3.0, 1.0, 0.5, 2.0, 1.0, 2.0], heuristic=heuristic)
+        stand_in.reset()
+        best = []
+        with _triton_on_stand_in(stand_in, patched=on):
+            for b, n in calls:
+                tuned[_grid_by_block](x, b, out, n)
+                best.append(tuned.best_config)
+            if on:
+                stats = _stats_of(tuned)
+                dispatch = vars(tuned)[PATCH_ATTR]
+                heuristics_served = PATCH_ATTR in vars(tuned.fn)
+        runs[on] = (stand_in.launches(), best, dict(tuned.cache))
+    (mine, my_best, my_cache), (theirs, their_best, their_cache) = runs[True], runs[False]
+    assert len(mine) == len(theirs) == len(calls) + 3 * 2
+    for ours, reference_launch in zip(mine, theirs):
+        assert_same_launch(ours, reference_launch)
+    assert my_best == their_best and my_cache == their_cache and len(my_cache) == 3
+    assert my_best[:3] == [CONFIGS[1], CONFIGS[0], CONFIGS[1]]
+    assert len({launch.image for launch in mine}) > 1  # binaries told apart by HAS_Y, BLOCK
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (3, 4, 0)
+    assert type(dispatch).__name__ == "PatchedAutotunerOverHeuristics"
+    assert not heuristics_served  # launched only through Triton's Heuristics.run on misses
+
+
+@pytest.mark.parametrize(
+    "key, heuristic, reason",
+    [
+        (
+            ("x_ptr",),
+            None,
+            "autotune key 'x_ptr' holds a tensor, which Triton keys by identity",
+        ),
+        (
+            ("n",),
+            lambda args: args["y_ptr"].shape[0] > 8,
+            "a heuristic reads argument 'y_ptr' of type Tensor; only scalars are keyed",
+        ),
+        (
+            ("n",),
+            lambda args: args["grid"] is not None,
+            "a heuristic reads 'grid', which its code does not name",
+        ),
+    ],
+    ids=["autotune key", "heuristic", "grid"],
+)
+def test_a_triton_autotune_over_heuristics_the_key_cannot_follow_keeps_tritons_path(
+    stand_in, key, heuristic, reason
+):
+    """A call whose autotune key or heuristic the native key cannot imply runs as Triton runs
+    it (the same launches and tuning), counted as a fallback with the reason."""
+    x, y, out = _tensors()
+    runs = {}
+    for on in (False, True):
+        tuned = _autotune_over_heuristics([1.0, 2.0] * 2, key=key, heuristic=heuristic)
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched=on):
+            for _ in range(3):
+                tuned[_grid_by_block](x, y, out, N)
+            if on:
+                stats = _stats_of(tuned)
+        runs[on] = (stand_in.launches(), dict(tuned.cache))
+    assert len(runs[True][0]) == len(runs[False][0])
+    for ours, reference_launch in zip(*(runs[on][0] for on in (True, False))):
+        assert_same_launch(ours, reference_launch)
+    assert runs[True][1] == runs[False][1]
+    assert stats["hits"] == 0 and stats["fallbacks"] == 3
+    (counted,) = stats["fallback_reasons"]
+    assert counted.startswith(reason), counted
+
+
+#: What the heuristic of :func:`_block_from_a_global` returns (a test sets it).
+_BLOCK_SETTING = 512
+
+
+def _block_from_a_global(args):
+    return _BLOCK_SETTING
+
+
+@pytest.mark.parametrize(
+    "heuristic, calls, grids, reason",
+    [
+        (
+            _block_from_a_global,
+            [(512, {}), (1024, {}), (512, {})],
+            [(8, 1, 1), (4, 1, 1), (8, 1, 1)],
+            "the heuristic for 'BLOCK' reads '_BLOCK_SETTING', which the key does not hold",
+        ),
+        (
+            lambda args: 512,
+            [(None, {"BLOCK": 128}), (None, {"BLOCK": 256}), (None, {"BLOCK": 128})],
+            [(8, 1, 1)] * 3,
+            "argument 'BLOCK' is computed by the heuristics",
+        ),
+    ],
+    ids=["a global", "a computed name passed"],
+)
+def test_a_triton_autotune_over_heuristics_call_the_key_cannot_follow_keeps_tritons_path(
+    stand_in, monkeypatch, heuristic, calls, grids, reason
+):
+    """A heuristic reading a global (which the key cannot hold), and a call passing the name
+    the heuristics compute (Triton's ``Heuristics.run`` replaces it): every call runs Triton's
+    ``Autotuner.run``, launching what Triton launches (the grid reads ``BLOCK``, the value
+    launched), counted as a fallback with the reason."""
+    configs = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=2)]
+    x, y, out = _tensors()
+    runs = {}
+    for on in (False, True):
+        tuned = triton.autotune(configs=configs, key=["n"], do_bench=_timer([1.0, 2.0]))(
+            triton.heuristics({"BLOCK": heuristic})(_fresh_add_kernel())
+        )
+        _KEPT.append(tuned)
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched=on):
+            for setting, kwargs in calls:
+                if setting is not None:
+                    monkeypatch.setattr(sys.modules[__name__], "_BLOCK_SETTING", setting)
+                tuned[_grid_by_block](x, y, out, N, **kwargs)
+            if on:
+                stats = _stats_of(tuned)
+        runs[on] = stand_in.launches()
+    assert len(runs[True]) == len(runs[False]) == len(calls) + 2
+    for ours, reference_launch in zip(runs[True], runs[False]):
+        assert_same_launch(ours, reference_launch)
+    assert [launch.grid for launch in runs[True][2:]] == grids
+    assert stats["hits"] == 0 and stats["fallbacks"] == len(calls)
+    assert stats["fallback_reasons"] == {reason: len(calls)}
+
+
+def test_a_heuristic_replaced_in_place_under_an_autotuner_is_never_registered(stand_in):
+    """A heuristic function replaced in place in ``values`` (which the dispatch does not watch)
+    after the first launch: a new key's miss finds that the value it computes is not the one
+    Triton's run launched with, and registers nothing; every launch is Triton's."""
+    x, y, out = _tensors()
+    runs = {}
+    for on in (False, True):
+        tuned = _autotune_over_heuristics([1.0, 2.0] * 2)
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched=on):
+            tuned[_grid_by_block](x, y, out, N)
+            tuned[_grid_by_block](x, y, out, N)
+            tuned.fn.values["HAS_Y"] = lambda args: False
+            tuned[_grid_by_block](x, y, out, N // 2)
+            tuned[_grid_by_block](x, y, out, N // 2)
+            if on:
+                stats = _stats_of(tuned)
+        runs[on] = stand_in.launches()
+    assert len(runs[True]) == len(runs[False]) == 4 + 2 * 2
+    for ours, reference_launch in zip(runs[True], runs[False]):
+        assert_same_launch(ours, reference_launch)
+    assert (stats["misses"], stats["hits"]) == (3, 1)
+    assert stats["fallback_reasons"] == {
+        "the heuristic for 'HAS_Y' gave True where the launch had False": 2
+    }
+
+
+def test_an_autotuner_whose_configs_set_a_computed_name_keeps_tritons_path(stand_in):
+    """Configs that set a name the heuristics under them compute (the heuristic's value wins in
+    Triton's run): the autotuner launches through Triton's ``Autotuner.run``."""
+    configs = [triton.Config({"BLOCK": 1024, "HAS_Y": False}), triton.Config({"BLOCK": 256})]
+    x, y, out = _tensors()
+    runs = {}
+    for on in (False, True):
+        tuned = _autotune_over_heuristics([1.0, 2.0], configs=configs)
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched=on):
+            for _ in range(2):
+                tuned[_grid_by_block](x, y, out, N)
+            if on:
+                kept = vars(tuned)[PATCH_ATTR]
+        runs[on] = stand_in.launches()
+    assert len(runs[True]) == len(runs[False]) == 2 + 2
+    for ours, reference_launch in zip(runs[True], runs[False]):
+        assert_same_launch(ours, reference_launch)
+    assert kept is False
+
+
 def _served_stack(stack: str):
     """A fresh kernel object launching through others (or a kernel), and the keywords its
     calls add: :func:`_launched_through` for one level, or a heuristics over an autotuner."""
     if stack == "heuristics over autotuner":
         return _heuristics_over_autotune([1.0, 2.0]), {}
+    if stack == "autotuner over heuristics":
+        return _autotune_over_heuristics([1.0, 2.0]), {}
     cls = {"kernel": JITFunction, "autotuner": Autotuner, "heuristics": Heuristics}[stack]
     return _launched_through(cls)
 
@@ -2062,6 +2281,8 @@ def _served_stack(stack: str):
         ("heuristics", JITFunction),
         ("heuristics over autotuner", JITFunction),
         ("heuristics over autotuner", Autotuner),
+        ("autotuner over heuristics", JITFunction),
+        ("autotuner over heuristics", Heuristics),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else v,
 )
@@ -2112,7 +2333,7 @@ def test_a_run_assigned_on_a_class_under_a_served_kernel_is_called(stand_in, sta
                 }
         assert cls.__dict__["run"] is tritons
     # Four launches, and the later autotuner's two benchmarked configs as it first tunes.
-    tuned_under = 2 if "autotuner" in stack and cls is JITFunction else 0
+    tuned_under = 2 if "autotuner" in stack and cls is not Autotuner else 0
     if stack == "kernel":  # the kernel itself: `first.run(...)` calls the recorder directly
         assert calls[True] == calls[False] and len(calls[True]) == 4, calls
         return

@@ -19,7 +19,9 @@ kernel does. Nothing in a library is found or replaced: the patch sits on Triton
   ``triton.jit`` function, or over Triton's own autotuner over one, is one native hit when its
   functions read only scalars and constexprs, each named in their code
   (:class:`PatchedHeuristics`); other heuristics run in Python on every call and launch
-  natively underneath.
+  natively underneath. Triton's own autotuner over Triton's own heuristics over a
+  ``triton.jit`` function is one native hit by the same rules, the heuristics seeing the
+  tuned config's values as in Triton (:class:`PatchedAutotunerOverHeuristics`).
 - ``CompiledKernel.__getitem__`` and ``fastkernel.cache.CachedKernel.__getitem__`` (what a
   launch returns in a process that read the binary from the disk cache) become slot wrappers of
   the native handle subscript (``csrc/python/handle_launch.cpp``): ``handle[grid]`` of a handle
@@ -196,16 +198,19 @@ def _leaves(value: Any) -> Iterator[Any]:
 
 
 class _TunedLaunch:
-    """One PatchedAutotuner miss in progress on this thread: the config its ``Autotuner.run``
-    launched the kernel with, noted by :func:`_patched_run` when that run calls its kernel's
-    ``run`` (``best_config`` itself is shared: a launch from the grid, or another thread, can
-    set it again before the miss reads it)."""
+    """One tuned miss in progress on this thread: the config its ``Autotuner.run`` launched
+    ``kernel`` (the ``triton.jit`` function under the autotuner, and under any heuristics
+    between them) with, and the keywords of that launch, noted by :func:`_patched_run` when the
+    run reaches the kernel's ``run`` (``best_config`` itself is shared: a launch from the grid,
+    or another thread, can set it again before the miss reads it)."""
 
-    __slots__ = ("autotuner", "config")
+    __slots__ = ("autotuner", "kernel", "config", "kwargs")
 
-    def __init__(self, autotuner: Autotuner):
+    def __init__(self, autotuner: Autotuner, kernel: JITFunction):
         self.autotuner = autotuner
+        self.kernel = kernel
         self.config: Any = None
+        self.kwargs: dict[str, Any] = {}
 
 
 #: Per thread, the PatchedAutotuner misses in progress, innermost last.
@@ -215,9 +220,9 @@ _tuning = threading.local()
 def _note_tuned_launch(jit_fn: JITFunction, kwargs: dict) -> None:
     """Called by :func:`_patched_run`: when the innermost tuned miss on this thread is running
     ``jit_fn``, notes the config its ``Autotuner.run`` set, if this launch carries that config's
-    values (else None: it was set again in between)."""
+    values (else None: it was set again in between), and the launch's keywords."""
     pending = getattr(_tuning, "pending", None)
-    if not pending or pending[-1].autotuner.fn is not jit_fn:
+    if not pending or pending[-1].kernel is not jit_fn:
         return
     entry = pending[-1]
     config = getattr(entry.autotuner, "best_config", None)  # unset until a first run sets it
@@ -226,6 +231,7 @@ def _note_tuned_launch(jit_fn: JITFunction, kwargs: dict) -> None:
         kwargs.get(name, missing) == value for name, value in config.all_kwargs().items()
     )
     entry.config = config if matches else None
+    entry.kwargs = kwargs
 
 
 class PatchedAutotuner(NativeDispatch):
@@ -274,11 +280,14 @@ class PatchedAutotuner(NativeDispatch):
     _stats_suffix = " [triton.autotune]"
 
     @staticmethod
-    def config_params(autotuner: Autotuner) -> tuple[str, ...] | None:
-        """The parameters the autotuner's configs set, or None when a config sets something the
-        native record cannot carry (a runtime parameter, or a name that is neither a parameter
-        nor a compile option)."""
-        jit_fn = autotuner.fn
+    def config_params(
+        autotuner: Autotuner, jit_fn: JITFunction | None = None
+    ) -> tuple[str, ...] | None:
+        """The parameters of ``jit_fn`` (the kernel the autotuner launches; its ``fn`` by
+        default) the autotuner's configs set, or None when a config sets something the native
+        record cannot carry (a runtime parameter, or a name that is neither a parameter nor a
+        compile option)."""
+        jit_fn = jit_fn or autotuner.fn
         by_name = {p.name: p for p in jit_fn.params}
         options = set(abi.option_names(abi.cuda_target(9, 0)))
         names: list = []
@@ -320,17 +329,18 @@ def _tuned_flags(
 
 def _autotune_not_native(
     autotuner: Autotuner,
+    jit_fn: JITFunction,
     config_params: tuple[str, ...],
     named: dict[str, Any],
     kwargs: dict[str, Any],
 ) -> str | None:
-    """Why Triton's autotune key of a call (its arguments by name in ``named``, its keywords in
-    ``kwargs``) is not implied by the native key, or None."""
+    """Why Triton's autotune key of a call of ``jit_fn`` through ``autotuner`` (its arguments by
+    name in ``named``, its keywords in ``kwargs``) is not implied by the native key, or None."""
     import torch
 
     if type(autotuner.cache) is not dict:
         return "the autotuner's cache is not a plain dict"
-    if autotuner.fn.pre_run_hooks:
+    if jit_fn.pre_run_hooks:
         return "the kernel has pre-run hooks, which Triton runs with the config's values"
     given = [name for name in config_params if name in kwargs]
     if given:
@@ -361,24 +371,29 @@ def _tuned_miss(
     device: int,
     reason: str | None,
     provided: frozenset[str] = frozenset(),
+    computed_under: Callable[[Any, tuple, dict, Any], dict[str, Any] | str] | None = None,
 ):
     """The miss of ``dispatch``, a native dispatch whose calls launch through ``autotuner``:
     runs Triton's ``Autotuner.run`` itself on the call (``kwargs`` hold any values computed
     over the autotuner), which tunes if Triton's key is new and launches natively underneath;
     then registers ``key`` with the config that run launched, unless ``reason`` (or a reason
     found here) keeps the call on Triton's path, counted as a fallback. ``provided``: the
-    parameters given by the record besides the configs' (values computed over the
-    autotuner)."""
+    parameters given by the record besides the configs' (values computed over or under the
+    autotuner). ``computed_under(grid, args, merged, launch)``: for heuristics under the
+    autotuner, the values they computed for the launch (``merged``: the call's keywords with
+    the config's; ``launch``: the :class:`_TunedLaunch`), or why the key does not imply
+    them."""
+    jit_fn = dispatch.jit_function
     if key is not None:
         named = dict(zip(autotuner.arg_names, args))
         named.update((k, v) for k, v in kwargs.items() if k in autotuner.arg_names)
-        reason = _autotune_not_native(autotuner, config_params, named, kwargs)
+        reason = reason or _autotune_not_native(autotuner, jit_fn, config_params, named, kwargs)
     # A call without a key was counted as a fallback natively. A registered subclass's own run
     # runs on its miss (its super().run is then Triton's: _in_tuned_miss), unless this call
     # came through Autotuner.run, which that run calls: it ran already.
     run = AUTOTUNER_RUN if getattr(_tuning, "entered", None) is autotuner else _own_run(autotuner)
     pending = _tuning.__dict__.setdefault("pending", [])
-    launch = _TunedLaunch(autotuner)
+    launch = _TunedLaunch(autotuner, jit_fn)
     pending.append(launch)
     try:
         result = dispatch._run_through_triton(
@@ -397,9 +412,7 @@ def _tuned_miss(
         elif config.pre_hook is not None:
             reason = "the tuned config has a pre_hook, which runs in Python before every launch"
         elif unkeyed := [
-            name
-            for name in config.kwargs
-            if name in dispatch.jit_function.arg_names and name not in config_params
+            name for name in config.kwargs if name in jit_fn.arg_names and name not in config_params
         ]:
             # A config from a prune or a replaced `configs` list: the native key and the
             # record's tuned arguments cover only what the configs set when the dispatch
@@ -410,6 +423,13 @@ def _tuned_miss(
             )
         else:
             merged = {**kwargs, **config.all_kwargs()}
+            if computed_under is not None:
+                computed = computed_under(grid, args, merged, launch)
+                if isinstance(computed, str):
+                    reason = computed
+                else:
+                    merged.update(computed)
+        if reason is None:
             tuned_args = dispatch._tuned_args(merged, frozenset(config_params) | provided)
             record = dispatch._launch_record(
                 args, merged, key, device, tuned_args, published=config, launched=result
@@ -513,24 +533,24 @@ class PatchedHeuristics(NativeDispatch):
         heuristics: TritonHeuristics,
         jit_fn: JITFunction,
         values: dict[str, Any],
-        spelled: frozenset[str],
-        identity_only: frozenset[str] = frozenset(),
-        outside: str | None = None,
+        reads: _ValueReads,
         autotuner: Autotuner | None = None,
         config_params: tuple[str, ...] = (),
         under: tuple[Any, ...] = (),
+        top: Any = None,
     ):
+        #: The outermost heuristics of the stack.
         self.heuristics = heuristics
         #: The Triton ``Autotuner`` the stack launches through, or None (over the kernel).
         self.autotuner = autotuner
         self._config_params = config_params
         self._values = values
-        self._identity_only = identity_only
-        self._outside = outside
+        self._identity_only = reads.identity_only
+        self._outside = reads.outside
         by_name = {p.name: p for p in jit_fn.params}
         self._constexprs = frozenset(p.name for p in jit_fn.params if p.is_constexpr)
         self._defaulted = frozenset(p.name for p in jit_fn.params if p.has_default)
-        self._keyed = frozenset(n for n in spelled if n in by_name and n not in self._values)
+        self._keyed = frozenset(n for n in reads.spelled if n in by_name and n not in self._values)
         tune = {
             p.name: (TUNE_CONFIG_PROVIDED if p.name in self._values else 0)
             | (TUNE_VALUE if p.name in self._keyed else 0)
@@ -540,7 +560,7 @@ class PatchedHeuristics(NativeDispatch):
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
         if autotuner is not None:
             self._set_publish(autotuner, "best_config")
-        _set_under_types(self, heuristics, under)
+        _set_under_types(self, heuristics if top is None else top, under)
 
     @classmethod
     def for_heuristics(cls, heuristics: TritonHeuristics) -> PatchedHeuristics | None:
@@ -562,19 +582,11 @@ class PatchedHeuristics(NativeDispatch):
         keywords (:func:`_tuned_miss`), and the record carries both the values and the tuned
         config's; a hit sets the autotuner's ``best_config``.
         """
-        values: dict[str, Any] = {}
-        level: Any = heuristics
         under: list[Any] = []  # the objects it launches through, in order
-        while isinstance(level, TritonHeuristics):
-            if level is not heuristics:
-                if not _launches_through_served_run(level, heuristics):
-                    return None  # a level with a run of its own: its behaviour is its own
-                under.append(level)
-            for name, fn in level.values.items():
-                if name in values:
-                    return None
-                values[name] = fn
-            level = level.fn
+        stack = _heuristics_stack(heuristics, heuristics, under)
+        if stack is None:
+            return None
+        values, level = stack
         autotuner = None
         config_params: tuple[str, ...] | None = ()
         if isinstance(level, Autotuner):
@@ -595,47 +607,28 @@ class PatchedHeuristics(NativeDispatch):
         ):
             return None  # a kernel with a run of its own (`kernel.run = wrapper`, a subclass's)
         under.append(jit_fn)
-        params = {p.name: p for p in jit_fn.params}
-        spelled: set[str] = set()
-        identity_only: set[str] = set()
-        other_uses: set[str] = set()
-        outside = None
-        for name, fn in values.items():
-            p = params.get(name)
-            if p is None or not p.is_constexpr:
-                return None
-            if not isinstance(fn, types.FunctionType):
-                return None
-            reads = _heuristic_code.analyze(fn)
-            spelled |= reads.spelled
-            identity_only |= reads.identity_only
-            other_uses |= reads.spelled - reads.identity_only
-            if outside is None and reads.outside is not None:
-                outside = f"the heuristic for {name!r} {reads.outside}"
-        return cls(
-            heuristics,
-            jit_fn,
-            values,
-            frozenset(spelled),
-            frozenset(identity_only - other_uses),
-            outside,
-            autotuner,
-            config_params or (),
-            tuple(under),
-        )
+        reads = _ValueReads.of(values, jit_fn)
+        if reads is None:
+            return None
+        return cls(heuristics, jit_fn, values, reads, autotuner, config_params or (), tuple(under))
 
     def __repr__(self) -> str:
-        return f"PatchedHeuristics({self._stats_name()})"
+        return f"{type(self).__name__}({self._stats_name()})"
 
     _stats_suffix = " [triton.heuristics]"
 
     def _not_native(
-        self, read: set[str], seen: dict[str, Any], values: dict[str, Any]
+        self,
+        read: set[str],
+        seen: dict[str, Any],
+        values: dict[str, Any],
+        configured: frozenset[str] = frozenset(),
     ) -> str | None:
         """Why values computed from the names in ``read`` (the call's arguments by name in
-        ``seen``) are not implied by the native key, or None."""
+        ``seen``) are not implied by the native key, or None. ``configured``: the names the
+        tuned config set for the functions to see (implied by the key, as the config is)."""
         for name in sorted(read):
-            if name in values or name == "warmup":
+            if name in values or name in configured or name == "warmup":
                 continue
             if name in self._constexprs and (name in self._keyed or name not in self._defaulted):
                 continue  # keyed by value; and whether the call passed it, where it can omit it
@@ -655,21 +648,23 @@ class PatchedHeuristics(NativeDispatch):
                 )
         return None
 
-    def _on_miss(
-        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
-    ):
-        heuristics = self.heuristics
-        if key is not None:
-            given = [name for name in self._values if name in kwargs]
-            if given:
-                reason = f"argument {given[0]!r} is computed by the heuristics"
-            elif self._outside is not None:
-                reason = self._outside
-        if key is None or reason is not None:
-            return self._through_triton(grid, args, kwargs, key, reason or "unsupported call")
-        positional = dict(zip(heuristics.arg_names, args))
+    def _call_not_native(self, kwargs: dict) -> str | None:
+        """Why no call like this one (its keywords ``kwargs``) can be registered, or None."""
+        given = [name for name in self._values if name in kwargs]
+        if given:
+            return f"argument {given[0]!r} is computed by the heuristics"
+        return self._outside
+
+    def _compute(
+        self, grid, args: tuple, kwargs: dict, configured: frozenset[str] = frozenset()
+    ) -> tuple[dict[str, Any], str | None]:
+        """The values the heuristics compute for a call (its keywords, and any config's values,
+        in ``kwargs``) as Triton's ``Heuristics.run`` computes them, and why the native key does
+        not imply them (or None)."""
+        positional = dict(zip(self.heuristics.arg_names, args))
         merged = {"grid": grid, "warmup": False, **kwargs}
         read: set[str] = set()
+        reason = None
         for name, fn in self._values.items():
             seen = _RecordedArguments({**positional, **merged})
             merged[name] = fn(seen)
@@ -678,7 +673,17 @@ class PatchedHeuristics(NativeDispatch):
             read |= seen.read
         values = {name: merged[name] for name in self._values}
         if reason is None:
-            reason = self._not_native(read, {**positional, **merged}, values)
+            reason = self._not_native(read, {**positional, **merged}, values, configured)
+        return values, reason
+
+    def _on_miss(
+        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
+    ):
+        if key is not None:
+            reason = self._call_not_native(kwargs) or reason
+        if key is None or reason is not None:
+            return self._through_triton(grid, args, kwargs, key, reason or "unsupported call")
+        values, reason = self._compute(grid, args, kwargs)
         if reason is not None:
             return self._through_triton(grid, args, kwargs, key, reason)
         call_kwargs = {**kwargs, **values}
@@ -712,6 +717,163 @@ class PatchedHeuristics(NativeDispatch):
         return result
 
 
+class PatchedAutotunerOverHeuristics(PatchedHeuristics):
+    """The native dispatch of Triton's own ``@triton.autotune`` over Triton's own
+    ``@triton.heuristics`` (one, or a stack) over a ``triton.jit`` function, as FlagGems'
+    nearest upsampling and softmax kernels and flash-linear-attention's WALL attention kernels
+    stack them, under :func:`patch`: a call is one native hit whose record carries the tuned
+    config's values and the values the heuristics computed with them, and sets the autotuner's
+    ``best_config`` as Triton's ``Autotuner.run`` does.
+
+    Triton's ``Autotuner.run`` picks the config by its autotune key, then calls the heuristics'
+    ``run`` with the config's values (and the compile options it sets) among the keywords, so
+    each heuristic function sees them besides the call's arguments (``runtime/autotuner.py``).
+    The native key is the kernel's, plus the autotuner's (as :class:`PatchedAutotuner`'s), plus
+    for every parameter a heuristic's code spells, what :class:`PatchedHeuristics`'s holds: so
+    the config is implied by the key, and so is every value computed from the config and the
+    keyed arguments. A miss runs Triton's ``Autotuner.run`` itself (it tunes if its key is new;
+    its launches are native underneath), then runs the heuristic functions once more on what
+    they saw for the launch, noting what they read, and registers the key only when every read
+    is implied by the native key (a config's name, or what :class:`PatchedHeuristics` allows)
+    and each value is the one the launch had. Every other call runs as Triton runs it, counted
+    as a fallback with the reason: a call either class leaves to Triton, or a value that
+    differs from the launch's (a function reading state its code does not show). An autotuner
+    whose configs set a name the heuristics compute, or over a heuristics or kernel with a
+    ``run`` of its own, keeps Triton's path.
+    """
+
+    _stats_suffix = " [triton.autotune]"
+
+    @classmethod
+    def for_autotuner(cls, autotuner: Autotuner) -> PatchedAutotunerOverHeuristics | None:
+        """Its dispatch for ``autotuner`` (whose ``fn`` is a Triton ``Heuristics``), or None
+        when it keeps Triton's path (above)."""
+        under: list[Any] = []
+        stack = _heuristics_stack(autotuner.fn, autotuner, under)
+        if stack is None:
+            return None
+        values, jit_fn = stack
+        if not isinstance(jit_fn, JITFunction) or not _launches_through_served_run(
+            jit_fn, autotuner
+        ):
+            return None
+        under.append(jit_fn)
+        if not _registration_allows(autotuner):
+            return None
+        config_params = PatchedAutotuner.config_params(autotuner, jit_fn)
+        if config_params is None or set(config_params) & set(values):
+            return None  # a config sets what the record cannot carry, or a computed name
+        reads = _ValueReads.of(values, jit_fn)
+        if reads is None:
+            return None
+        return cls(
+            autotuner.fn, jit_fn, values, reads, autotuner, config_params, tuple(under), autotuner
+        )
+
+    def forget_published(self) -> None:
+        """As :meth:`PatchedAutotuner.forget_published`."""
+        self._set_publish(self.autotuner, "best_config")
+
+    def _on_miss(
+        self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
+    ):
+        if key is not None:
+            reason = self._call_not_native(kwargs) or reason
+        assert self.autotuner is not None
+        return _tuned_miss(
+            self,
+            self.autotuner,
+            self._config_params,
+            grid,
+            args,
+            kwargs,
+            key,
+            device,
+            reason,
+            frozenset(self._values),
+            self._computed_under,
+        )
+
+    def _computed_under(
+        self, grid, args: tuple, merged: dict, launch: _TunedLaunch
+    ) -> dict[str, Any] | str:
+        """The values the heuristics computed for the launch a miss's ``Autotuner.run`` made
+        (``merged``: the call's keywords and the config's), or why the key does not imply
+        them."""
+        values, reason = self._compute(grid, args, merged, frozenset(launch.config.all_kwargs()))
+        if reason is not None:
+            return reason
+        missing = object()
+        for name, value in values.items():
+            launched = launch.kwargs.get(name, missing)
+            try:
+                same = type(launched) is type(value) and bool(launched == value)
+            except Exception:  # noqa: BLE001 - a value without a plain equality is not keyed
+                same = False
+            if not same:
+                return (
+                    f"the heuristic for {name!r} gave {value!r} where the launch had "
+                    f"{'nothing' if launched is missing else repr(launched)}"
+                )
+        return values
+
+
+class _ValueReads:
+    """What the heuristic functions of a stack read, found from their code
+    (``fastkernel._heuristic_code``): the names they spell, those they only compare with None
+    by identity, and why one may read state outside its arguments (or None)."""
+
+    __slots__ = ("identity_only", "outside", "spelled")
+
+    def __init__(self, spelled: frozenset[str], identity_only: frozenset[str], outside: str | None):
+        self.spelled = spelled
+        self.identity_only = identity_only
+        self.outside = outside
+
+    @classmethod
+    def of(cls, values: dict[str, Any], jit_fn: JITFunction) -> _ValueReads | None:
+        """Their reads, or None when a computed name is not a constexpr parameter of ``jit_fn``
+        or a function is not a plain Python function."""
+        params = {p.name: p for p in jit_fn.params}
+        spelled: set[str] = set()
+        identity_only: set[str] = set()
+        other_uses: set[str] = set()
+        outside = None
+        for name, fn in values.items():
+            p = params.get(name)
+            if p is None or not p.is_constexpr:
+                return None
+            if not isinstance(fn, types.FunctionType):
+                return None
+            reads = _heuristic_code.analyze(fn)
+            spelled |= reads.spelled
+            identity_only |= reads.identity_only
+            other_uses |= reads.spelled - reads.identity_only
+            if outside is None and reads.outside is not None:
+                outside = f"the heuristic for {name!r} {reads.outside}"
+        return cls(frozenset(spelled), frozenset(identity_only - other_uses), outside)
+
+
+def _heuristics_stack(level: Any, top: Any, under: list[Any]) -> tuple[dict[str, Any], Any] | None:
+    """From ``level`` down through the Triton heuristics that ``top`` launches through: each
+    computed name's function, in the order their ``Heuristics.run`` calls compute them
+    (outermost first), and the first level below that is not a heuristics; None when a level
+    other than ``top`` launches through a ``run`` of its own, or a name is computed twice.
+    Appends each heuristics level other than ``top`` to ``under``."""
+    values: dict[str, Any] = {}
+    while isinstance(level, TritonHeuristics):
+        if level is not top:
+            if not _launches_through_served_run(level, top):
+                return None  # a level with a run of its own: its behaviour is its own
+            under.append(level)
+        for name, fn in level.values.items():
+            if name in values:
+                return None
+            values[name] = fn
+        level = level.fn
+    return values, level
+
+
 def _new_dispatch(obj: Any) -> NativeDispatch | None:
     """A new dispatch for a kernel object, or None when that object keeps Triton's path."""
     if isinstance(obj, JITFunction):
@@ -719,12 +881,12 @@ def _new_dispatch(obj: Any) -> NativeDispatch | None:
     fn = getattr(obj, "fn", None)
     if isinstance(obj, TritonHeuristics):
         return PatchedHeuristics.for_heuristics(obj)
-    if (
-        not isinstance(obj, Autotuner)
-        or not isinstance(fn, JITFunction)
-        or not _launches_through_served_run(fn, obj)
-    ):
-        return None  # over a heuristics, another autotuner or a kernel with its own run
+    if not isinstance(obj, Autotuner):
+        return None
+    if isinstance(fn, TritonHeuristics):
+        return PatchedAutotunerOverHeuristics.for_autotuner(obj)
+    if not isinstance(fn, JITFunction) or not _launches_through_served_run(fn, obj):
+        return None  # over another autotuner or a kernel with its own run
     params = PatchedAutotuner.config_params(obj)
     if params is None or not _registration_allows(obj):
         return None
@@ -1043,7 +1205,7 @@ def _patched_autotuner_run(self, *args, **kwargs):
         return AUTOTUNER_RUN(self, *args, **kwargs)
     finally:
         served = self.__dict__.get(PATCH_ATTR)
-        if isinstance(served, PatchedAutotuner):
+        if isinstance(served, (PatchedAutotuner, PatchedAutotunerOverHeuristics)):
             served.forget_published()
 
 
