@@ -1979,79 +1979,6 @@ def _heuristics_over_autotune(timings, key=("n", "HAS_Y"), heuristic=None):
     return top
 
 
-def test_a_heuristics_over_triton_autotune_is_one_native_hit(stand_in):
-    """A call of ``@triton.heuristics`` over ``@triton.autotune`` (flash-linear-attention's most
-    common stack) is one native hit: the same launches, tuning, autotune cache and
-    ``best_config`` after every call as Triton's, a computed value in the autotune key."""
-    x, y, out = _tensors()
-    calls = [(y, N), (None, N), (y, N), (y, N // 2), (None, N), (y, N // 2), (y, N)]
-    runs = {}
-    for on in (False, True):
-        # Three autotune keys, two configs timed for each.
-        top = _heuristics_over_autotune([3.0, 1.0, 0.5, 2.0, 1.0, 2.0])
-        stand_in.reset()
-        best = []
-        with _triton_on_stand_in(stand_in, patched=on):
-            for b, n in calls:
-                top[_grid_by_block](x, b, out, n)
-                best.append(top.fn.best_config)
-            if on:
-                stats = _stats_of(top)
-                # One dispatch: the autotuner was never launched as a dispatch of its own
-                # (Triton's Autotuner.run, which a miss runs, launches its kernel natively).
-                autotuner_served = PATCH_ATTR in vars(top.fn)
-        runs[on] = (stand_in.launches(), best, dict(top.fn.cache))
-    (mine, my_best, my_cache), (theirs, their_best, their_cache) = runs[True], runs[False]
-    assert len(mine) == len(theirs) == len(calls) + 3 * 2
-    for ours, reference_launch in zip(mine, theirs):
-        assert_same_launch(ours, reference_launch)
-    assert my_best == their_best and my_cache == their_cache and len(my_cache) == 3
-    assert my_best[:3] == [CONFIGS[1], CONFIGS[0], CONFIGS[1]]
-    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (3, 4, 0)
-    assert not autotuner_served
-
-
-@pytest.mark.parametrize(
-    "key, heuristic, reason",
-    [
-        (
-            ("x_ptr",),
-            None,
-            "autotune key 'x_ptr' holds a tensor, which Triton keys by identity",
-        ),
-        (
-            ("n",),
-            lambda args: args["y_ptr"].shape[0] > 8,
-            "a heuristic reads argument 'y_ptr' of type Tensor; only scalars are keyed",
-        ),
-    ],
-    ids=["autotune key", "heuristic"],
-)
-def test_a_heuristics_over_triton_autotune_the_key_cannot_follow_keeps_tritons_path(
-    stand_in, key, heuristic, reason
-):
-    """A call whose autotune key or heuristic the native key cannot imply runs as Triton runs
-    it (the same launches and tuning), counted as a fallback with the reason."""
-    x, y, out = _tensors()
-    runs = {}
-    for on in (False, True):
-        top = _heuristics_over_autotune([1.0, 2.0] * 2, key=key, heuristic=heuristic)
-        stand_in.reset()
-        with _triton_on_stand_in(stand_in, patched=on):
-            for _ in range(3):
-                top[_grid_by_block](x, y, out, N)
-            if on:
-                stats = _stats_of(top)
-        runs[on] = (stand_in.launches(), dict(top.fn.cache))
-    assert len(runs[True][0]) == len(runs[False][0])
-    for ours, reference_launch in zip(*(runs[on][0] for on in (True, False))):
-        assert_same_launch(ours, reference_launch)
-    assert runs[True][1] == runs[False][1]
-    assert stats["hits"] == 0 and stats["fallbacks"] == 3
-    (counted,) = stats["fallback_reasons"]
-    assert counted.startswith(reason), counted
-
-
 def _autotune_over_heuristics(timings, key=("n",), heuristic=None, configs=CONFIGS) -> Autotuner:
     """FlagGems' upsampling stack: Triton's autotuner (``configs``, picked by ``timings``) over
     Triton's heuristics (``HAS_Y`` from whether y is None, by default) over a fresh JITFunction
@@ -2066,36 +1993,56 @@ def _autotune_over_heuristics(timings, key=("n",), heuristic=None, configs=CONFI
 
 
 @pytest.mark.parametrize(
-    "heuristic",
+    "stack, heuristic",
     [
-        None,
-        lambda args: args["y_ptr"] is not None and args["BLOCK"] >= 1024,
-        lambda args: args["y_ptr"] is not None and args["num_warps"] > 2,
+        ("heuristics over autotuner", None),
+        ("autotuner over heuristics", None),
+        (
+            "autotuner over heuristics",
+            lambda args: args["y_ptr"] is not None and args["BLOCK"] >= 1024,
+        ),
+        (
+            "autotuner over heuristics",
+            lambda args: args["y_ptr"] is not None and args["num_warps"] > 2,
+        ),
     ],
-    ids=["an argument", "the config's value", "the config's option"],
+    ids=[
+        "heuristics over autotuner",
+        "autotuner over heuristics",
+        "autotuner over heuristics reading the config's value",
+        "autotuner over heuristics reading the config's option",
+    ],
 )
-def test_a_triton_autotune_over_heuristics_is_one_native_hit(stand_in, heuristic):
-    """A call of ``@triton.autotune`` over ``@triton.heuristics`` (FlagGems' upsampling, fla's
-    WALL attention) is one native hit: the same launches, tuning, autotune cache and
-    ``best_config`` after every call as Triton's, with heuristics that read an argument, the
-    tuned config's value and the config's compile option (Triton's ``Autotuner.run`` passes
-    the heuristics the config's values)."""
+def test_a_stack_of_triton_autotune_and_heuristics_is_one_native_hit(stand_in, stack, heuristic):
+    """A call of ``@triton.heuristics`` over ``@triton.autotune`` (flash-linear-attention's most
+    common stack), or of ``@triton.autotune`` over ``@triton.heuristics`` (FlagGems'
+    upsampling, fla's WALL attention), is one native hit: the same launches, tuning, autotune
+    cache and ``best_config`` after every call as Triton's. Over the autotuner a computed value
+    is in the autotune key; under it the heuristics see the tuned config's values and compile
+    options (Triton's ``Autotuner.run`` passes them), which they may read."""
     x, y, out = _tensors()
     calls = [(y, N), (None, N), (y, N), (y, N // 2), (None, N), (y, N // 2), (y, N)]
     runs = {}
     for on in (False, True):
         # Three autotune keys, two configs timed for each: BLOCK 256, 1024, 256 picked.
-        tuned = _autotune_over_heuristics([3.0, 1.0, 0.5, 2.0, 1.0, 2.0], heuristic=heuristic)
+        timings = [3.0, 1.0, 0.5, 2.0, 1.0, 2.0]
+        if stack == "heuristics over autotuner":
+            top = _heuristics_over_autotune(timings)
+            tuned = top.fn
+        else:
+            top = tuned = _autotune_over_heuristics(timings, heuristic=heuristic)
         stand_in.reset()
         best = []
         with _triton_on_stand_in(stand_in, patched=on):
             for b, n in calls:
-                tuned[_grid_by_block](x, b, out, n)
+                top[_grid_by_block](x, b, out, n)
                 best.append(tuned.best_config)
             if on:
-                stats = _stats_of(tuned)
-                dispatch = vars(tuned)[PATCH_ATTR]
-                heuristics_served = PATCH_ATTR in vars(tuned.fn)
+                stats = _stats_of(top)
+                dispatch = vars(top)[PATCH_ATTR]
+                # One dispatch: the level under it was never launched as a dispatch of its
+                # own (Triton's run, which a miss runs, launches the kernel natively).
+                under_served = PATCH_ATTR in vars(top.fn)
         runs[on] = (stand_in.launches(), best, dict(tuned.cache))
     (mine, my_best, my_cache), (theirs, their_best, their_cache) = runs[True], runs[False]
     assert len(mine) == len(theirs) == len(calls) + 3 * 2
@@ -2105,10 +2052,16 @@ def test_a_triton_autotune_over_heuristics_is_one_native_hit(stand_in, heuristic
     assert my_best[:3] == [CONFIGS[1], CONFIGS[0], CONFIGS[1]]
     assert len({launch.image for launch in mine}) > 1  # binaries told apart by HAS_Y, BLOCK
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (3, 4, 0)
-    assert type(dispatch).__name__ == "PatchedAutotunerOverHeuristics"
-    assert not heuristics_served  # launched only through Triton's Heuristics.run on misses
+    expected = (
+        "PatchedHeuristics"
+        if stack == "heuristics over autotuner"
+        else "PatchedAutotunerOverHeuristics"
+    )
+    assert type(dispatch).__name__ == expected
+    assert not under_served
 
 
+@pytest.mark.parametrize("stack", ["heuristics over autotuner", "autotuner over heuristics"])
 @pytest.mark.parametrize(
     "key, heuristic, reason",
     [
@@ -2130,21 +2083,26 @@ def test_a_triton_autotune_over_heuristics_is_one_native_hit(stand_in, heuristic
     ],
     ids=["autotune key", "heuristic", "grid"],
 )
-def test_a_triton_autotune_over_heuristics_the_key_cannot_follow_keeps_tritons_path(
-    stand_in, key, heuristic, reason
+def test_a_stack_of_autotune_and_heuristics_the_key_cannot_follow_keeps_tritons_path(
+    stand_in, stack, key, heuristic, reason
 ):
-    """A call whose autotune key or heuristic the native key cannot imply runs as Triton runs
-    it (the same launches and tuning), counted as a fallback with the reason."""
+    """A call of Triton's heuristics over Triton's autotuner, or the other way round, whose
+    autotune key or heuristic the native key cannot imply runs as Triton runs it (the same
+    launches and tuning), counted as a fallback with the reason."""
     x, y, out = _tensors()
     runs = {}
     for on in (False, True):
-        tuned = _autotune_over_heuristics([1.0, 2.0] * 2, key=key, heuristic=heuristic)
+        if stack == "heuristics over autotuner":
+            top = _heuristics_over_autotune([1.0, 2.0] * 2, key=key, heuristic=heuristic)
+            tuned = top.fn
+        else:
+            top = tuned = _autotune_over_heuristics([1.0, 2.0] * 2, key=key, heuristic=heuristic)
         stand_in.reset()
         with _triton_on_stand_in(stand_in, patched=on):
             for _ in range(3):
-                tuned[_grid_by_block](x, y, out, N)
+                top[_grid_by_block](x, y, out, N)
             if on:
-                stats = _stats_of(tuned)
+                stats = _stats_of(top)
         runs[on] = (stand_in.launches(), dict(tuned.cache))
     assert len(runs[True][0]) == len(runs[False][0])
     for ours, reference_launch in zip(*(runs[on][0] for on in (True, False))):

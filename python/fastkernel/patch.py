@@ -689,20 +689,27 @@ class PatchedHeuristics(NativeDispatch):
         call_kwargs = {**kwargs, **values}
         if self.autotuner is not None:
             # What Triton's Heuristics.run does next: the autotuner's run, with the values.
-            return _tuned_miss(
-                self,
-                self.autotuner,
-                self._config_params,
-                grid,
-                args,
-                call_kwargs,
-                key,
-                device,
-                None,
-                frozenset(self._values),
-            )
+            return self._tuned_miss(grid, args, call_kwargs, key, device, None)
         tuned_args = self._tuned_args(call_kwargs, self._values)
         return self._register_miss(grid, args, call_kwargs, key, device, tuned_args)
+
+    def _tuned_miss(self, grid, args, kwargs, key, device, reason, computed_under=None):
+        """:func:`_tuned_miss` through the stack's autotuner, the record giving the computed
+        values too."""
+        assert self.autotuner is not None
+        return _tuned_miss(
+            self,
+            self.autotuner,
+            self._config_params,
+            grid,
+            args,
+            kwargs,
+            key,
+            device,
+            reason,
+            frozenset(self._values),
+            computed_under,
+        )
 
     def _through_triton(self, grid, args, kwargs, key, reason: str):
         """Triton's ``Heuristics.run`` for this call, counted as a fallback with ``reason`` (a
@@ -779,20 +786,7 @@ class PatchedAutotunerOverHeuristics(PatchedHeuristics):
     ):
         if key is not None:
             reason = self._call_not_native(kwargs) or reason
-        assert self.autotuner is not None
-        return _tuned_miss(
-            self,
-            self.autotuner,
-            self._config_params,
-            grid,
-            args,
-            kwargs,
-            key,
-            device,
-            reason,
-            frozenset(self._values),
-            self._computed_under,
-        )
+        return self._tuned_miss(grid, args, kwargs, key, device, reason, self._computed_under)
 
     def _computed_under(
         self, grid, args: tuple, merged: dict, launch: _TunedLaunch
