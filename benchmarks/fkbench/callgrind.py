@@ -419,8 +419,8 @@ def _patched_dispatch(kernel) -> Any:
 
 def _patched_tuned_calls(shape) -> list[tuple[str, Any, Any, tuple, Callable[[Any], Any]]]:
     """The shape's kernel under Triton's own ``triton.autotune`` (tuned by its first call,
-    the first config winning: there is no GPU to time them on), ``triton.heuristics``, and a
-    heuristics over an autotuner, each as (grid kind, kernel, grid, arguments, what counts its
+    the first config winning: there is no GPU to time them on), ``triton.heuristics``, a
+    heuristics over an autotuner and an autotuner over a heuristics, each as (grid kind, kernel, grid, arguments, what counts its
     hits given the kernel). Empty for shapes without BLOCK. Call under ``fastkernel.patch()``."""
     from . import common
     from .host import _first_config_wins
@@ -434,11 +434,15 @@ def _patched_tuned_calls(shape) -> list[tuple[str, Any, Any, tuple, Callable[[An
         calls.append(
             ("patched heuristics", heuristics[0], shape.grid, heuristics[1], _patched_dispatch)
         )
-    stack = common.triton_heuristics_autotuned_call(shape, "cpu", _first_config_wins)
-    if stack is not None:
-        calls.append(
-            ("patched heuristics+autotune", stack[0], shape.grid, stack[1], _patched_dispatch)
+    for name, autotune_outside in (
+        ("patched heuristics+autotune", False),
+        ("patched autotune+heuristics", True),
+    ):
+        stack = common.triton_heuristics_autotuned_call(
+            shape, "cpu", _first_config_wins, autotune_outside
         )
+        if stack is not None:
+            calls.append((name, stack[0], shape.grid, stack[1], _patched_dispatch))
     return calls
 
 
@@ -676,6 +680,11 @@ def _print_callgrind(loops: list[dict[str, Any]]) -> None:
             "patched triton.heuristics over triton.autotune hit / patched plain hit "
             "(fastkernel's own instructions per hit, tuple grid): ",
             against("patched heuristics+autotune", "patched", lambda k, t: f"{k / t:.3f}"),
+        ),
+        (
+            "patched triton.autotune over triton.heuristics hit / patched plain hit "
+            "(fastkernel's own instructions per hit, tuple grid): ",
+            against("patched autotune+heuristics", "patched", lambda k, t: f"{k / t:.3f}"),
         ),
         (
             "patched CompiledKernel handle launch / patched plain hit (fastkernel's own "

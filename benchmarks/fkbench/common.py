@@ -897,13 +897,14 @@ def triton_heuristics_call(shape, device: str) -> tuple[Any, tuple] | None:
 
 
 def triton_heuristics_autotuned_call(
-    shape, device: str, do_bench: Callable | None = None
+    shape, device: str, do_bench: Callable | None = None, autotune_outside: bool = False
 ) -> tuple[Any, tuple] | None:
     """The shape's kernel under Triton's own ``triton.heuristics`` computing BLOCK from ``n``
     (:func:`_block_from_n`) over Triton's own ``triton.autotune`` tuning ``num_warps`` (two
-    configs, key ``["n"]``), as flash-linear-attention stacks them, tuned by one first call
-    (with ``do_bench``, else Triton's timer); and its call arguments on ``device`` without
-    BLOCK; None for shapes without a BLOCK constexpr."""
+    configs, key ``["n"]``), as flash-linear-attention stacks them (or, ``autotune_outside``,
+    the autotuner over the heuristics, as FlagGems' upsampling stacks them), tuned by one
+    first call (with ``do_bench``, else Triton's timer); and its call arguments on ``device``
+    without BLOCK; None for shapes without a BLOCK constexpr."""
     import triton
     from triton.runtime.jit import JITFunction
 
@@ -911,8 +912,11 @@ def triton_heuristics_autotuned_call(
     if block is None:
         return None
     configs = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)]
-    tuned = triton.autotune(configs, key=["n"], do_bench=do_bench)(JITFunction(shape.kernel.fn))
-    kernel = triton.heuristics(_block_from_n(block))(tuned)
+    tune = triton.autotune(configs, key=["n"], do_bench=do_bench)
+    if autotune_outside:
+        kernel = tune(triton.heuristics(_block_from_n(block))(JITFunction(shape.kernel.fn)))
+    else:
+        kernel = triton.heuristics(_block_from_n(block))(tune(JITFunction(shape.kernel.fn)))
     args = shape.make_args(device)[:-1]
     kernel[shape.grid](*args)
     return kernel, args

@@ -5,7 +5,8 @@ Liger-Kernel's RMSNorm autograd function (batch 1, hidden 2048; its wrapper call
 written with Liger-Kernel's ops (:func:`liger_decoder_step`), and flash-linear-attention's
 token shift at decode (a heuristics over an autotuner, :func:`fla_token_shift`) and its
 causal-conv1d decode update (a heuristics over fla's own ``CachedAutotuner``,
-:func:`fla_causal_conv1d_update`). Host-side
+:func:`fla_causal_conv1d_update`) and its WALL attention decode (an autotuner over a
+heuristics, :func:`fla_wall_attn_decode`). Host-side
 (CPU tensors, launches to the recording stand-in) the times are the host cost of a call; on a
 GPU they are wall time per call with the device synchronized before each clock read, and the
 decoder step is also replayed as a CUDA graph (the launch-free reference).
@@ -44,6 +45,7 @@ def import_device_probing_libraries() -> None:
         try:
             import fla.modules.causal_conv1d  # noqa: F401
             import fla.modules.token_shift  # noqa: F401
+            import fla.ops.wall_attn  # noqa: F401
         except ImportError:
             pass
 
@@ -77,6 +79,24 @@ def fla_causal_conv1d_update(device: str) -> Callable[[], Any] | None:
     x, cache = torch.randn(1, 2048, device=device), torch.randn(1, 2048, 4, device=device)
     weight, bias = torch.randn(2048, 4, device=device), torch.randn(2048, device=device)
     return lambda: causal_conv1d_update(x, cache, None, weight, bias, "silu")
+
+
+def fla_wall_attn_decode(device: str) -> Callable[[], Any] | None:
+    """flash-linear-attention's WALL attention at decode (batch 1, one query, 4 heads of 64
+    over a cache of 256 tokens in chunks of 64, fp32; ``fla.ops.wall_attn.
+    parallel_wall_attn_decode``): its kernel is a ``triton.autotune`` over a
+    ``triton.heuristics``, launched with every argument by keyword. None without fla-core."""
+    try:
+        from fla.ops.wall_attn import build_wall_kv_cache, parallel_wall_attn_decode
+    except ImportError:
+        return None
+    import torch
+
+    k, v = (torch.randn(1, 256, 4, 64, device=device) for _ in range(2))
+    prefix = torch.nn.functional.logsigmoid(torch.randn(1, 256, 4, 64, device=device)).cumsum(1)
+    k_tilde, r_cache = build_wall_kv_cache(k, prefix, 64)
+    q, p_curr = torch.randn(1, 1, 4, 64, device=device), prefix[:, -1:].contiguous()
+    return lambda: parallel_wall_attn_decode(q, v, p_curr, k_tilde, r_cache, None, 0.125, 64)
 
 
 def liger_decoder_step(device: str) -> Callable[[], Any] | None:
@@ -228,6 +248,7 @@ def time_library_calls(
         "decoder step (Liger RMSNorm x2, RoPE, SwiGLU; torch matmuls)": liger_decoder_step(device),
         "flash-linear-attention token shift (decode)": fla_token_shift(device),
         "flash-linear-attention causal conv1d update (decode)": fla_causal_conv1d_update(device),
+        "flash-linear-attention WALL attention (decode)": fla_wall_attn_decode(device),
     }
     out: dict[str, dict[str, float]] = {}
     for name, op in ops.items():
