@@ -158,6 +158,53 @@ def test_patched_heuristics_over_autotune_tunes_as_triton_and_then_hits_natively
     assert _stacked_axpy.fn.best_config is best and torch.equal(out, ref)
 
 
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK": 256}, num_warps=2),
+        triton.Config({"BLOCK": 1024}, num_warps=4),
+    ],
+    key=["n"],
+)
+@triton.heuristics(
+    {
+        "HAS_Y": lambda args: args["y_ptr"] is not None,
+        "EVEN": lambda args: args["n"] % args["BLOCK"] == 0,
+    }
+)
+@triton.jit
+def _axpy_tuned_over_heuristics(
+    x_ptr, y_ptr, out_ptr, a, n, HAS_Y: tl.constexpr, EVEN: tl.constexpr, BLOCK: tl.constexpr
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if EVEN:
+        x = a * tl.load(x_ptr + offs)
+    else:
+        x = a * tl.load(x_ptr + offs, mask=mask)
+    if HAS_Y:
+        x += tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x, mask=mask)
+
+
+@pytest.mark.parametrize("n, with_y", [(100_003, True), (100_003, False), (1 << 17, True)])
+def test_patched_autotune_over_heuristics_tunes_as_triton_and_then_hits_natively(n, with_y):
+    """FlagGems' upsampling stack (an autotuner over a heuristics, whose EVEN reads the tuned
+    config's BLOCK): tuned as Triton tunes, then one native hit per call, each launch computing
+    what Triton's own launch computes."""
+    kernel = _axpy_tuned_over_heuristics
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda") if with_y else None
+    out = torch.empty_like(x)
+    expected = 0.5 * x + (y if with_y else 0)
+    grid, stats = _tuned_calls_patched(kernel, x, y, out, expected)
+    best = kernel.best_config
+    assert best is not None and PATCH_ATTR not in vars(kernel.fn)
+    assert stats["hits"] >= 2 and stats["fallbacks"] == 0, stats
+    ref = torch.empty_like(x)
+    kernel[grid](x, y, ref, 0.5, n)  # Triton's own launch of the chosen config
+    torch.cuda.synchronize()
+    assert kernel.best_config is best and torch.equal(out, ref)
+
+
 def test_patched_handle_launches_compute_what_tritons_runner_computes():
     """Triton's fused-softmax tutorial: ``compiled = kernel.warmup(...)``, then
     ``compiled[(rows, 1, 1)](...)`` with every argument. Under the patch the handle's launches
