@@ -153,8 +153,12 @@ def test_a_tuned_hits_launch_metadata_sees_the_configs_values(stand_in, hook_log
 
 def test_pre_run_hooks_added_after_the_first_call(add, stand_in):
     seen = []
-    add.jit_function.add_pre_run_hook(lambda *args, **kwargs: seen.append((len(args), kwargs)))
-    add[(1,)](X, X, X, 64, BLOCK=64)
+    hooks = add.jit_function.pre_run_hooks  # kernels.add_kernel's, which other tests launch
+    hooks.append(lambda *args, **kwargs: seen.append((len(args), kwargs)))
+    try:
+        add[(1,)](X, X, X, 64, BLOCK=64)
+    finally:
+        hooks.pop()
     # The call's keywords and the options JITFunction.run adds before calling the hooks.
     (call,) = seen
     assert call[0] == 4 and call[1]["BLOCK"] == 64 and call[1]["debug"] is False

@@ -2171,6 +2171,102 @@ def test_a_triton_autotune_over_heuristics_call_the_key_cannot_follow_keeps_trit
     assert stats["fallback_reasons"] == {reason: len(calls)}
 
 
+def _stack_over_optional_add(stack: str, timings) -> tuple[KernelInterface, JITFunction]:
+    """A fresh ``stack`` of Triton's autotuner (``CONFIGS``, or configs setting HAS_Y too) and
+    heuristics (HAS_Y from whether y is None; BLOCK too alone) over optional_add_kernel: the
+    top object and the kernel."""
+    jit_fn = JITFunction(kernels.optional_add_kernel.fn)
+    has_y = {"HAS_Y": lambda args: args["y_ptr"] is not None}
+    tune = triton.autotune(configs=CONFIGS, key=["n"], do_bench=_timer(timings))
+    if stack == "autotune":
+        configs = [triton.Config({**c.kwargs, "HAS_Y": True}) for c in CONFIGS]
+        top = triton.autotune(configs=configs, key=["n"], do_bench=_timer(timings))(jit_fn)
+    elif stack == "heuristics":
+        top = triton.heuristics({**has_y, "BLOCK": lambda args: 1024})(jit_fn)
+    elif stack == "heuristics over autotuner":
+        top = triton.heuristics(has_y)(tune(jit_fn))
+    else:
+        top = tune(triton.heuristics(has_y)(jit_fn))
+    _KEPT.extend((jit_fn, top))
+    return top, jit_fn
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["from the start", "after two calls"])
+@pytest.mark.parametrize(
+    "stack", ["autotune", "heuristics", "heuristics over autotuner", "autotuner over heuristics"]
+)
+def test_pre_run_hooks_under_a_tuned_stack_see_what_tritons_run_passes(stand_in, stack, early):
+    """Triton's ``JITFunction.run`` passes a kernel's pre-run hooks the call's keywords with the
+    tuned config's and the heuristics' values: while the kernel has hooks, a call of its
+    autotuner or heuristics goes through Triton's run (the launch beneath native), so each hook
+    runs once per launch and sees those values, the hooks added after native hits included."""
+    x, y, out = _tensors()
+    runs = {}
+    for on in (False, True):
+        top, jit_fn = _stack_over_optional_add(stack, [1.0, 2.0] * 2)
+        seen: list = []
+        hook = functools.partial(
+            lambda seen, *args, **kwargs: seen.append(
+                sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))
+            ),
+            seen,
+        )
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched=on):
+            if early:
+                jit_fn.add_pre_run_hook(hook)
+            for _ in range(2):
+                top[_grid_by_block](x, y, out, N)
+            if not early:
+                jit_fn.add_pre_run_hook(hook)
+            for _ in range(2):
+                top[_grid_by_block](x, y, out, N)
+            if on:
+                stats = _stats_of(top)
+        runs[on] = (seen, stand_in.launches())
+    (my_hooks, mine), (their_hooks, theirs) = runs[True], runs[False]
+    assert len(mine) == len(theirs)
+    for ours, reference_launch in zip(mine, theirs):
+        assert_same_launch(ours, reference_launch)
+    assert my_hooks == their_hooks and len(my_hooks) == (len(theirs) if early else 2)
+    assert ("HAS_Y", True) in my_hooks[-1] and ("BLOCK", 1024) in my_hooks[-1]
+    assert stats["fallbacks"] == (4 if early else 2)
+    assert stats["fallback_reasons"] == {
+        "the kernel has pre-run hooks, which Triton's run passes the tuned or computed values": (
+            4 if early else 2
+        )
+    }
+
+
+def test_a_heuristics_over_an_autotuner_over_a_heuristics_is_served_underneath(stand_in, caplog):
+    """A heuristics over an autotuner over a heuristics: the top heuristics computes its values
+    in Python (Triton's ``Heuristics.run``), and the autotuner under it, over the lower
+    heuristics, is one native hit with them; no dispatch fails to build on the way."""
+    x, y, out = _tensors()
+    runs = {}
+    for on in (False, True):
+        jit_fn = JITFunction(kernels.optional_add_kernel.fn)
+        lower = triton.heuristics({"HAS_Y": lambda args: args["y_ptr"] is not None})(jit_fn)
+        configs = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=2)]
+        tuned = triton.autotune(configs=configs, key=["n"], do_bench=_timer([1.0, 2.0]))(lower)
+        top = triton.heuristics({"BLOCK": lambda args: 256})(tuned)
+        _KEPT.extend((jit_fn, lower, tuned, top))
+        stand_in.reset()
+        with caplog.at_level(logging.WARNING, logger="fastkernel"):
+            with _triton_on_stand_in(stand_in, patched=on):
+                for _ in range(3):
+                    top[_grid_by_block](x, y, out, N)
+                if on:
+                    kept = vars(top)[PATCH_ATTR]
+                    inner = _stats_of(tuned)
+        runs[on] = stand_in.launches()
+    assert len(runs[True]) == len(runs[False]) == 3 + 2
+    for ours, reference_launch in zip(runs[True], runs[False]):
+        assert_same_launch(ours, reference_launch)
+    assert kept is False and not caplog.records
+    assert (inner["misses"], inner["hits"], inner["fallbacks"]) == (1, 2, 0)
+
+
 def test_a_heuristic_replaced_in_place_under_an_autotuner_is_never_registered(stand_in):
     """A heuristic function replaced in place in ``values`` (which the dispatch does not watch)
     after the first launch: a new key's miss finds that the value it computes is not the one

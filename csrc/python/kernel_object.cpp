@@ -907,6 +907,11 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
   // Triton reads the binary-changing knobs into the options before the pre-run hooks run.
   const uint64_t knob_word = knobs->key_word;
   if (kernel->pre_run_hooks != nullptr && PyList_GET_SIZE(kernel->pre_run_hooks) > 0) {
+    if (st.hooks_through_triton) {
+      call.fallback_reason =
+          "the kernel has pre-run hooks, which Triton's run passes the tuned or computed values";
+      return launch_through_triton(self, args, nargs, kwnames, call);
+    }
     PyObject* handled = nullptr;
     if (!rebind_after_pre_run_hooks(self, args, nargs, kwnames, &call, &handled)) {
       return handled;  // an error (nullptr), or the call launched through Triton as a fallback

@@ -77,6 +77,10 @@ struct KernelState {
   /// config_params is not empty, or a publish owner is set: a hit has more to do than launch
   /// (one test on the hot path for both).
   bool hit_extras = false;
+  /// While the JITFunction has pre-run hooks, every call takes Triton's path, hooks unrun here:
+  /// a dispatch whose records give values the call leaves out (a tuned config's, a heuristic's),
+  /// which Triton's run passes the hooks among the keywords.
+  bool hooks_through_triton = false;
   uint64_t hits = 0, misses = 0, fallbacks = 0;
   /// The launch hooks' metadata dict of the last hooked launch (owned; copied per launch) and
   /// the raw values its items were made from.

@@ -176,6 +176,13 @@ void register_kernel_methods() {
       "A hit sets `owner.<name>` to its record's `published` object when that differs from the\n"
       "one set last (owner None: nothing is published).");
   def_kernel_method(
+      "_set_hooks_through_triton",
+      [](py::handle self, bool on) { as_kernel(self)->state->hooks_through_triton = on; },
+      py::arg("on"),
+      "While the JITFunction has pre-run hooks, every call takes the kernel's miss handler\n"
+      "with no key (Triton's path), the hooks not run natively: for a kernel whose records\n"
+      "give values the call leaves out, which Triton's run passes the hooks.");
+  def_kernel_method(
       "_set_under_types",
       [](py::handle self, const py::tuple& types) {
         if (types.size() > size_t(kMaxUnderTypes)) {

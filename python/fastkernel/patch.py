@@ -248,7 +248,8 @@ class PatchedAutotuner(NativeDispatch):
     never serves a config Triton would not pick. Calls Triton keys in ways the native key cannot
     follow stay on Triton's path, counted with the reason: a ``key`` argument that is a tensor
     (Triton keys it by identity), a NaN key value, a non-tensor argument with a ``dtype``, a
-    config with a ``pre_hook`` (Python before every launch), a kernel with pre-run hooks, a
+    config with a ``pre_hook`` (Python before every launch), a kernel with pre-run hooks (while
+    it has them: Triton's run passes them the config's values), a
     tuned config setting a parameter the declared configs do not (a pruned config, a replaced
     ``configs``), a call leaving out a required constexpr that no declared config sets.
     A config picked for a key stays registered for that key: clearing ``autotuner.cache`` in
@@ -266,6 +267,8 @@ class PatchedAutotuner(NativeDispatch):
         self._config_params = config_params
         tune = {p.name: _tuned_flags(p, autotuner, config_params) for p in jit_fn.params}
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
+        # Triton's run passes pre-run hooks the tuned config's values: calls go through it.
+        self._set_hooks_through_triton(True)
         self._set_publish(autotuner, "best_config")
         _set_under_types(self, autotuner, (jit_fn,))
 
@@ -521,9 +524,10 @@ class PatchedHeuristics(NativeDispatch):
     So does every call of a function whose code may read state outside its arguments (a global
     other than a pure built-in, ``math`` function, ``triton.cdiv``, ``triton.next_power_of_2`` or
     a Python function whose own code reads none; a closure variable; an import), found from its
-    bytecode (``fastkernel._heuristic_code``). Assigning ``fn`` or ``values`` on a level drops
-    the dispatch (``_DISPATCH_INPUTS``); a change made in place to a ``values`` dict after
-    the first launch is not seen.
+    bytecode (``fastkernel._heuristic_code``). While the kernel has pre-run hooks, every call
+    goes through Triton's run, which passes them the computed values (``JITFunction.run``).
+    Assigning ``fn`` or ``values`` on a level drops the dispatch (``_DISPATCH_INPUTS``); a
+    change made in place to a ``values`` dict after the first launch is not seen.
     """
 
     _serves_patch = True
@@ -558,6 +562,8 @@ class PatchedHeuristics(NativeDispatch):
             for p in jit_fn.params
         }
         self._init_native(jit_fn, _params_spec(jit_fn, tune), jit_fn.pre_run_hooks)
+        # Triton's run passes pre-run hooks the computed (and tuned) values: calls go through it.
+        self._set_hooks_through_triton(True)
         if autotuner is not None:
             self._set_publish(autotuner, "best_config")
         _set_under_types(self, heuristics if top is None else top, under)
@@ -596,6 +602,10 @@ class PatchedHeuristics(NativeDispatch):
                 level
             ):
                 return None  # an Autotuner subclass or instance with a run of its own
+            if not isinstance(level.fn, JITFunction):
+                # Over another stack (an autotuner over a heuristics): the values computed
+                # here reach its run as keywords, and its own dispatch serves them.
+                return None
             autotuner, level = level, level.fn
             under.append(autotuner)
             config_params = PatchedAutotuner.config_params(autotuner)
@@ -727,8 +737,8 @@ class PatchedHeuristics(NativeDispatch):
 class PatchedAutotunerOverHeuristics(PatchedHeuristics):
     """The native dispatch of Triton's own ``@triton.autotune`` over Triton's own
     ``@triton.heuristics`` (one, or a stack) over a ``triton.jit`` function, as FlagGems'
-    nearest upsampling and softmax kernels and flash-linear-attention's WALL attention kernels
-    stack them, under :func:`patch`: a call is one native hit whose record carries the tuned
+    nearest upsampling kernels and flash-linear-attention's WALL attention kernels stack them,
+    under :func:`patch`: a call is one native hit whose record carries the tuned
     config's values and the values the heuristics computed with them, and sets the autotuner's
     ``best_config`` as Triton's ``Autotuner.run`` does.
 
