@@ -336,6 +336,7 @@ def test_cold_then_warm_in_one_process(stand_in, cache_root, compiles):
         cached.name = "other"  # read-only
     first, second = stand_in.launches()
     assert first.params == second.params and first.raw == second.raw
+    assert first.image == second.image  # the disk cache's cubin is the one compiled
     assert (warm.stats()["misses"], stand_in.module_loads()) == (1, 2)
     assert warm[(1,)](x, x, x, 64, BLOCK=64) is cached  # then a native hit, as always
     assert warm.stats()["hits"] == 1
@@ -1112,10 +1113,12 @@ def test_an_index_record_in_another_keys_place_is_refused(
     stand_in, cache_root, compiles, binder_calls
 ):
     """A copied record names a real entry, but another specialization's: it must not serve."""
-    x = torch.randn(65)
+    x = torch.randn(1025)
     k = fk(kernels.add_kernel)
-    k[(1,)](x, x, x, 64, BLOCK=64)  # aligned out_ptr
-    k[(1,)](x, x, x[1:], 64, BLOCK=64)  # unaligned out_ptr: another specialization
+    k[(1,)](x, x, x, 1024, BLOCK=1024)  # aligned out_ptr
+    k[(1,)](x, x, x[1:], 1024, BLOCK=1024)  # unaligned out_ptr: another specialization
+    # (Binaries that differ: at BLOCK=64 the two specializations compile to one cubin.)
+    assert stand_in.launches()[0].image != stand_in.launches()[1].image
     aligned, unaligned = (r.read_text() for r in index_files(cache_root))
     by_content = {json.loads(t)["entry"]: t for t in (aligned, unaligned)}
     assert len(by_content) == 2
@@ -1123,8 +1126,9 @@ def test_an_index_record_in_another_keys_place_is_refused(
         other = [t for t in (aligned, unaligned) if t != record.read_text()][0]
         record.write_text(other)
     fresh = fk(kernels.add_kernel)
-    fresh[(1,)](x, x, x[1:], 64, BLOCK=64)
-    assert stand_in.launches()[-1].raw == stand_in.launches()[1].raw
+    fresh[(1,)](x, x, x[1:], 1024, BLOCK=1024)
+    last, unaligned = stand_in.launches()[-1], stand_in.launches()[1]
+    assert (last.image, last.raw) == (unaligned.image, unaligned.raw)
     assert len(binder_calls) == 3  # the swapped record was refused: the binder decided
 
 

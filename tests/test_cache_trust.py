@@ -340,10 +340,10 @@ def test_an_index_record_resigned_onto_another_call_does_not_serve_it(
     """The aligned call's record written in the unaligned call's place, with the place's
     native key and a valid checksum (a deliberate forgery): the spec does not fit the call's
     pointer alignment, so the binder decides and the unaligned binary launches."""
-    x = torch.randn(65)
+    x = torch.randn(1025)
     k = fk(kernels.add_kernel)
-    k[(1,)](x, x, x, 64, BLOCK=64)  # aligned out_ptr
-    k[(1,)](x, x, x[1:], 64, BLOCK=64)  # unaligned out_ptr
+    k[(1,)](x, x, x, 1024, BLOCK=1024)  # aligned out_ptr
+    k[(1,)](x, x, x[1:], 1024, BLOCK=1024)  # unaligned out_ptr
     records = {json.loads(r.read_text())["entry"]: r for r in index_files(cache_root)}
     assert len(records) == 2
     aligned_path, unaligned_path = (
@@ -354,6 +354,8 @@ def test_an_index_record_resigned_onto_another_call_does_not_serve_it(
         )
     )
     launches = stand_in.launches()
+    # (Binaries that differ: at BLOCK=64 the two specializations compile to one cubin.)
+    assert launches[0].image != launches[1].image
     by_path = {}
     for path in (aligned_path, unaligned_path):
         by_path[path] = json.loads(path.read_text())
@@ -363,10 +365,10 @@ def test_an_index_record_resigned_onto_another_call_does_not_serve_it(
         target.write_bytes(cache.index.encode_index_record(forged))
     fresh = fk(kernels.add_kernel)
     with caplog.at_level(logging.WARNING, logger="fastkernel"):
-        fresh[(1,)](x, x, x[1:], 64, BLOCK=64)
-        fresh[(1,)](x, x, x, 64, BLOCK=64)
-    assert stand_in.launches()[-2].raw == launches[1].raw
-    assert stand_in.launches()[-1].raw == launches[0].raw
+        fresh[(1,)](x, x, x[1:], 1024, BLOCK=1024)
+        fresh[(1,)](x, x, x, 1024, BLOCK=1024)
+    for ours, expected in zip(stand_in.launches()[-2:], (launches[1], launches[0])):
+        assert (ours.image, ours.raw) == (expected.image, expected.raw)
     assert len(binder_calls) == 4 and len(compiles) == 2
     assert "does not fit the call" in caplog.text
 

@@ -451,6 +451,7 @@ def test_the_benchmark_cpp_row_launches_the_bytes_python_launches(stand_in, tmp_
         assert len(launches) == 3
         assert all(
             l.raw == python_launch.raw
+            and l.image == python_launch.image
             and l.grid == python_launch.grid
             and l.block == python_launch.block
             for l in launches
