@@ -2175,18 +2175,19 @@ def _stack_over_optional_add(stack: str, timings) -> tuple[KernelInterface, JITF
     """A fresh ``stack`` of Triton's autotuner (``CONFIGS``, or configs setting HAS_Y too) and
     heuristics (HAS_Y from whether y is None; BLOCK too alone) over optional_add_kernel: the
     top object and the kernel."""
+    if stack == "heuristics over autotuner":
+        top = _heuristics_over_autotune(timings, key=("n",))
+        return top, top.fn.fn
+    if stack == "autotuner over heuristics":
+        top = _autotune_over_heuristics(timings)
+        return top, top.fn.fn
     jit_fn = JITFunction(kernels.optional_add_kernel.fn)
-    has_y = {"HAS_Y": lambda args: args["y_ptr"] is not None}
-    tune = triton.autotune(configs=CONFIGS, key=["n"], do_bench=_timer(timings))
     if stack == "autotune":
         configs = [triton.Config({**c.kwargs, "HAS_Y": True}) for c in CONFIGS]
         top = triton.autotune(configs=configs, key=["n"], do_bench=_timer(timings))(jit_fn)
-    elif stack == "heuristics":
-        top = triton.heuristics({**has_y, "BLOCK": lambda args: 1024})(jit_fn)
-    elif stack == "heuristics over autotuner":
-        top = triton.heuristics(has_y)(tune(jit_fn))
     else:
-        top = tune(triton.heuristics(has_y)(jit_fn))
+        has_y = {"HAS_Y": lambda args: args["y_ptr"] is not None}
+        top = triton.heuristics({**has_y, "BLOCK": lambda args: 1024})(jit_fn)
     _KEPT.extend((jit_fn, top))
     return top, jit_fn
 

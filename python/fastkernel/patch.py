@@ -275,11 +275,6 @@ class PatchedAutotuner(NativeDispatch):
     def __repr__(self) -> str:
         return f"PatchedAutotuner({self._stats_name()})"
 
-    def forget_published(self) -> None:
-        """After Triton's own ``Autotuner.run`` (which sets ``best_config`` itself): the next hit
-        sets ``best_config`` again even when its config is the one a hit set last."""
-        self._set_publish(self.autotuner, "best_config")
-
     _stats_suffix = " [triton.autotune]"
 
     @staticmethod
@@ -787,10 +782,6 @@ class PatchedAutotunerOverHeuristics(PatchedHeuristics):
             autotuner.fn, jit_fn, values, reads, autotuner, config_params, tuple(under), autotuner
         )
 
-    def forget_published(self) -> None:
-        """As :meth:`PatchedAutotuner.forget_published`."""
-        self._set_publish(self.autotuner, "best_config")
-
     def _on_miss(
         self, grid, args: tuple, kwargs: dict, key: bytes | None, device: int, reason: str | None
     ):
@@ -1208,9 +1199,11 @@ def _patched_autotuner_run(self, *args, **kwargs):
     try:
         return AUTOTUNER_RUN(self, *args, **kwargs)
     finally:
+        # Triton's run set best_config itself: the next hit of the autotuner's dispatch sets
+        # it again even when its config is the one a hit set last.
         served = self.__dict__.get(PATCH_ATTR)
         if isinstance(served, (PatchedAutotuner, PatchedAutotunerOverHeuristics)):
-            served.forget_published()
+            served._set_publish(self, "best_config")
 
 
 PATCHED_RUNS.add(_patched_autotuner_run)
