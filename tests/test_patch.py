@@ -425,21 +425,109 @@ def test_kernels_with_varargs_or_keyword_only_parameters_keep_tritons_path(stand
             fastkernel.fastkernel(kernel)
 
 
-def test_a_config_pre_hook_runs_on_every_call(stand_in):
-    seen = []
-    configs = [
-        triton.Config(
-            {"BLOCK": 1024}, num_warps=4, pre_hook=lambda nargs: seen.append(nargs["BLOCK"])
-        )
+def _noted(mapping: dict | None) -> list | None:
+    """A mapping's items in order, a tensor by identity and data pointer."""
+    if mapping is None:
+        return None
+    return [
+        (k, (id(v), v.data_ptr()) if isinstance(v, torch.Tensor) else v) for k, v in mapping.items()
     ]
-    tuned = _autotuned([], configs=configs)
+
+
+def _noting_pre_hook(seen: list, tag: int, autotuner: list):
+    """A config ``pre_hook`` noting each dict it is called with, and the ``nargs`` of the
+    autotuner in ``autotuner`` (when one is there) as the hook sees it."""
+
+    def pre_hook(nargs):
+        seen.append((tag, _noted(nargs)))
+        if autotuner:
+            seen.append(("nargs", _noted(autotuner[0].nargs)))
+
+    return pre_hook
+
+
+def _hooked_configs(seen: list, autotuner: list | None = None) -> list:
+    autotuner = [] if autotuner is None else autotuner
+    return [
+        triton.Config({"BLOCK": 1024}, num_warps=4, pre_hook=_noting_pre_hook(seen, 0, autotuner)),
+        triton.Config({"BLOCK": 256}, num_warps=2, pre_hook=_noting_pre_hook(seen, 1, autotuner)),
+    ]
+
+
+def test_a_config_pre_hook_is_called_as_tritons_run_calls_it_and_the_call_is_one_native_hit(
+    stand_in,
+):
     x, y, out = _tensors()
-    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
-        for _ in range(3):
-            tuned[(4,)](x, y, out, N)
-        stats = tuned.__dict__[PATCH_ATTR].stats()
-    assert seen == [1024] * 3
-    assert stats["hits"] == 0 and len(stand_in.launches()) == 3
+    grid = lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)  # noqa: E731
+    calls = [
+        lambda t: t[grid](x, y, out, N),
+        lambda t: t[grid](x, y, out, N),
+        lambda t: t[grid](x, y, out, n=N // 2),
+        lambda t: t[(4,)](x, y, out_ptr=out, n=N // 2),
+        lambda t: t[grid](x, y, out, N),
+    ]
+    runs = {}
+    for patched in (False, True):
+        seen: list = []
+        holder: list = []
+        configs = _hooked_configs(seen, holder)
+        tuned = _autotuned([3.0, 1.0, 0.5, 2.0], configs=configs)
+        holder.append(tuned)
+        _KEPT.append(tuned)
+        stand_in.reset()
+        best = []
+        with _triton_on_stand_in(stand_in, patched):
+            for call in calls:
+                call(tuned)
+                best.append(configs.index(tuned.best_config))
+            if patched:
+                stats = _stats_of(tuned)
+        runs[patched] = (seen, best, stand_in.launches())
+    (seen, best, theirs), (our_seen, our_best, ours) = runs[False], runs[True]
+    # Tuning called each config's hook once per benchmark (two keys, two configs); every call
+    # then called its config's hook with the same dict, keys in Triton's order.
+    assert [tag for tag, _ in seen if tag != "nargs"] == [0, 1, 1, 1, 0, 1, 0, 0, 1]
+    # The autotuner's nargs, as each hook saw it, is the positional arguments by name.
+    assert seen[-1] == ("nargs", _noted({"x_ptr": x, "y_ptr": y, "out_ptr": out, "n": N}))
+    assert our_seen == seen
+    assert tuned.nargs is None
+    assert our_best == best == [1, 1, 0, 0, 1]
+    assert len(ours) == len(theirs) == 5 + 2 * 2
+    for mine, triton_launch in zip(ours, theirs):
+        assert_same_launch(mine, triton_launch)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
+
+
+def test_a_config_pre_hook_that_changes_the_specialization_launches_tritons_binary(stand_in):
+    """A hook that moves some outputs to an unaligned offset: Triton specializes the launch
+    after the hook, so one key launches either binary, as the hook leaves the arguments."""
+    x, y = torch.randn(N), torch.randn(N)
+    outs = [torch.empty(N) for _ in range(3)]
+
+    def unalign(nargs):
+        out = nargs["out_ptr"]
+        if out is not outs[1]:
+            out.set_(out.untyped_storage(), 1, (N - 1,), (1,))
+
+    configs = [triton.Config({"BLOCK": 1024}, num_warps=4, pre_hook=unalign)]
+    runs = {}
+    for patched in (False, True):
+        tuned = _autotuned([], configs=configs)
+        _KEPT.append(tuned)
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched):
+            for out in outs:
+                out.set_(out.untyped_storage(), 0, (N,), (1,))  # aligned when called
+                tuned[(4,)](x, y, out, N - 1)
+            if patched:
+                stats = _stats_of(tuned)
+        runs[patched] = stand_in.launches()
+    theirs, ours = runs[False], runs[True]
+    assert len(ours) == len(theirs) == 3
+    for mine, triton_launch in zip(ours, theirs):
+        assert_same_launch(mine, triton_launch)
+    assert (stats["misses"], stats["hits"]) == (1, 2)
+    assert theirs[0].image == theirs[2].image != theirs[1].image
 
 
 def test_passing_a_tuned_parameter_raises_what_triton_raises(stand_in):
@@ -1967,11 +2055,11 @@ def test_a_name_computed_at_two_levels_of_a_stack_keeps_tritons_path(stand_in):
     assert (kernel_stats["misses"], kernel_stats["hits"]) == (1, 2)
 
 
-def _heuristics_over_autotune(timings, key=("n", "HAS_Y"), heuristic=None):
+def _heuristics_over_autotune(timings, key=("n", "HAS_Y"), heuristic=None, configs=CONFIGS):
     """flash-linear-attention's usual stack: Triton's heuristics (``HAS_Y`` from whether y is
-    None, by default) over Triton's autotuner (``CONFIGS``, picked by ``timings``) over a fresh
+    None, by default) over Triton's autotuner (``configs``, picked by ``timings``) over a fresh
     JITFunction of optional_add_kernel."""
-    tuned = triton.autotune(configs=CONFIGS, key=list(key), do_bench=_timer(timings))(
+    tuned = triton.autotune(configs=configs, key=list(key), do_bench=_timer(timings))(
         JITFunction(kernels.optional_add_kernel.fn)
     )
     top = triton.heuristics({"HAS_Y": heuristic or (lambda args: args["y_ptr"] is not None)})(tuned)
@@ -2059,6 +2147,45 @@ def test_a_stack_of_triton_autotune_and_heuristics_is_one_native_hit(stand_in, s
     )
     assert type(dispatch).__name__ == expected
     assert not under_served
+
+
+@pytest.mark.parametrize("stack", ["heuristics over autotuner", "autotuner over heuristics"])
+def test_config_pre_hooks_in_a_stack_of_autotune_and_heuristics_run_as_triton_runs_them(
+    stand_in, stack
+):
+    """Autotuner over heuristics: a key whose config has a ``pre_hook`` is one native hit that
+    calls the hook (the heuristics run under it, as in Triton's run). Heuristics over the
+    autotuner: such a call keeps Triton's path, counted with the reason."""
+    x, y, out = _tensors()
+    calls = [(y, N), (None, N), (y, N), (None, N), (y, N // 2), (y, N // 2)]
+    runs = {}
+    for on in (False, True):
+        seen: list = []
+        timings = [3.0, 1.0, 0.5, 2.0, 1.0, 2.0]
+        configs = _hooked_configs(seen)
+        if stack == "heuristics over autotuner":
+            top = _heuristics_over_autotune(timings, key=("n",), configs=configs)
+        else:
+            top = _autotune_over_heuristics(timings, configs=configs)
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched=on):
+            for b, n in calls:
+                top[_grid_by_block](x, b, out, n)
+            if on:
+                stats = _stats_of(top)
+        runs[on] = (seen, stand_in.launches())
+    (my_seen, mine), (their_seen, theirs) = runs[True], runs[False]
+    # Three autotune keys (y None leaves its dtype out), two configs timed for each.
+    assert my_seen == their_seen and len(their_seen) == len(calls) + 3 * 2
+    assert len(mine) == len(theirs) == len(calls) + 3 * 2
+    for ours, reference_launch in zip(mine, theirs):
+        assert_same_launch(ours, reference_launch)
+    if stack == "autotuner over heuristics":
+        assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (3, 3, 0)
+    else:
+        assert (stats["hits"], stats["fallbacks"]) == (0, len(calls))
+        (reason,) = stats["fallback_reasons"]
+        assert "pre_hook" in reason
 
 
 @pytest.mark.parametrize("stack", ["heuristics over autotuner", "autotuner over heuristics"])

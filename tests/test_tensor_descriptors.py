@@ -366,3 +366,64 @@ def test_an_enter_hook_changing_a_descriptor_launches_what_triton_launches(
             finally:
                 knobs.runtime.launch_enter_hook.remove(hook)
         assert_same_launch(launches[1], launches[0])
+
+
+def _block_shape_hook(nargs):
+    """Sets both descriptors' block shape from the config's (Liger-Kernel's TMA SwiGLU and
+    FlagGems' Hopper matmul do this in a config pre_hook)."""
+    for name in ("in_desc", "out_desc"):
+        nargs[name].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_N"]]
+
+
+def test_a_config_pre_hook_setting_block_shapes_launches_what_triton_launches(stand_in, capability):
+    """Descriptors made with a placeholder block shape ([1, 1]), which the tuned config's
+    ``pre_hook`` sets before the launch: under the patch each tuned call is one native hit of
+    the autotuner, and launches the binary and the descriptor bytes Triton's run launches."""
+    import triton
+
+    from fastkernel import patched
+    from fastkernel.patch import PATCH_ATTR
+
+    timings = iter([2.0, 1.0])
+
+    def do_bench(kernel_call, quantiles=None, **_):
+        kernel_call()
+        t = next(timings)
+        return [t] * len(quantiles) if quantiles else t
+
+    configs = [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": 32}, num_warps=4, pre_hook=_block_shape_hook)
+        for m in (16, 32)
+    ]
+    src, dst = torch.randn(64, 96), torch.empty(64, 96)
+    grid = lambda meta: (64 // meta["BLOCK_M"], 96 // meta["BLOCK_N"])  # noqa: E731
+
+    def descriptors():
+        return (
+            TensorDescriptor.from_tensor(src, [1, 1]),
+            TensorDescriptor.from_tensor(dst, [1, 1]),
+            2.0,
+        )
+
+    tuned = triton.autotune(configs=configs, key=[], do_bench=do_bench)(
+        kernels.descriptor_copy_kernel
+    )
+    with patched(), TritonReference(stand_in, TEST_STREAM):
+        for _ in range(3):
+            tuned[grid](*descriptors())
+        stats = vars(tuned)[PATCH_ATTR].stats()
+        ours = stand_in.launches()
+    with TritonReference(stand_in, TEST_STREAM) as reference:  # unpatched: Triton's launcher
+        theirs = reference.launch(
+            kernels.descriptor_copy_kernel,
+            grid,
+            *_copy_args(src, dst, (32, 32)),
+            **configs[1].kwargs,
+        )
+    assert tuned.best_config is configs[1]
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0)
+    assert len(ours) == 2 + 3  # one launch per config timed, then the three calls
+    for launch in ours[2:]:
+        assert_same_launch(launch, theirs)
+    if capability >= 90:
+        assert decode_tensor_map(ours[-1].params[0])["box"] == [32, 32]

@@ -8,6 +8,7 @@
 #include <cxxabi.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -881,6 +882,19 @@ struct Scratch {
          torch::profiler::impl::profilerEnabled();
 }
 
+// A hit on a record whose hit_call is set (LaunchRecord::hit_call): the call is served by
+// hit_call(grid, *args, **kwargs), with the call's own arguments, and returns what it returns.
+[[gnu::noinline]] PyObject* call_hit_call(BoundLaunchObject* self, const LaunchRecord& rec,
+                                          PyObject* const* args, Py_ssize_t nargs,
+                                          PyObject* kwnames) {
+  const Py_ssize_t total = nargs + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
+  std::vector<PyObject*> stack(size_t(total) + 1);
+  stack[0] = self->grid;
+  std::copy(args, args + total, stack.begin() + 1);
+  const Ref hit_call(Py_NewRef(static_cast<PyObject*>(rec.hit_call)));
+  return PyObject_Vectorcall(hit_call.get(), stack.data(), size_t(nargs) + 1, kwnames);
+}
+
 PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t nargsf,
                        PyObject* kwnames) {
   KernelObject* kernel = self->kernel;
@@ -943,13 +957,16 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
       return unbound_slots_error(kernel, *rec, call);
     }
     if (C10_UNLIKELY(st.hit_extras)) {
+      if (kernel->publish_owner != nullptr && !publish(kernel, *rec)) {
+        return nullptr;
+      }
+      if (rec->hit_call != nullptr) {
+        return call_hit_call(self, *rec, args, nargs, kwnames);
+      }
       // The tuned values are read only by a callable grid (here) and the launch hooks (below):
       // the launch packs no constexpr.
       if (!st.config_params.empty() && !PyTuple_CheckExact(self->grid)) {
         fill_tuned_args(st, *rec, &call);
-      }
-      if (kernel->publish_owner != nullptr && !publish(kernel, *rec)) {
-        return nullptr;
       }
     }
     if (kernel->global_checks != nullptr && !globals_unchanged(kernel)) {

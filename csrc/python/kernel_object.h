@@ -77,6 +77,9 @@ struct KernelState {
   /// config_params is not empty, or a publish owner is set: a hit has more to do than launch
   /// (one test on the hot path for both).
   bool hit_extras = false;
+  /// A record with a hit_call has been inserted since the table was last configured: hits look
+  /// for one (kept in hit_extras).
+  bool hit_calls = false;
   /// While the JITFunction has pre-run hooks, every call takes Triton's path, hooks unrun here:
   /// a dispatch whose records give values the call leaves out (a tuned config's, a heuristic's),
   /// which Triton's run passes the hooks among the keywords.

@@ -41,10 +41,11 @@ PyObject* interned(const std::string& s) {
   return o;
 }
 
-// Whether a hit has more to do than launch: config values to fill, or an owner to publish to.
+// Whether a hit has more to do than launch: config values to fill, an owner to publish to, or
+// records whose hits call Python instead of launching.
 void refresh_hit_extras(KernelObject* kernel) {
-  kernel->state->hit_extras =
-      !kernel->state->config_params.empty() || kernel->publish_owner != nullptr;
+  kernel->state->hit_extras = !kernel->state->config_params.empty() ||
+                              kernel->publish_owner != nullptr || kernel->state->hit_calls;
 }
 
 void configure(py::handle kernel_obj, const std::string& name, const py::list& params,
@@ -62,6 +63,7 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   // Records first, while the parameters they were keyed by are intact: a record's destructor
   // can run Python, which can launch this kernel.
   st.table.clear();
+  st.hit_calls = false;
   std::vector<ParamSpec> old_params;
   old_params.swap(st.params);
   for (ParamSpec& p : old_params) {

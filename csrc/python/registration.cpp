@@ -99,7 +99,7 @@ int visit_record_references(const LaunchRecord& rec, visitproc visit, void* arg)
   if (rec.release_user_data != release_python_reference) {
     return 0;  // a record this module did not make holds no Python references
   }
-  for (void* p : {rec.user_data, rec.tuned_args, rec.published}) {
+  for (void* p : {rec.user_data, rec.tuned_args, rec.published, rec.hit_call}) {
     Py_VISIT(static_cast<PyObject*>(p));
   }
   return 0;
@@ -166,6 +166,11 @@ const LaunchRecord* insert_loaded(KernelObject* kernel, const SpecializationKey&
     Py_XSETREF(kernel->global_checks, PyTuple_GET_SIZE(checks) ? Py_NewRef(checks) : nullptr);
   }
   loaded.record->leaves_read = std::max(0, rec.values_read - int(num_params));
+  if (rec.hit_call != nullptr) {
+    // A hit looks for the call only among its extras.
+    kernel->state->hit_calls = true;
+    kernel->state->hit_extras = true;
+  }
   return kernel->state->table.insert(key, std::move(loaded.record));
 }
 
@@ -264,6 +269,22 @@ void register_registration(py::module_& m) {
            "(see Kernel._set_publish). `global_checks` (a tuple of (globals dict, name, value\n"
            "compiled with), or None to leave the kernel's as they are): the globals every hit\n"
            "of the kernel re-checks from then on (JITFunction.run's used_global_vals check).")
+      .def(
+          "_set_hit_call",
+          [](LoadedRecord& r, py::handle hit_call) {
+            LaunchRecord& rec = const_cast<LaunchRecord&>(r.loaded());
+            if (!PyCallable_Check(hit_call.ptr())) {
+              throw py::type_error("fastkernel: hit_call must be callable");
+            }
+            if (rec.hit_call != nullptr) {
+              throw py::value_error("fastkernel: this launch record has a hit_call already");
+            }
+            rec.hit_call = hit_call.inc_ref().ptr();
+          },
+          py::arg("hit_call"),
+          "Before insertion: make a hit on this record call `hit_call(grid, *args, **kwargs)`\n"
+          "(the call's own arguments) and return its result instead of launching the binary.\n"
+          "ValueError once inserted or when one is set already; TypeError if not callable.")
       .def_property_readonly(
           "kernel_name", [](const LoadedRecord& r) { return r.kernel_name; },
           "the cubin's entry point")

@@ -248,10 +248,12 @@ class PatchedAutotuner(NativeDispatch):
     never serves a config Triton would not pick. Calls Triton keys in ways the native key cannot
     follow stay on Triton's path, counted with the reason: a ``key`` argument that is a tensor
     (Triton keys it by identity), a NaN key value, a non-tensor argument with a ``dtype``, a
-    config with a ``pre_hook`` (Python before every launch), a kernel with pre-run hooks (while
-    it has them: Triton's run passes them the config's values), a
-    tuned config setting a parameter the declared configs do not (a pruned config, a replaced
-    ``configs``), a call leaving out a required constexpr that no declared config sets.
+    kernel with pre-run hooks (while it has them: Triton's run passes them the config's
+    values), a tuned config setting a parameter the declared configs do not (a pruned config, a
+    replaced ``configs``), a call leaving out a required constexpr that no declared config sets.
+    A key whose tuned config has a ``pre_hook`` is registered with a hit that calls the hook and
+    then the autotuner's ``fn.run`` (:class:`_ConfigPreHookHit`), which keys the arguments as
+    the hook left them.
     A config picked for a key stays registered for that key: clearing ``autotuner.cache`` in
     place does not re-tune keys already served natively (call :func:`unpatch` first); assigning
     the autotuner's ``fn``, ``configs``, ``keys`` or ``cache`` drops its dispatch
@@ -260,6 +262,7 @@ class PatchedAutotuner(NativeDispatch):
     """
 
     _serves_patch = True
+    _serves_config_pre_hooks = True
 
     def __init__(self, autotuner: Autotuner, config_params: tuple[str, ...]):
         jit_fn = autotuner.fn
@@ -407,8 +410,11 @@ def _tuned_miss(
         config = launch.config  # what Triton's run launched this call with
         if config is None:
             reason = "the config Triton's Autotuner.run launched with could not be told"
-        elif config.pre_hook is not None:
-            reason = "the tuned config has a pre_hook, which runs in Python before every launch"
+        elif config.pre_hook is not None and not dispatch._serves_config_pre_hooks:
+            reason = (
+                "the tuned config has a pre_hook, which Triton's Autotuner.run calls after "
+                "the heuristics over it"
+            )
         elif unkeyed := [
             name for name in config.kwargs if name in jit_fn.arg_names and name not in config_params
         ]:
@@ -435,12 +441,56 @@ def _tuned_miss(
             if isinstance(record, str):
                 reason = record
             else:  # Triton launched this call; the record serves the next ones
+                if config.pre_hook is not None:
+                    record._set_hit_call(_ConfigPreHookHit(autotuner, config))
                 dispatch._insert(key, record)
     if reason is not None:
         if key is not None:
             dispatch._miss_fallbacks += 1
         dispatch._count_fallback(reason, what="tunes and launches through Triton's Autotuner.run")
     return result
+
+
+#: Pushed on a thread's pending tuned misses while a hit runs a config's pre_hook and the
+#: launch under it: that launch is not the miss's.
+_NOT_A_MISS = _TunedLaunch(None, None)
+
+
+class _ConfigPreHookHit:
+    """A hit on the key of a config with a ``pre_hook``: the rest of Triton's
+    ``Autotuner.run`` once its cache gave the config (``runtime/autotuner.py``). The hook is
+    called with one dict: the positional arguments by name, the call's keywords (``grid`` and
+    ``warmup`` first, as ``KernelInterface.__getitem__`` passes them) and the config's values
+    and options; then the autotuner's ``fn.run`` launches with the config's values and options
+    among the keywords, natively underneath (its own dispatch keys the arguments as the hook
+    left them: a hook may set a tensor descriptor's ``block_shape``). The autotuner's ``nargs``
+    is the positional arguments by name until ``fn.run`` returns, then None, as in Triton's run
+    (a hook may read it)."""
+
+    __slots__ = ("autotuner", "config")
+
+    def __init__(self, autotuner: Autotuner, config: Any):
+        self.autotuner = autotuner
+        self.config = config
+
+    def __call__(self, grid, *args, **kwargs):
+        autotuner = self.autotuner
+        config = self.config
+        run_kwargs = {"grid": grid, "warmup": False, **kwargs}
+        tuned = config.all_kwargs()
+        autotuner.nargs = nargs = dict(zip(autotuner.arg_names, args))
+        config.pre_hook({**nargs, **run_kwargs, **tuned})
+        pending = getattr(_tuning, "pending", None)
+        if not pending:
+            result = autotuner.fn.run(*args, **run_kwargs, **tuned)
+        else:
+            pending.append(_NOT_A_MISS)  # a miss in progress on this thread must not note it
+            try:
+                result = autotuner.fn.run(*args, **run_kwargs, **tuned)
+            finally:
+                pending.pop()
+        autotuner.nargs = None
+        return result
 
 
 class _RecordedArguments(dict):
@@ -755,6 +805,7 @@ class PatchedAutotunerOverHeuristics(PatchedHeuristics):
     """
 
     _stats_suffix = " [triton.autotune]"
+    _serves_config_pre_hooks = True
 
     @classmethod
     def for_autotuner(cls, autotuner: Autotuner) -> PatchedAutotunerOverHeuristics | None:

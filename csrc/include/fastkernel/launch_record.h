@@ -83,7 +83,11 @@ struct LaunchRecord {
   /// Opaque to fastkernel: what a hit on this record publishes to the kernel's owner (the
   /// Python layer keeps the tuned config that Triton's Autotuner sets as `best_config`).
   void* published = nullptr;
-  /// Called with user_data, tuned_args and published on drop.
+  /// Opaque to fastkernel: when set, a hit of the Python entry calls it instead of launching
+  /// (the Python layer keeps a callable that runs a tuned config's pre_hook, then the launch
+  /// underneath, as Triton's Autotuner.run does).
+  void* hit_call = nullptr;
+  /// Called with user_data, tuned_args, published and hit_call on drop.
   void (*release_user_data)(void*) = nullptr;
 
   LaunchRecord() = default;
@@ -99,6 +103,9 @@ struct LaunchRecord {
       }
       if (published != nullptr) {
         release_user_data(published);
+      }
+      if (hit_call != nullptr) {
+        release_user_data(hit_call);
       }
     }
   }
