@@ -498,6 +498,26 @@ def test_a_config_pre_hook_is_called_as_tritons_run_calls_it_and_the_call_is_one
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (2, 3, 0)
 
 
+def test_a_config_pre_hook_removed_after_its_key_is_served_is_no_longer_called(stand_in):
+    x, y, out = _tensors()
+    runs = {}
+    for patched in (False, True):
+        seen: list = []
+        configs = _hooked_configs(seen)[:1]
+        tuned = _autotuned([], configs=configs)
+        _KEPT.append(tuned)
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched):
+            tuned[(4,)](x, y, out, N)
+            tuned[(4,)](x, y, out, N)
+            configs[0].pre_hook = None  # Triton's run checks it on every call
+            tuned[(4,)](x, y, out, N)
+        runs[patched] = ([tag for tag, _ in seen], stand_in.launches())
+    assert runs[True][0] == runs[False][0] == [0, 0]
+    for mine, triton_launch in zip(runs[True][1], runs[False][1], strict=True):
+        assert_same_launch(mine, triton_launch)
+
+
 def test_a_config_pre_hook_that_changes_the_specialization_launches_tritons_binary(stand_in):
     """A hook that moves some outputs to an unaligned offset: Triton specializes the launch
     after the hook, so one key launches either binary, as the hook leaves the arguments."""

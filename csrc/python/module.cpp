@@ -62,8 +62,8 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   KernelState& st = *kernel->state;
   // Records first, while the parameters they were keyed by are intact: a record's destructor
   // can run Python, which can launch this kernel.
+  st.hit_calls = false;  // before the records go: their destructors may insert records
   st.table.clear();
-  st.hit_calls = false;
   std::vector<ParamSpec> old_params;
   old_params.swap(st.params);
   for (ParamSpec& p : old_params) {

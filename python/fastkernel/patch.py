@@ -479,15 +479,16 @@ class _ConfigPreHookHit:
         run_kwargs = {"grid": grid, "warmup": False, **kwargs}
         tuned = config.all_kwargs()
         autotuner.nargs = nargs = dict(zip(autotuner.arg_names, args))
-        config.pre_hook({**nargs, **run_kwargs, **tuned})
-        pending = getattr(_tuning, "pending", None)
-        if not pending:
+        # A miss in progress on this thread must not note these launches as its own.
+        pending = getattr(_tuning, "pending", None) or None
+        if pending is not None:
+            pending.append(_NOT_A_MISS)
+        try:
+            if config.pre_hook is not None:  # checked per call, as Triton's run checks it
+                config.pre_hook({**nargs, **run_kwargs, **tuned})
             result = autotuner.fn.run(*args, **run_kwargs, **tuned)
-        else:
-            pending.append(_NOT_A_MISS)  # a miss in progress on this thread must not note it
-            try:
-                result = autotuner.fn.run(*args, **run_kwargs, **tuned)
-            finally:
+        finally:
+            if pending is not None:
                 pending.pop()
         autotuner.nargs = None
         return result
