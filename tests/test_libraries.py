@@ -59,19 +59,29 @@ class Allocations(TorchDispatchMode):
         return out
 
 
+def _in_made(address: int, k: int, made: list[tuple[int, int, int]]) -> tuple | None:
+    """("made", the index of the storage made before launch ``k`` that holds ``address`` (the
+    latest such, as the allocator may have reused the block), offset), or None."""
+    for j in range(len(made) - 1, -1, -1):
+        launches_before, start, end = made[j]
+        if launches_before <= k and start <= address < max(end, start + 1):
+            return ("made", j, address - start)
+    return None
+
+
 def canonical_params(launch: Launch, k: int, made: list[tuple[int, int, int]]) -> list[object]:
     """Launch ``k``'s parameters, an 8-byte one that points into a storage made before the launch
-    (the latest such, as the allocator may have reused the block) written as (the storage's index
-    among those the run made, offset); every other parameter as its bytes."""
+    written as (the storage's index among those the run made, offset), and so a tensor map's
+    global address (the stand-in's encoding: "FKTM", the address at byte 16); every other
+    parameter as its bytes."""
     params: list[object] = []
     for p in launch.params:
         if len(p) == 8:
-            address = int.from_bytes(p, "little")
-            for j in range(len(made) - 1, -1, -1):
-                launches_before, start, end = made[j]
-                if launches_before <= k and start <= address < max(end, start + 1):
-                    p = ("made", j, address - start)
-                    break
+            p = _in_made(int.from_bytes(p, "little"), k, made) or p
+        elif len(p) == 128 and p[:4] == b"FKTM":
+            where = _in_made(int.from_bytes(p[16:24], "little"), k, made)
+            if where is not None:
+                p = (p[:16], where, p[24:])
         params.append(p)
     return params
 
@@ -116,9 +126,11 @@ def _benchmarking_with(driver):
             driver.get_benchmarker = saved
 
 
-def run_case(stand_in, call: Callable[[], object]) -> tuple[int, int]:
+def run_case(stand_in, call: Callable[[], object], hits_per_launch: int = 1) -> tuple[int, int]:
     """Runs ``call`` through Triton (a first time to tune autotuned kernels, then recorded), then
-    twice patched; returns (kernels served, launches per call)."""
+    twice patched; returns (kernels served, launches per call). ``hits_per_launch``: the native
+    hits each launch of the second patched call makes (2 where an autotuner's hit calls its
+    config's ``pre_hook``, then the dispatch of the kernel under it)."""
 
     def recorded() -> tuple[list[Launch], list[tuple[int, int, int]]]:
         stand_in.reset()
@@ -145,7 +157,7 @@ def run_case(stand_in, call: Callable[[], object]) -> tuple[int, int]:
     }
     served = {name: d for name, d in served.items() if any(d.values())}
     # The second call: one native hit per launch, no miss; and no fallback anywhere.
-    assert sum(d["hits"] for d in served.values()) == len(second), served
+    assert sum(d["hits"] for d in served.values()) == hits_per_launch * len(second), served
     assert sum(d["misses"] for d in served.values()) == 0, served
     fallbacks = {
         name: s["fallback_reasons"]
@@ -1885,6 +1897,29 @@ def test_liger_kernel_ops_launch_as_triton_does_and_hit_natively(case, stand_in)
     run_case(stand_in, LIGER_CASES[case]())
 
 
+def test_liger_kernel_tma_swiglu_calls_its_config_pre_hooks_and_hits_natively(
+    stand_in, monkeypatch
+):
+    """Liger-Kernel's fused gate/up SwiGLU for inference (``liger_kernel/ops/mlp.py``,
+    ``gemm_swiglu``) makes its host tensor descriptors with a placeholder block shape, which each
+    autotune config's ``pre_hook`` sets. On an sm_90 stand-in (TMA descriptors), with two of its
+    configs (tuning all 32 compiles 32 matmuls): a call is one native hit of the autotuner, which
+    calls the hook, then one of the kernel under it, launching Triton's binary and bytes."""
+    from liger_kernel.ops import mlp
+
+    monkeypatch.setenv("FKSTUB_CAPABILITY", "90")
+    tuned = mlp._swiglu_kernel_forward_inference
+    assert all(config.pre_hook is not None for config in tuned.configs)
+    monkeypatch.setattr(tuned, "configs", tuned.configs[:2])
+    x, gate, up = _x(1, 4, 64), _x(128, 64), _x(128, 64)
+    served, launches = run_case(
+        stand_in,
+        lambda: mlp.gemm_swiglu(x, gate, up, 1.0, store_preact=False),
+        hits_per_launch=2,
+    )
+    assert (served, launches) == (2, 1)
+
+
 def _launch(*addresses: int) -> Launch:
     return Launch(
         name="k",
@@ -1917,6 +1952,33 @@ def test_the_launch_comparison_tells_storages_apart():
     for ours, theirs in ((0x2000, 0x7000), (0x1020, 0x7010), (0x3000, 0x3008)):
         with pytest.raises(AssertionError):
             assert_same_launches([_launch(ours)], made, [_launch(theirs)], other)
+    # A tensor map's global address is compared the same way; its other bytes as they are.
+    assert canonical_params(_tensor_map_launch(0x1010), 0, made) == [
+        (_tensor_map(0)[:16], ("made", 0, 16), _tensor_map(0)[24:])
+    ]
+    assert_same_launches([_tensor_map_launch(0x1010)], made, [_tensor_map_launch(0x7010)], other)
+    for ours, theirs, box in ((0x2000, 0x7000, 32), (0x1010, 0x7010, 64)):
+        with pytest.raises(AssertionError):
+            assert_same_launches(
+                [_tensor_map_launch(ours)], made, [_tensor_map_launch(theirs, box)], other
+            )
+
+
+def _tensor_map(address: int, box: int = 32) -> bytes:
+    """128 bytes laid out as the stand-in encodes a tensor map: "FKTM", the global address at
+    byte 16, a box size at byte 96."""
+    raw = bytearray(128)
+    raw[:4] = b"FKTM"
+    raw[16:24] = address.to_bytes(8, "little")
+    raw[96:100] = box.to_bytes(4, "little")
+    return bytes(raw)
+
+
+def _tensor_map_launch(address: int, box: int = 32) -> Launch:
+    launch = _launch()
+    launch.params.append(_tensor_map(address, box))
+    launch.param_layout.append((0, 128))
+    return launch
 
 
 def test_a_patched_liger_kernel_keeps_its_kernels_as_jit_functions(stand_in):
