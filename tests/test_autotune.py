@@ -17,8 +17,9 @@ import kernels
 import pytest
 import torch
 import triton
-from conftest import STAND_IN_PATH
+from conftest import STAND_IN_PATH, TEST_STREAM
 from triton import knobs
+from triton_reference import TritonReference, assert_same_launch
 
 import fastkernel
 from fastkernel import _triton_abi as abi
@@ -297,17 +298,58 @@ def test_prune_configs_by_early_prune_perf_model_and_top_k(stand_in):
     assert stand_in.launches()[-1].block[0] == 128
 
 
-def test_a_config_pre_hook_runs_before_every_launch(stand_in):
+def test_a_config_pre_hook_runs_before_every_launch_and_the_call_is_a_native_hit(stand_in):
     calls = []
-    configs = [triton.Config({"BLOCK": 64}, pre_hook=lambda args: calls.append(args["BLOCK"]))]
+    configs = [
+        triton.Config(
+            {"BLOCK": 64}, pre_hook=lambda args: calls.append(sorted(args.items(), key=str))
+        )
+    ]
     k = fastkernel.autotune(configs=configs, key=["n"])(fk(kernels.add_kernel))
     x = torch.randn(64)
     k[grid_1d](x, x, x, 64)
     k[grid_1d](x, x, x, 64)
-    assert calls == [64, 64]
-    assert len(stand_in.launches()) == 2
-    reasons = k.stats()["fallback_reasons"]
-    assert any("pre_hook" in r for r in reasons)
+    k[grid_1d](x, x, out_ptr=x, n=64)
+    # The call's arguments by name and the config's values and options, on every call.
+    assert (
+        calls
+        == [
+            sorted(
+                {"x_ptr": x, "y_ptr": x, "out_ptr": x, "n": 64, **configs[0].all_kwargs()}.items(),
+                key=str,
+            )
+        ]
+        * 3
+    )
+    assert len(stand_in.launches()) == 3
+    stats = k.stats()
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0)
+    assert k.best_config is configs[0]
+
+
+def test_a_config_pre_hook_changing_the_specialization_launches_the_binary_it_leaves(stand_in):
+    """The hook moves some outputs to an unaligned offset: the launch below keys the arguments
+    as the hook left them, so one autotune key launches either binary."""
+    x = torch.randn(1024)
+    outs = [torch.empty(1024) for _ in range(3)]
+
+    def unalign(args):
+        if args["out_ptr"] is not outs[1]:
+            args["out_ptr"].set_(args["out_ptr"].untyped_storage(), 1, (1023,), (1,))
+
+    configs = [triton.Config({"BLOCK": 256}, pre_hook=unalign)]
+    k = fastkernel.autotune(configs=configs, key=["n"])(fk(kernels.add_kernel))
+    for out in outs:
+        k[(4,)](x, x, out, 1023)
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = [
+            reference.launch(kernels.add_kernel, (4,), x, x, out, 1023, BLOCK=256) for out in outs
+        ]
+    ours = stand_in.launches()[:3]
+    for mine, triton_launch in zip(ours, theirs):
+        assert_same_launch(mine, triton_launch)
+    assert ours[0].image == ours[2].image != ours[1].image
+    assert (k.stats()["misses"], k.stats()["hits"]) == (1, 2)
 
 
 def test_tuning_results_persist_on_disk_and_are_reused(stand_in):

@@ -123,6 +123,30 @@ def _describe(config: Config) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.all_kwargs().items())
 
 
+class _PreHookHit:
+    """A call of a key whose tuned config has a ``pre_hook`` (a hit calls it as
+    ``hit_call(grid, *args, **kwargs)``): the hook gets the call's arguments by name (with
+    defaults; Triton's ``nargs``) and the config's values and options, as on every launch of
+    Triton's autotuner (``runtime/autotuner.py``, ``Autotuner.run``); then the kernel
+    underneath launches with the config's values and options among the keywords, natively,
+    keying the arguments as the hook left them (a heuristics underneath computes its values
+    from them)."""
+
+    __slots__ = ("autotuner", "config")
+
+    def __init__(self, autotuner: Any, config: Config):
+        self.autotuner = autotuner
+        self.config = config
+
+    def __call__(self, grid, *args, **kwargs):
+        autotuner = self.autotuner
+        tuned = self.config.all_kwargs()
+        named = autotuner.named_arguments(args, kwargs, provided=autotuner._config_params)
+        if self.config.pre_hook is not None:  # checked per call, as Triton's run checks it
+            self.config.pre_hook({**named, **tuned})
+        return autotuner.fn[grid](*args, **{**kwargs, **tuned})
+
+
 class AutotuneError(RuntimeError):
     """No config of an autotuned kernel could run for a key: every one failed to compile or
     run, or ``early_config_prune`` returned none."""
@@ -411,25 +435,31 @@ class Autotuned(NativeDispatch, Autotuner):
         if self._heuristics is not None:
             merged.update(self._heuristics.values_for({**named, **config.all_kwargs()}))
         if config.pre_hook is not None:
-            # Triton runs a config's pre_hook before every launch: Python on every call.
-            config.pre_hook({**named, **config.all_kwargs()})
             if key is not None:
-                self._count_fallback(
-                    "the tuned config has a pre_hook, which runs in Python before every launch",
-                    logging.INFO,
-                    "runs Python per call",
-                )
-                self._miss_fallbacks += 1
-                # A heuristics below computes its own values from these (it refuses them given).
-                launch_kwargs = (
-                    merged if self._heuristics is None else {**kwargs, **config.all_kwargs()}
-                )
-                result = self.fn[grid](*args, **launch_kwargs)
-                return result if result is not None else True
+                return self._pre_hook_miss(grid, args, kwargs, key, device, config, merged)
+            # Triton runs a config's pre_hook before every launch.
+            config.pre_hook({**named, **config.all_kwargs()})
         if key is None:
             return self._fallback(grid, args, merged, reason or "unsupported call")
         tuned_args = self._tuned_args(merged, self._config_params)
         return self._register_miss(grid, args, merged, key, device, tuned_args, published=config)
+
+    def _pre_hook_miss(self, grid, args, kwargs, key: bytes, device: int, config, merged):
+        """The miss of a key whose config has a ``pre_hook``, which Triton runs before every
+        launch: the call is made as each hit of the key makes it (:class:`_PreHookHit`: the
+        hook, then the launch through the kernel underneath, keyed as the hook left the
+        arguments), then the key is registered with that hit."""
+        hit = _PreHookHit(self, config)
+        result = hit(grid, *args, **kwargs)
+        tuned_args = self._tuned_args(merged, self._config_params)
+        record = self._launch_record(args, merged, key, device, tuned_args, published=config)
+        if isinstance(record, str):
+            self._miss_fallbacks += 1
+            self._count_fallback(record)
+        else:
+            record._set_hit_call(hit)
+            self._insert(key, record)
+        return result if result is not None else True
 
     def _config_for(self, named, grid, args, kwargs, device: int) -> Config:
         tuning_key = self.tuning_key(named)
