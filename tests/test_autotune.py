@@ -327,6 +327,35 @@ def test_a_config_pre_hook_runs_before_every_launch_and_the_call_is_a_native_hit
     assert k.best_config is configs[0]
 
 
+def test_a_config_pre_hook_key_loads_nothing_of_its_own_and_indexes_nothing(stand_in):
+    """The hooked key's record has no binary: only the launch underneath loads one (for the
+    arguments as the hook left them), and the warm index gets nothing another autotuner
+    of the kernel could find for arguments the hook did not change (here an fp32 output,
+    where the hook swaps in an fp16 one)."""
+    x = torch.randn(1024)
+
+    def to_half(args):
+        args["out_ptr"].data = torch.empty(1024, dtype=torch.float16)
+
+    hooked = fastkernel.autotune(
+        configs=[triton.Config({"BLOCK": 256}, pre_hook=to_half)], key=["n"]
+    )(fk(kernels.add_kernel))
+    for _ in range(2):
+        hooked[(4,)](x, x, torch.empty(1024), 1024)
+    assert stand_in.module_loads() == 1
+    plain = fastkernel.autotune(configs=[triton.Config({"BLOCK": 256})], key=["n"])(
+        fk(kernels.add_kernel)
+    )
+    out = torch.empty(1024)
+    for _ in range(2):
+        plain[(4,)](x, x, out, 1024)
+    ours = stand_in.launches()[-2:]
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(kernels.add_kernel, (4,), x, x, out, 1024, BLOCK=256)
+    for mine in ours:
+        assert_same_launch(mine, theirs)
+
+
 def test_a_config_pre_hook_changing_the_specialization_launches_the_binary_it_leaves(stand_in):
     """The hook moves some outputs to an unaligned offset: the launch below keys the arguments
     as the hook left them, so one autotune key launches either binary."""

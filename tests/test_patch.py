@@ -518,6 +518,33 @@ def test_a_config_pre_hook_removed_after_its_key_is_served_is_no_longer_called(s
         assert_same_launch(mine, triton_launch)
 
 
+def test_a_config_pre_hook_key_puts_nothing_in_the_warm_index(stand_in):
+    """The launch under a hooked key specializes on the arguments as the hook left them (here
+    an fp16 output swapped in), which that key, taken before the hook, does not imply. Nothing
+    of it may reach the warm index, where another autotuner of the kernel with the same values
+    (in this or another process) would find it for an fp32 output."""
+    x, y = torch.randn(N), torch.randn(N)
+
+    def to_half(nargs):
+        nargs["out_ptr"].data = torch.empty(N, dtype=torch.float16)
+
+    hooked = _autotuned([], configs=[triton.Config({"BLOCK": 1024}, pre_hook=to_half)])
+    plain = _autotuned([], configs=[triton.Config({"BLOCK": 1024})])
+    _KEPT.extend((hooked, plain))
+    out = torch.empty(N)
+    with fastkernel.patched(), TritonReference(stand_in, TEST_STREAM):
+        for _ in range(2):
+            hooked[(4,)](x, y, torch.empty(N), N)
+        for _ in range(2):
+            plain[(4,)](x, y, out, N)
+        ours = stand_in.launches()[-2:]
+        assert _stats_of(plain)["hits"] == 1
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        theirs = reference.launch(plain.fn, (4,), x, y, out, N, BLOCK=1024)
+    for mine in ours:
+        assert_same_launch(mine, theirs)
+
+
 def test_a_config_pre_hook_that_changes_the_specialization_launches_tritons_binary(stand_in):
     """A hook that moves some outputs to an unaligned offset: Triton specializes the launch
     after the hook, so one key launches either binary, as the hook leaves the arguments."""

@@ -884,9 +884,9 @@ struct Scratch {
 
 // A hit on a record whose hit_call is set (LaunchRecord::hit_call): the call is served by
 // hit_call(grid, *args, **kwargs), with the call's own arguments, and returns what it returns.
-[[gnu::noinline]] PyObject* call_hit_call(BoundLaunchObject* self, const LaunchRecord& rec,
-                                          PyObject* const* args, Py_ssize_t nargs,
-                                          PyObject* kwnames) {
+[[gnu::noinline, gnu::cold]] PyObject* call_hit_call(BoundLaunchObject* self,
+                                                     const LaunchRecord& rec, PyObject* const* args,
+                                                     Py_ssize_t nargs, PyObject* kwnames) {
   const Py_ssize_t total = nargs + (kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0);
   std::vector<PyObject*> stack(size_t(total) + 1);
   stack[0] = self->grid;
@@ -952,21 +952,23 @@ PyObject* launch_bound(BoundLaunchObject* self, PyObject* const* args, size_t na
     // may launch this kernel again; the pin keeps `rec` from being evicted under us.
     const RecordPin pin(rec);
     if (C10_UNLIKELY(rec->leaves_read > call.num_leaves)) {
+      // A record whose hits call Python instead of launching (leaves_read is kHitCallLeaves).
+      // The call sets best_config itself, first, as Triton's Autotuner.run does.
+      if (rec->hit_call != nullptr) {
+        return call_hit_call(self, *rec, args, nargs, kwnames);
+      }
       // Only a record inserted under a key it was not compiled for reads past what the call
       // bound (its plan names tuple leaves the call does not have); never pack those slots.
       return unbound_slots_error(kernel, *rec, call);
     }
     if (C10_UNLIKELY(st.hit_extras)) {
-      if (kernel->publish_owner != nullptr && !publish(kernel, *rec)) {
-        return nullptr;
-      }
-      if (rec->hit_call != nullptr) {
-        return call_hit_call(self, *rec, args, nargs, kwnames);
-      }
       // The tuned values are read only by a callable grid (here) and the launch hooks (below):
       // the launch packs no constexpr.
       if (!st.config_params.empty() && !PyTuple_CheckExact(self->grid)) {
         fill_tuned_args(st, *rec, &call);
+      }
+      if (kernel->publish_owner != nullptr && !publish(kernel, *rec)) {
+        return nullptr;
       }
     }
     if (kernel->global_checks != nullptr && !globals_unchanged(kernel)) {

@@ -18,6 +18,9 @@ constexpr int kMaxArgs = 128;
 constexpr int kMaxOptions = 64;
 /// The most kernel classes a patched dispatch launches through underneath (KernelObject).
 constexpr int kMaxUnderTypes = 4;
+/// LaunchRecord::leaves_read of a record with a hit_call: more than any call binds, so the
+/// hit's check of the slots a record reads (taken on every hit) diverts it to the call.
+constexpr int kHitCallLeaves = INT32_MAX;
 
 /// One declared kernel parameter, as the key builder needs it.
 struct ParamSpec {
@@ -77,9 +80,6 @@ struct KernelState {
   /// config_params is not empty, or a publish owner is set: a hit has more to do than launch
   /// (one test on the hot path for both).
   bool hit_extras = false;
-  /// A record with a hit_call has been inserted since the table was last configured: hits look
-  /// for one (kept in hit_extras).
-  bool hit_calls = false;
   /// While the JITFunction has pre-run hooks, every call takes Triton's path, hooks unrun here:
   /// a dispatch whose records give values the call leaves out (a tuned config's, a heuristic's),
   /// which Triton's run passes the hooks among the keywords.

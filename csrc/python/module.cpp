@@ -41,11 +41,10 @@ PyObject* interned(const std::string& s) {
   return o;
 }
 
-// Whether a hit has more to do than launch: config values to fill, an owner to publish to, or
-// records whose hits call Python instead of launching.
+// Whether a hit has more to do than launch: config values to fill, or an owner to publish to.
 void refresh_hit_extras(KernelObject* kernel) {
-  kernel->state->hit_extras = !kernel->state->config_params.empty() ||
-                              kernel->publish_owner != nullptr || kernel->state->hit_calls;
+  kernel->state->hit_extras =
+      !kernel->state->config_params.empty() || kernel->publish_owner != nullptr;
 }
 
 void configure(py::handle kernel_obj, const std::string& name, const py::list& params,
@@ -62,7 +61,6 @@ void configure(py::handle kernel_obj, const std::string& name, const py::list& p
   KernelState& st = *kernel->state;
   // Records first, while the parameters they were keyed by are intact: a record's destructor
   // can run Python, which can launch this kernel.
-  st.hit_calls = false;  // before the records go: their destructors may insert records
   st.table.clear();
   std::vector<ParamSpec> old_params;
   old_params.swap(st.params);

@@ -165,12 +165,9 @@ const LaunchRecord* insert_loaded(KernelObject* kernel, const SpecializationKey&
     PyObject* checks = loaded.global_checks.ptr();
     Py_XSETREF(kernel->global_checks, PyTuple_GET_SIZE(checks) ? Py_NewRef(checks) : nullptr);
   }
-  loaded.record->leaves_read = std::max(0, rec.values_read - int(num_params));
-  if (rec.hit_call != nullptr) {
-    // A hit looks for the call only among its extras.
-    kernel->state->hit_calls = true;
-    kernel->state->hit_extras = true;
-  }
+  // A record whose hits call Python instead of launching is diverted by the hit's bounds check.
+  loaded.record->leaves_read =
+      rec.hit_call != nullptr ? kHitCallLeaves : std::max(0, rec.values_read - int(num_params));
   return kernel->state->table.insert(key, std::move(loaded.record));
 }
 
@@ -269,22 +266,24 @@ void register_registration(py::module_& m) {
            "(see Kernel._set_publish). `global_checks` (a tuple of (globals dict, name, value\n"
            "compiled with), or None to leave the kernel's as they are): the globals every hit\n"
            "of the kernel re-checks from then on (JITFunction.run's used_global_vals check).")
-      .def(
-          "_set_hit_call",
-          [](LoadedRecord& r, py::handle hit_call) {
-            LaunchRecord& rec = const_cast<LaunchRecord&>(r.loaded());
+      .def_static(
+          "for_hit_call",
+          [](py::handle hit_call) {
             if (!PyCallable_Check(hit_call.ptr())) {
               throw py::type_error("fastkernel: hit_call must be callable");
             }
-            if (rec.hit_call != nullptr) {
-              throw py::value_error("fastkernel: this launch record has a hit_call already");
-            }
+            auto loaded = std::make_unique<LoadedRecord>();
+            loaded->record = std::make_unique<LaunchRecord>();
+            LaunchRecord& rec = *loaded->record;
+            rec.release_user_data = release_python_reference;
             rec.hit_call = hit_call.inc_ref().ptr();
+            loaded->global_checks = py::none();
+            return loaded;
           },
           py::arg("hit_call"),
-          "Before insertion: make a hit on this record call `hit_call(grid, *args, **kwargs)`\n"
-          "(the call's own arguments) and return its result instead of launching the binary.\n"
-          "ValueError once inserted or when one is set already; TypeError if not callable.")
+          "A record with no binary, whose hits call `hit_call(grid, *args, **kwargs)` (the\n"
+          "call's own arguments) and return its result instead of launching or publishing\n"
+          "anything. TypeError if hit_call is not callable.")
       .def_property_readonly(
           "kernel_name", [](const LoadedRecord& r) { return r.kernel_name; },
           "the cubin's entry point")

@@ -125,7 +125,7 @@ def _describe(config: Config) -> str:
 
 class _PreHookHit:
     """A call of a key whose tuned config has a ``pre_hook`` (a hit calls it as
-    ``hit_call(grid, *args, **kwargs)``): the hook gets the call's arguments by name (with
+    ``hit_call(grid, *args, **kwargs)``): the config becomes ``best_config``, the hook gets the call's arguments by name (with
     defaults; Triton's ``nargs``) and the config's values and options, as on every launch of
     Triton's autotuner (``runtime/autotuner.py``, ``Autotuner.run``); then the kernel
     underneath launches with the config's values and options among the keywords, natively,
@@ -140,6 +140,7 @@ class _PreHookHit:
 
     def __call__(self, grid, *args, **kwargs):
         autotuner = self.autotuner
+        autotuner.best_config = self.config
         tuned = self.config.all_kwargs()
         named = autotuner.named_arguments(args, kwargs, provided=autotuner._config_params)
         if self.config.pre_hook is not None:  # checked per call, as Triton's run checks it
@@ -436,7 +437,7 @@ class Autotuned(NativeDispatch, Autotuner):
             merged.update(self._heuristics.values_for({**named, **config.all_kwargs()}))
         if config.pre_hook is not None:
             if key is not None:
-                return self._pre_hook_miss(grid, args, kwargs, key, device, config, merged)
+                return self._pre_hook_miss(grid, args, kwargs, key, config)
             # Triton runs a config's pre_hook before every launch.
             config.pre_hook({**named, **config.all_kwargs()})
         if key is None:
@@ -444,21 +445,14 @@ class Autotuned(NativeDispatch, Autotuner):
         tuned_args = self._tuned_args(merged, self._config_params)
         return self._register_miss(grid, args, merged, key, device, tuned_args, published=config)
 
-    def _pre_hook_miss(self, grid, args, kwargs, key: bytes, device: int, config, merged):
+    def _pre_hook_miss(self, grid, args, kwargs, key: bytes, config):
         """The miss of a key whose config has a ``pre_hook``, which Triton runs before every
         launch: the call is made as each hit of the key makes it (:class:`_PreHookHit`: the
         hook, then the launch through the kernel underneath, keyed as the hook left the
         arguments), then the key is registered with that hit."""
         hit = _PreHookHit(self, config)
         result = hit(grid, *args, **kwargs)
-        tuned_args = self._tuned_args(merged, self._config_params)
-        record = self._launch_record(args, merged, key, device, tuned_args, published=config)
-        if isinstance(record, str):
-            self._miss_fallbacks += 1
-            self._count_fallback(record)
-        else:
-            record._set_hit_call(hit)
-            self._insert(key, record)
+        self._insert(key, self._hit_call_record(args, kwargs, hit))
         return result if result is not None else True
 
     def _config_for(self, named, grid, args, kwargs, device: int) -> Config:

@@ -690,6 +690,21 @@ class NativeDispatch(_C.Kernel):
             )
             return record
 
+    def _hit_call_record(
+        self, args: tuple, kwargs: dict, hit_call: Callable[..., Any]
+    ) -> _C.LaunchRecord:
+        """A record for the call's key whose hits call ``hit_call(grid, *args, **kwargs)``
+        instead of launching (a tuned config's ``pre_hook``, then the launch through the kernel
+        underneath, which keys the arguments as the hook left them): no binary is compiled or
+        loaded for it and the warm index is not written, since the hook may change what the
+        launch specializes on. A hit publishes nothing (``hit_call`` sets what it must). The
+        call's identity-keyed constexprs are kept alive as for any registration."""
+        with self._lock:
+            address_keyed = _address_keyed((*args, *kwargs.values()))
+            if address_keyed:
+                self._keep_identity_keyed(address_keyed)
+        return _C.LaunchRecord.for_hit_call(hit_call)
+
     def _keep_identity_keyed(self, values: list[Any]) -> None:
         """Keeps alive the identity-keyed constexpr objects (``_IDENTITY_TYPES``) of a key about
         to be registered, so that no other object can take an address a registered key holds.

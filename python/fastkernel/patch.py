@@ -433,7 +433,10 @@ def _tuned_miss(
                     reason = computed
                 else:
                     merged.update(computed)
-        if reason is None:
+        if reason is None and config.pre_hook is not None:
+            hit = _ConfigPreHookHit(autotuner, config)
+            dispatch._insert(key, dispatch._hit_call_record(args, merged, hit))
+        elif reason is None:
             tuned_args = dispatch._tuned_args(merged, frozenset(config_params) | provided)
             record = dispatch._launch_record(
                 args, merged, key, device, tuned_args, published=config, launched=result
@@ -441,8 +444,6 @@ def _tuned_miss(
             if isinstance(record, str):
                 reason = record
             else:  # Triton launched this call; the record serves the next ones
-                if config.pre_hook is not None:
-                    record._set_hit_call(_ConfigPreHookHit(autotuner, config))
                 dispatch._insert(key, record)
     if reason is not None:
         if key is not None:
@@ -461,7 +462,7 @@ class _ConfigPreHookHit:
     ``Autotuner.run`` once its cache gave the config (``runtime/autotuner.py``). The hook is
     called with one dict: the positional arguments by name, the call's keywords (``grid`` and
     ``warmup`` first, as ``KernelInterface.__getitem__`` passes them) and the config's values
-    and options; then the autotuner's ``fn.run`` launches with the config's values and options
+    and options, after setting the autotuner's ``best_config`` to the config; then the autotuner's ``fn.run`` launches with the config's values and options
     among the keywords, natively underneath (its own dispatch keys the arguments as the hook
     left them: a hook may set a tensor descriptor's ``block_shape``). The autotuner's ``nargs``
     is the positional arguments by name until ``fn.run`` returns, then None, as in Triton's run
@@ -478,6 +479,7 @@ class _ConfigPreHookHit:
         config = self.config
         run_kwargs = {"grid": grid, "warmup": False, **kwargs}
         tuned = config.all_kwargs()
+        autotuner.best_config = config
         autotuner.nargs = nargs = dict(zip(autotuner.arg_names, args))
         # A miss in progress on this thread must not note these launches as its own.
         pending = getattr(_tuning, "pending", None) or None

@@ -66,6 +66,8 @@ struct LaunchRecord {
   int values_read = 0;
   /// values_read less the declared parameters of the kernel whose table holds the record (the
   /// tuple and descriptor leaves it reads), set at insertion; the hit compares it to the call's.
+  /// The Python layer sets it past any call's for a record with a hit_call, which that check
+  /// then diverts.
   int leaves_read = 0;
   int num_scratch_params = 2;  ///< pointers the installed Triton appends: 0 (<=3.2), 1 (3.3-3.4), 2
   uint64_t global_scratch_size = 0;  ///< bytes per CTA; > 0 needs an allocation per launch
@@ -83,9 +85,9 @@ struct LaunchRecord {
   /// Opaque to fastkernel: what a hit on this record publishes to the kernel's owner (the
   /// Python layer keeps the tuned config that Triton's Autotuner sets as `best_config`).
   void* published = nullptr;
-  /// Opaque to fastkernel: when set, a hit of the Python entry calls it instead of launching
-  /// (the Python layer keeps a callable that runs a tuned config's pre_hook, then the launch
-  /// underneath, as Triton's Autotuner.run does).
+  /// Opaque to fastkernel: when set, a hit of the Python entry calls it instead of launching,
+  /// and the record holds no binary (the Python layer keeps a callable that runs a tuned
+  /// config's pre_hook, then the launch underneath, as Triton's Autotuner.run does).
   void* hit_call = nullptr;
   /// Called with user_data, tuned_args, published and hit_call on drop.
   void (*release_user_data)(void*) = nullptr;
