@@ -131,13 +131,15 @@ def test_the_native_table_memory_is_reported(host_report):
 
 def test_library_calls_are_timed_on_the_native_path(host_report):
     """Liger-Kernel's RMSNorm, a decoder step built from Liger's ops and flash-linear-attention's
-    token shift, causal-conv1d update and WALL attention decode, each timed unpatched and
+    token shift, causal-conv1d update and WALL attention decode, and Liger's fused gate/up
+    SwiGLU (config pre_hooks), each timed unpatched and
     patched (the causal-conv1d update also with fla's CachedAutotuner.run kept); the patched
     calls were native hits with no fallback."""
     report, _ = host_report
     library = report["library_calls_us"]
     fla = importlib.util.find_spec("fla") is not None  # fla-core, a test dependency
-    assert len(library) == 2 + 3 * fla and any(name.startswith("decoder step") for name in library)
+    assert len(library) == 3 + 3 * fla and any(name.startswith("decoder step") for name in library)
+    assert any("config pre_hooks" in name for name in library)
     assert any(name.startswith("flash-linear-attention") for name in library) == fla
     own_run = [name for name, row in library.items() if "patched_own_run" in row]
     assert own_run == (["flash-linear-attention causal conv1d update (decode)"] if fla else [])

@@ -6,7 +6,9 @@ written with Liger-Kernel's ops (:func:`liger_decoder_step`), and flash-linear-a
 token shift at decode (a heuristics over an autotuner, :func:`fla_token_shift`) and its
 causal-conv1d decode update (a heuristics over fla's own ``CachedAutotuner``,
 :func:`fla_causal_conv1d_update`) and its WALL attention decode (an autotuner over a
-heuristics, :func:`fla_wall_attn_decode`). Host-side
+heuristics, :func:`fla_wall_attn_decode`), and Liger-Kernel's fused gate/up SwiGLU for
+inference, whose autotune configs set its tensor descriptors' block shapes in a ``pre_hook``
+(:func:`liger_swiglu_gate_up`). Host-side
 (CPU tensors, launches to the recording stand-in) the times are the host cost of a call; on a
 GPU they are wall time per call with the device synchronized before each clock read, and the
 decoder step is also replayed as a CUDA graph (the launch-free reference).
@@ -97,6 +99,27 @@ def fla_wall_attn_decode(device: str) -> Callable[[], Any] | None:
     k_tilde, r_cache = build_wall_kv_cache(k, prefix, 64)
     q, p_curr = torch.randn(1, 1, 4, 64, device=device), prefix[:, -1:].contiguous()
     return lambda: parallel_wall_attn_decode(q, v, p_curr, k_tilde, r_cache, None, 0.125, 64)
+
+
+def liger_swiglu_gate_up(device: str) -> Callable[[], Any] | None:
+    """Liger-Kernel's fused gate/up projection with SwiGLU, for inference, at decode (one token,
+    256 -> 512, fp32; ``liger_kernel.ops.mlp.gemm_swiglu``): its kernel is a ``triton.autotune``
+    whose every config has a ``pre_hook`` setting the host tensor descriptors' block shapes.
+    Two of its 32 configs are kept (tuning them all compiles 32 matmuls). None without
+    Liger-Kernel's descriptor kernels."""
+    try:
+        from liger_kernel.ops import mlp
+    except ImportError:
+        return None
+    if getattr(mlp, "TensorDescriptor", None) is None:
+        return None
+    import torch
+
+    tuned = mlp._swiglu_kernel_forward_inference
+    tuned.configs = tuned.configs[:2]
+    x = torch.randn(1, 1, 256, device=device)
+    gate, up = torch.randn(512, 256, device=device), torch.randn(512, 256, device=device)
+    return lambda: mlp.gemm_swiglu(x, gate, up, 1.0, store_preact=False)
 
 
 def liger_decoder_step(device: str) -> Callable[[], Any] | None:
@@ -249,6 +272,9 @@ def time_library_calls(
         "flash-linear-attention token shift (decode)": fla_token_shift(device),
         "flash-linear-attention causal conv1d update (decode)": fla_causal_conv1d_update(device),
         "flash-linear-attention WALL attention (decode)": fla_wall_attn_decode(device),
+        "Liger-Kernel fused gate/up SwiGLU (decode; config pre_hooks)": liger_swiglu_gate_up(
+            device
+        ),
     }
     out: dict[str, dict[str, float]] = {}
     for name, op in ops.items():
