@@ -205,6 +205,61 @@ def test_patched_autotune_over_heuristics_tunes_as_triton_and_then_hits_natively
     assert kernel.best_config is best and torch.equal(out, ref)
 
 
+def _zero_output(nargs):
+    nargs["out_ptr"].zero_()
+
+
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK": 256}, pre_hook=_zero_output),
+        triton.Config({"BLOCK": 1024}, pre_hook=_zero_output),
+    ],
+    key=["n"],
+)
+@triton.jit
+def _atomic_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.atomic_add(out_ptr, tl.sum(x, axis=0))
+
+
+def test_a_config_pre_hook_runs_before_every_native_hit():
+    """The split-K pattern: each config's ``pre_hook`` zeroes the output the kernel adds into.
+    Under the patch a tuned call is a native hit that still calls the hook first, so every
+    call sums from zero (the sum of ones is exact in fp32)."""
+    n = 100_003
+    x = torch.ones(n, device="cuda")
+    out = torch.full((1,), float("nan"), device="cuda")
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
+    _atomic_sum[grid](x, out, n)  # tuned unpatched, by Triton's timer
+    with fastkernel.patched():
+        for _ in range(3):
+            _atomic_sum[grid](x, out, n)
+            torch.cuda.synchronize()
+            assert out.item() == n
+        stats = _dispatch_stats(_atomic_sum)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0), stats
+
+
+def test_liger_tma_swiglu_patched_equals_unpatched(monkeypatch):
+    """Liger-Kernel's fused gate/up SwiGLU for inference, whose configs set its host tensor
+    descriptors' block shapes in a ``pre_hook``: the patched calls (native hits calling the
+    hook) give Triton's own result bit for bit. Two of its configs, to keep tuning short."""
+    mlp = pytest.importorskip("liger_kernel.ops.mlp")
+    tuned = mlp._swiglu_kernel_forward_inference
+    monkeypatch.setattr(tuned, "configs", tuned.configs[:2])
+    x = torch.randn(1, 4, 256, device="cuda")
+    gate, up = torch.randn(512, 256, device="cuda"), torch.randn(512, 256, device="cuda")
+    expected, _ = mlp.gemm_swiglu(x, gate, up, 1.0, store_preact=False)
+    with fastkernel.patched():
+        outs = [mlp.gemm_swiglu(x, gate, up, 1.0, store_preact=False)[0] for _ in range(3)]
+        torch.cuda.synchronize()
+        stats = _dispatch_stats(tuned)
+    for out in outs:
+        assert torch.equal(out, expected)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0), stats
+
+
 def test_patched_handle_launches_compute_what_tritons_runner_computes():
     """Triton's fused-softmax tutorial: ``compiled = kernel.warmup(...)``, then
     ``compiled[(rows, 1, 1)](...)`` with every argument. Under the patch the handle's launches
