@@ -476,9 +476,6 @@ class NativeDispatch(_C.Kernel):
 
     #: Whether the kernel exists only while :func:`fastkernel.patch` is in effect.
     _serves_patch = False
-    #: Under the patch, over an autotuner: whether a key whose tuned config has a ``pre_hook``
-    #: is registered (its hits calling the hook, ``patch._ConfigPreHookHit``).
-    _serves_config_pre_hooks = False
 
     def _init_native(
         self, jit_fn: JITFunction, params_spec, pre_run_hooks, options: list[str] | None = None

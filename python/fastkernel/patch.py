@@ -262,7 +262,6 @@ class PatchedAutotuner(NativeDispatch):
     """
 
     _serves_patch = True
-    _serves_config_pre_hooks = True
 
     def __init__(self, autotuner: Autotuner, config_params: tuple[str, ...]):
         jit_fn = autotuner.fn
@@ -410,11 +409,6 @@ def _tuned_miss(
         config = launch.config  # what Triton's run launched this call with
         if config is None:
             reason = "the config Triton's Autotuner.run launched with could not be told"
-        elif config.pre_hook is not None and not dispatch._serves_config_pre_hooks:
-            reason = (
-                "the tuned config has a pre_hook, which Triton's Autotuner.run calls after "
-                "the heuristics over it"
-            )
         elif unkeyed := [
             name for name in config.kwargs if name in jit_fn.arg_names and name not in config_params
         ]:
@@ -434,7 +428,10 @@ def _tuned_miss(
                 else:
                     merged.update(computed)
         if reason is None and config.pre_hook is not None:
-            hit = _ConfigPreHookHit(autotuner, config)
+            # The values heuristics over the autotuner computed for the key, which Triton's
+            # Heuristics.run passes its Autotuner.run among the keywords.
+            over = {name: kwargs[name] for name in provided if name in kwargs}
+            hit = _ConfigPreHookHit(autotuner, config, over)
             dispatch._insert(key, dispatch._hit_call_record(args, merged, hit))
         elif reason is None:
             tuned_args = dispatch._tuned_args(merged, frozenset(config_params) | provided)
@@ -459,25 +456,28 @@ _NOT_A_MISS = _TunedLaunch(None, None)
 
 class _ConfigPreHookHit:
     """A hit on the key of a config with a ``pre_hook``: the rest of Triton's
-    ``Autotuner.run`` once its cache gave the config (``runtime/autotuner.py``). The hook is
-    called with one dict: the positional arguments by name, the call's keywords (``grid`` and
-    ``warmup`` first, as ``KernelInterface.__getitem__`` passes them) and the config's values
-    and options, after setting the autotuner's ``best_config`` to the config; then the autotuner's ``fn.run`` launches with the config's values and options
-    among the keywords, natively underneath (its own dispatch keys the arguments as the hook
-    left them: a hook may set a tensor descriptor's ``block_shape``). The autotuner's ``nargs``
-    is the positional arguments by name until ``fn.run`` returns, then None, as in Triton's run
-    (a hook may read it)."""
+    ``Autotuner.run`` once its cache gave the config (``runtime/autotuner.py``). It sets the
+    autotuner's ``best_config`` to the config, then calls the hook with one dict: the
+    positional arguments by name, the call's keywords (``grid`` and ``warmup`` first, as
+    ``KernelInterface.__getitem__`` passes them; then ``over``, the values heuristics over
+    the autotuner computed for the key, as Triton's ``Heuristics.run`` adds them) and the
+    config's values and options. Then the autotuner's ``fn.run`` launches with the config's
+    values and options among the keywords, natively underneath (its own dispatch keys the
+    arguments as the hook left them: a hook may set a tensor descriptor's ``block_shape``).
+    The autotuner's ``nargs`` is the positional arguments by name until ``fn.run`` returns,
+    then None, as in Triton's run (a hook may read it)."""
 
-    __slots__ = ("autotuner", "config")
+    __slots__ = ("autotuner", "config", "over")
 
-    def __init__(self, autotuner: Autotuner, config: Any):
+    def __init__(self, autotuner: Autotuner, config: Any, over: dict[str, Any]):
         self.autotuner = autotuner
         self.config = config
+        self.over = over
 
     def __call__(self, grid, *args, **kwargs):
         autotuner = self.autotuner
         config = self.config
-        run_kwargs = {"grid": grid, "warmup": False, **kwargs}
+        run_kwargs = {"grid": grid, "warmup": False, **kwargs, **self.over}
         tuned = config.all_kwargs()
         autotuner.best_config = config
         autotuner.nargs = nargs = dict(zip(autotuner.arg_names, args))
@@ -808,7 +808,6 @@ class PatchedAutotunerOverHeuristics(PatchedHeuristics):
     """
 
     _stats_suffix = " [triton.autotune]"
-    _serves_config_pre_hooks = True
 
     @classmethod
     def for_autotuner(cls, autotuner: Autotuner) -> PatchedAutotunerOverHeuristics | None:
