@@ -2232,6 +2232,45 @@ def test_config_pre_hooks_in_a_stack_of_autotune_and_heuristics_run_as_triton_ru
         assert [dict(items)["HAS_Y"] for _, items in their_seen[-2:]] == [True, True]
 
 
+@pytest.mark.parametrize("levels", [1, 2])
+def test_a_pre_hook_sees_the_values_of_heuristics_over_its_autotuner_in_tritons_order(
+    stand_in, levels
+):
+    """Heuristics computing MODE, then SCALE (in one ``values`` dict, or one level each,
+    outermost first) over an autotuner whose configs have a ``pre_hook``: a hit gives the hook
+    the computed values among the keywords in the order Triton's ``Heuristics.run`` adds them,
+    which is not their names' order."""
+    out = torch.empty(1024)
+    values = {"MODE": lambda args: "double", "SCALE": lambda args: 1.5}
+    runs = {}
+    for on in (False, True):
+        seen: list = []
+        tuned = triton.autotune(configs=_hooked_configs(seen), key=[], do_bench=_timer([1.0, 2.0]))(
+            JITFunction(kernels.constexpr_kernel.fn)
+        )
+        if levels == 1:
+            top = triton.heuristics(values)(tuned)
+            _KEPT.extend((tuned.fn, tuned, top))
+        else:
+            lower = triton.heuristics({"SCALE": values["SCALE"]})(tuned)
+            top = triton.heuristics({"MODE": values["MODE"]})(lower)
+            _KEPT.extend((tuned.fn, tuned, lower, top))
+        stand_in.reset()
+        with _triton_on_stand_in(stand_in, patched=on):
+            for _ in range(3):
+                top[(1,)](out)
+            if on:
+                stats = _stats_of(top)
+        runs[on] = (seen, stand_in.launches())
+    (my_seen, mine), (their_seen, theirs) = runs[True], runs[False]
+    names = [name for name, _ in their_seen[-1][1]]
+    assert names.index("MODE") < names.index("SCALE") < names.index("BLOCK")
+    assert my_seen == their_seen
+    for ours, reference_launch in zip(mine, theirs, strict=True):
+        assert_same_launch(ours, reference_launch)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0)
+
+
 @pytest.mark.parametrize("stack", ["heuristics over autotuner", "autotuner over heuristics"])
 @pytest.mark.parametrize(
     "key, heuristic, reason",

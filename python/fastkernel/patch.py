@@ -428,9 +428,9 @@ def _tuned_miss(
                 else:
                     merged.update(computed)
         if reason is None and config.pre_hook is not None:
-            # The values heuristics over the autotuner computed for the key, which Triton's
-            # Heuristics.run passes its Autotuner.run among the keywords.
-            over = {name: kwargs[name] for name in provided if name in kwargs}
+            # The values heuristics over the autotuner computed for the key, in the order
+            # Triton's Heuristics.run adds them to the keywords it passes Autotuner.run.
+            over = {name: value for name, value in kwargs.items() if name in provided}
             hit = _ConfigPreHookHit(autotuner, config, over)
             dispatch._insert(key, dispatch._hit_call_record(args, merged, hit))
         elif reason is None:
