@@ -186,3 +186,92 @@ def test_torch_compile_fullgraph_captures_an_autotuned_kernel():
     compiled = torch.compile(f, fullgraph=True)
     torch.testing.assert_close(compiled(x, y), x + y, rtol=0, atol=0)
     torch.testing.assert_close(f(x, y), x + y, rtol=0, atol=0)  # eager: the native tuned path
+
+
+class _StridedView:
+    """An object Triton takes as a pointer argument for its ``data_ptr()`` method, as FlagGems'
+    ``StridedBuffer`` (the strided view its generated pointwise kernels take): a tensor's storage
+    from an element offset, with a torch dtype and device."""
+
+    def __init__(self, base: torch.Tensor, offset: int = 0, dtype: object = None):
+        self.base = base
+        self.dtype = dtype if dtype is not None else base.dtype
+        self.device = base.device
+        self.reads = 0
+        self._ptr = base.data_ptr() + offset * base.element_size()
+
+    def data_ptr(self) -> int:
+        self.reads += 1
+        return self._ptr
+
+
+@pytest.mark.parametrize("offset", [0, 1])  # 16-byte aligned, and not: two binaries
+def test_an_object_with_data_ptr_launches_what_triton_launches_as_one_native_hit(stand_in, offset):
+    k = fastkernel(kernels.add_kernel)
+    tensors = [torch.randn(4097) for _ in range(3)]
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        for _ in range(2):  # new objects and addresses each time; the second call is a hit
+            views = [_StridedView(t.clone(), offset) for t in tensors]
+            theirs = reference.launch(kernels.add_kernel, (4,), *views, 4096, BLOCK=1024)
+            k[(4,)](*views, 4096, BLOCK=1024)
+            ours = stand_in.last_launch()
+            assert ours.params[0] == struct.pack("<Q", views[0].data_ptr())
+            assert_same_launch(ours, theirs)
+    stats = k.stats()
+    assert (stats["specializations"], stats["hits"], stats["fallbacks"]) == (1, 1, 0), stats
+
+
+def test_an_object_with_data_ptr_shares_the_specialization_of_its_tensor(stand_in):
+    """Triton specializes such an object as a tensor of its dtype and alignment
+    (specialize.cc handle_tensor): the binary of the tensor call serves it, as a hit."""
+    k = fastkernel(kernels.add_kernel)
+    x, y, out = (torch.randn(4096) for _ in range(3))
+    k[(4,)](x, y, out, 4096, BLOCK=1024)
+    k[(4,)](_StridedView(x), _StridedView(y), _StridedView(out), 4096, BLOCK=1024)
+    first, second = stand_in.launches()
+    assert first.image == second.image and first.params == second.params
+    stats = k.stats()
+    assert (stats["specializations"], stats["hits"], stats["fallbacks"]) == (1, 1, 0), stats
+
+
+@pytest.mark.parametrize("what", ["a Triton dtype", "no device", "a data_ptr that raises"])
+def test_an_object_the_native_key_cannot_read_goes_through_triton(stand_in, what):
+    """An object whose dtype is not a torch.dtype (``triton.reinterpret``'s wrapper), with no
+    device, or whose data_ptr() raises: Triton's own path takes the call (and raises its own
+    error for the last: it launches nothing), counted as a fallback naming the argument."""
+    k = fastkernel(kernels.add_kernel)
+    x, y, out = (torch.randn(4096) for _ in range(3))
+    if what == "a Triton dtype":
+        view: object = triton.reinterpret(x, tl.float32)
+    elif what == "no device":
+        view = _StridedView(x)
+        del view.device
+    else:
+        view = _StridedView(x)
+        view.data_ptr = lambda: 1 / 0  # type: ignore[method-assign]
+    with TritonReference(stand_in, TEST_STREAM) as reference:
+        if what == "a data_ptr that raises":
+            with pytest.raises(ZeroDivisionError):
+                reference.launch(kernels.add_kernel, (4,), view, y, out, 4096, BLOCK=1024)
+            with pytest.raises(ZeroDivisionError):
+                k[(4,)](view, y, out, 4096, BLOCK=1024)
+            assert stand_in.launch_count() == 0 and k.stats()["hits"] == 0
+            return
+        theirs = reference.launch(kernels.add_kernel, (4,), view, y, out, 4096, BLOCK=1024)
+        k[(4,)](view, y, out, 4096, BLOCK=1024)
+        assert_same_launch(stand_in.last_launch(), theirs)
+    stats = k.stats()
+    assert stats["hits"] == 0 and stats["fallbacks"] == 1, stats
+    (reason,) = stats["fallback_reasons"]
+    assert "'x_ptr'" in reason, reason
+
+
+def test_an_object_with_data_ptr_is_read_once_per_hit(stand_in):
+    """Triton reads data_ptr() when it specializes and again when its launcher packs; the
+    native hit reads it once (as it reads a tensor's), unless a launch hook runs between."""
+    k = fastkernel(kernels.add_kernel)
+    x, y, out = (torch.randn(4096) for _ in range(3))
+    k[(4,)](x, y, out, 4096, BLOCK=1024)
+    view = _StridedView(x)
+    k[(4,)](view, y, out, 4096, BLOCK=1024)
+    assert view.reads == 1 and k.stats()["hits"] == 1

@@ -53,29 +53,6 @@ thread_local int t_launch_nesting = 0;
 
 namespace {
 
-// Owns one Python reference for a scope.
-class Ref {
- public:
-  explicit Ref(PyObject* p = nullptr) : p_(p) {}
-  ~Ref() { Py_XDECREF(p_); }
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  PyObject* get() const { return p_; }
-  PyObject* release() {
-    PyObject* p = p_;
-    p_ = nullptr;
-    return p;
-  }
-  void reset(PyObject* p) {
-    Py_XDECREF(p_);
-    p_ = p;
-  }
-  explicit operator bool() const { return p_ != nullptr; }
-
- private:
-  PyObject* p_;
-};
-
 // CUDA's limit on grid dimensions y and z (x: kMaxGridX, fastkernel/trampoline.h).
 constexpr uint64_t kMaxGridYZ = 65535ull;
 

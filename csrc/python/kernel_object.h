@@ -13,6 +13,29 @@
 
 namespace fastkernel {
 
+/// Owns one Python reference for a scope.
+class Ref {
+ public:
+  explicit Ref(PyObject* p = nullptr) : p_(p) {}
+  ~Ref() { Py_XDECREF(p_); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  PyObject* get() const { return p_; }
+  PyObject* release() {
+    PyObject* p = p_;
+    p_ = nullptr;
+    return p;
+  }
+  void reset(PyObject* p) {
+    Py_XDECREF(p_);
+    p_ = p;
+  }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  PyObject* p_;
+};
+
 /// The most declared parameters and keyword options one kernel may have on the native path.
 constexpr int kMaxArgs = 128;
 constexpr int kMaxOptions = 64;

@@ -2,6 +2,8 @@
 // parameters and classifies each one the way Triton's specialize.cc does, reading tensors
 // straight from the at::Tensor (dtype, device, data_ptr() & 15) with no Python attribute calls.
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <c10/util/StringUtil.h>
@@ -469,6 +471,70 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   return KeyStatus::Ok;
 }
 
+// The address of an object that stands for a tensor (below): its data_ptr(), as Triton's
+// launcher reads it (an int, taken as unsigned 64-bit). False with an exception set otherwise.
+bool stand_in_address(PyObject* v, uint64_t* out) {
+  static PyObject* const data_ptr = PyUnicode_InternFromString("data_ptr");
+  if (data_ptr == nullptr) {
+    return false;
+  }
+  const Ref ptr(PyObject_CallMethodNoArgs(v, data_ptr));
+  if (!ptr) {
+    return false;
+  }
+  if (!PyLong_Check(ptr.get())) {
+    PyErr_SetString(PyExc_TypeError, "data_ptr() did not return an int");
+    return false;
+  }
+  const unsigned long long value = PyLong_AsUnsignedLongLong(ptr.get());
+  if (value == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    return false;
+  }
+  *out = value;
+  return true;
+}
+
+// An object other than a tensor that Triton takes as a pointer argument for its data_ptr()
+// method (specialize.cc specialize_arg: `hasattr(arg, "data_ptr")`, then handle_tensor, which
+// specializes it by its `dtype` and the 16-byte alignment of data_ptr(); the launcher packs
+// data_ptr()): FlagGems' StridedBuffer, the strided view its generated pointwise kernels take.
+// Keyed natively as the tensor it stands for, when its `dtype` is a torch.dtype and its
+// `device` a torch.device the native path launches on (Triton's launcher asks the driver
+// instead, cuPointerGetAttribute): the same key word as that tensor, whose binary is the one
+// Triton specializes it to. False, with nothing set, for any other object (tensor subclasses
+// included) or any attribute that fails: Triton's own path takes the call.
+[[gnu::noinline, gnu::cold]] bool push_tensor_stand_in(const ParamSpec& param, PyObject* v,
+                                                       ArgValue* value, SpecializationKey* key) {
+  static PyObject* const dtype_name = PyUnicode_InternFromString("dtype");
+  static PyObject* const device_name = PyUnicode_InternFromString("device");
+  if (dtype_name == nullptr || device_name == nullptr || THPVariable_Check(v) || param.tune != 0) {
+    PyErr_Clear();
+    return false;  // a tensor in an autotune key is keyed by identity by Triton: not here
+  }
+  const Ref dtype(PyObject_GetAttr(v, dtype_name));
+  const Ref device(dtype && THPDtype_Check(dtype.get()) ? PyObject_GetAttr(v, device_name)
+                                                        : nullptr);
+  uint64_t ptr = 0;
+  if (!device || !THPDevice_Check(device.get())) {
+    PyErr_Clear();
+    return false;
+  }
+  const c10::Device dev = reinterpret_cast<THPDevice*>(device.get())->device;
+  if (!(dev.type() == c10::DeviceType::CUDA ||
+        (host_testing() && dev.type() == c10::DeviceType::CPU)) ||
+      !stand_in_address(v, &ptr)) {
+    PyErr_Clear();
+    return false;
+  }
+  const auto scalar_type = reinterpret_cast<THPDtype*>(dtype.get())->scalar_type;
+  value->kind = ArgKind::Tensor;
+  value->u = ptr;
+  key->push(tensor_word(int(scalar_type), int(dev.type()), ValueClass::NotSpecialized) |
+            (uint64_t(uint16_t(dev.index())) << 32) |
+            (uint64_t(pointer_class(ptr, param.specialize, param.align)) << 24));
+  return true;
+}
+
 [[gnu::always_inline]] inline KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param,
                                                     PyObject* v, ArgValue* value,
                                                     SpecializationKey* key) {
@@ -722,6 +788,9 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   if (Py_TYPE(v) == g_tensor_descriptor_type && g_tensor_descriptor_type != nullptr) {
     return push_tensor_descriptor(kernel, param, v, value, call);
   }
+  if (push_tensor_stand_in(param, v, value, &key)) {
+    return KeyStatus::Ok;
+  }
   // Tensor subclasses (FakeTensor under torch.compile), named tuples, Gluon's descriptors,
   // other objects: Triton's own path handles them.
   call->fallback_reason = "an argument of a kind the native key does not cover";
@@ -889,8 +958,15 @@ KeyStatus reread_tensor_addresses(KernelObject* kernel, BoundCall* call, bool le
     if (value.kind != ArgKind::Tensor) {
       continue;
     }
-    const at::Tensor& tensor = THPVariable_Unpack(call->args[i]);
     uint64_t ptr = 0;
+    if (!THPVariable_CheckExact(call->args[i])) {  // an object standing for a tensor
+      if (!stand_in_address(call->args[i], &ptr)) {
+        return KeyStatus::Error;
+      }
+      value.u = ptr;
+      continue;
+    }
+    const at::Tensor& tensor = THPVariable_Unpack(call->args[i]);
     if (tensor_address(kernel, st.params[i], tensor, tensor.device(), &ptr) != KeyStatus::Ok) {
       return KeyStatus::Error;
     }
