@@ -1134,6 +1134,26 @@ def test_a_handle_launch_may_stop_before_the_trailing_constexprs_as_tritons_runn
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0), stats
 
 
+def test_a_handle_launch_through_tritons_runner_that_stops_before_a_runtime_argument_raises(
+    stand_in, patch_on
+):
+    """A handle's launch whose arguments the native key does not cover goes to Triton's runner;
+    one that also stops before a runtime parameter raises the TypeError naming it, as the native
+    launch does, and launches nothing: Triton 3.7's launcher would read past the arguments
+    (driver.c ``extractArgs`` does not count them), Triton 3.5 and 3.6's raises its own."""
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.add_kernel.warmup(x, y, out, N, BLOCK=1024, grid=(4,))
+        launches = stand_in.launch_count()
+        wrapped = triton.reinterpret(x, tl.float32)  # keyed by Triton's path only
+        message = (
+            "add_kernel missing required argument 'n'" if abi.TRITON_VERSION >= (3, 7) else None
+        )
+        with pytest.raises(TypeError, match=message):
+            compiled[(4, 1, 1)](wrapped, y, out)
+        assert stand_in.launch_count() == launches
+
+
 def test_a_handle_launch_may_leave_out_only_constexprs_after_the_last_runtime_parameter():
     """handle_omissible_from: the position after the last runtime parameter from Triton 3.7;
     the parameter count (none left out) before, or when the last parameter is a runtime one."""

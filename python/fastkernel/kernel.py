@@ -1055,13 +1055,34 @@ class CompiledLaunch(NativeDispatch):
         jit_fn = kernel.jit_function
         params = _params_spec(jit_fn)
         omissible = handle_omissible_from(p[1] for p in params)
+        self._first_omissible = omissible
         # A left-out constexpr is keyed as None: its value is never read.
         spec = [(n, c, s, a, 0, i >= omissible, None) for i, (n, c, s, a, *_) in enumerate(params)]
         self._init_native(jit_fn, spec, None, options=["stream"])
 
     def _through_triton(self, grid, args: tuple, kwargs: dict, reason: str) -> None:
         """Triton's runner for the handle's binary; the call was counted as a fallback. Returns
-        None, as the runner does."""
+        None, as the runner does.
+
+        Raises
+        ------
+        TypeError
+            From Triton 3.7, for a call that stops before a runtime parameter, as the native
+            launch raises it: Triton 3.7's launcher, which takes calls that stop before the trailing constexprs,
+            does not count the arguments and reads past the end of them for such a call
+            (``extractArgs`` in triton/backends/nvidia/driver.c), a crash or a launch of
+            whatever lies there. (FlagGems' ``LibEntry`` makes such calls from Triton 3.7 for
+            kernels with constexprs between runtime parameters: it passes the runtime
+            arguments only.)"""
+        if (
+            abi.TRITON_VERSION >= (3, 7)
+            and len(args) < self._first_omissible
+            and kwargs.keys() <= {"stream"}
+        ):
+            jit_fn = self.jit_function
+            if jit_fn is not None:
+                name = jit_fn.params[len(args)].name
+                raise TypeError(f"{jit_fn.__name__} missing required argument '{name}'")
 
         def run() -> None:
             compiled = self._handle()
