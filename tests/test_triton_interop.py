@@ -234,11 +234,12 @@ def test_an_object_with_data_ptr_shares_the_specialization_of_its_tensor(stand_i
     assert (stats["specializations"], stats["hits"], stats["fallbacks"]) == (1, 1, 0), stats
 
 
-@pytest.mark.parametrize("what", ["a Triton dtype", "no device", "a data_ptr that raises"])
+@pytest.mark.parametrize("what", ["a Triton dtype", "no device", "a data_ptr of -16"])
 def test_an_object_the_native_key_cannot_read_goes_through_triton(stand_in, what):
     """An object whose dtype is not a torch.dtype (``triton.reinterpret``'s wrapper), with no
-    device, or whose data_ptr() raises: Triton's own path takes the call (and raises its own
-    error for the last: it launches nothing), counted as a fallback naming the argument."""
+    device, or whose data_ptr() returns what Triton refuses: Triton's own path takes the call
+    (and raises its own error for the last: it launches nothing), counted as a fallback naming
+    the argument."""
     k = fastkernel(kernels.add_kernel)
     x, y, out = (torch.randn(4096) for _ in range(3))
     if what == "a Triton dtype":
@@ -248,12 +249,12 @@ def test_an_object_the_native_key_cannot_read_goes_through_triton(stand_in, what
         del view.device
     else:
         view = _StridedView(x)
-        view.data_ptr = lambda: 1 / 0  # type: ignore[method-assign]
+        view.data_ptr = lambda: -16  # type: ignore[method-assign]
     with TritonReference(stand_in, TEST_STREAM) as reference:
-        if what == "a data_ptr that raises":
-            with pytest.raises(ZeroDivisionError):
+        if what == "a data_ptr of -16":
+            with pytest.raises(OverflowError):
                 reference.launch(kernels.add_kernel, (4,), view, y, out, 4096, BLOCK=1024)
-            with pytest.raises(ZeroDivisionError):
+            with pytest.raises(OverflowError):
                 k[(4,)](view, y, out, 4096, BLOCK=1024)
             assert stand_in.launch_count() == 0 and k.stats()["hits"] == 0
             return
@@ -275,3 +276,26 @@ def test_an_object_with_data_ptr_is_read_once_per_hit(stand_in):
     view = _StridedView(x)
     k[(4,)](view, y, out, 4096, BLOCK=1024)
     assert view.reads == 1 and k.stats()["hits"] == 1
+
+
+@pytest.mark.parametrize("attribute", ["dtype", "data_ptr"])
+def test_an_error_reading_an_object_with_data_ptr_propagates_once(stand_in, attribute):
+    """What reading its dtype or calling its data_ptr() raises is the call's error, as from
+    Triton, which reads both: raised where the native key reads them, not swallowed and read
+    again by Triton's path (a KeyboardInterrupt must not be lost)."""
+
+    class Raising(_StridedView):
+        def __getattribute__(self, name):
+            if name == attribute:
+                type(self).raised += 1
+                raise RuntimeError(f"reading {name}")
+            return super().__getattribute__(name)
+
+    Raising.raised = 0
+    k = fastkernel(kernels.add_kernel)
+    x, y, out = (torch.randn(4096) for _ in range(3))
+    with pytest.raises(RuntimeError, match=f"reading {attribute}"):
+        k[(4,)](Raising(x), y, out, 4096, BLOCK=1024)
+    assert Raising.raised == 1 and stand_in.launch_count() == 0
+    stats = k.stats()
+    assert stats["hits"] == stats["fallbacks"] == 0, stats

@@ -495,36 +495,65 @@ bool stand_in_address(PyObject* v, uint64_t* out) {
 }
 
 // An object other than a tensor that Triton takes as a pointer argument for its data_ptr()
-// method (specialize.cc specialize_arg: `hasattr(arg, "data_ptr")`, then handle_tensor, which
-// specializes it by its `dtype` and the 16-byte alignment of data_ptr(); the launcher packs
-// data_ptr()): FlagGems' StridedBuffer, the strided view its generated pointwise kernels take.
-// Keyed natively as the tensor it stands for, when its `dtype` is a torch.dtype and its
-// `device` a torch.device the native path launches on (Triton's launcher asks the driver
-// instead, cuPointerGetAttribute): the same key word as that tensor, whose binary is the one
-// Triton specializes it to. False, with nothing set, for any other object (tensor subclasses
-// included) or any attribute that fails: Triton's own path takes the call.
-[[gnu::noinline, gnu::cold]] bool push_tensor_stand_in(const ParamSpec& param, PyObject* v,
-                                                       ArgValue* value, SpecializationKey* key) {
+// method (specialize.cc specialize_arg: `hasattr(arg, "data_ptr")` after its tuple and class
+// checks, then handle_tensor, which specializes it by its `dtype` and the 16-byte alignment of
+// data_ptr(); the launcher packs data_ptr()): FlagGems' StridedBuffer, the strided view its
+// generated pointwise kernels take. Keyed natively as the tensor it stands for, when its
+// `dtype` is a torch.dtype and its `device` a torch.device the native path launches on
+// (Triton's launcher asks the driver instead, cuPointerGetAttribute): the same key word as
+// that tensor, whose binary is the one Triton specializes it to. Fallback, with nothing set,
+// for any other object (tuples, tensor subclasses), an attribute missing or of another type,
+// or a `device` that raises an Exception (Triton never reads it): Triton's own path takes
+// the call. Error for anything else `dtype` or `data_ptr()` raise, which Triton raises too,
+// and for a BaseException that is not an Exception (KeyboardInterrupt) from any of them.
+[[gnu::noinline, gnu::cold]] KeyStatus push_tensor_stand_in(const ParamSpec& param, PyObject* v,
+                                                            ArgValue* value,
+                                                            SpecializationKey* key) {
   static PyObject* const dtype_name = PyUnicode_InternFromString("dtype");
   static PyObject* const device_name = PyUnicode_InternFromString("device");
-  if (dtype_name == nullptr || device_name == nullptr || THPVariable_Check(v) || param.tune != 0) {
-    PyErr_Clear();
-    return false;  // a tensor in an autotune key is keyed by identity by Triton: not here
+  if (dtype_name == nullptr || device_name == nullptr) {
+    return KeyStatus::Error;
   }
+  if (PyTuple_Check(v) ||
+      PyObject_TypeCheck(v, reinterpret_cast<PyTypeObject*>(THPVariableClass)) || param.tune != 0) {
+    return KeyStatus::Fallback;  // a tensor in an autotune key is keyed by identity by Triton
+  }
+  // Falls back for a missing attribute (or, for `device`, any Exception); Error otherwise.
+  const auto failed = [](PyObject* tolerated) {
+    if (PyErr_ExceptionMatches(tolerated)) {
+      PyErr_Clear();
+      return KeyStatus::Fallback;
+    }
+    return KeyStatus::Error;
+  };
   const Ref dtype(PyObject_GetAttr(v, dtype_name));
-  const Ref device(dtype && THPDtype_Check(dtype.get()) ? PyObject_GetAttr(v, device_name)
-                                                        : nullptr);
-  uint64_t ptr = 0;
-  if (!device || !THPDevice_Check(device.get())) {
-    PyErr_Clear();
-    return false;
+  if (!dtype) {
+    return failed(PyExc_AttributeError);
+  }
+  if (!THPDtype_Check(dtype.get())) {
+    return KeyStatus::Fallback;
+  }
+  const Ref device(PyObject_GetAttr(v, device_name));
+  if (!device) {
+    return failed(PyExc_Exception);
+  }
+  if (!THPDevice_Check(device.get())) {
+    return KeyStatus::Fallback;
   }
   const c10::Device dev = reinterpret_cast<THPDevice*>(device.get())->device;
   if (!(dev.type() == c10::DeviceType::CUDA ||
-        (host_testing() && dev.type() == c10::DeviceType::CPU)) ||
-      !stand_in_address(v, &ptr)) {
-    PyErr_Clear();
-    return false;
+        (host_testing() && dev.type() == c10::DeviceType::CPU))) {
+    return KeyStatus::Fallback;
+  }
+  uint64_t ptr = 0;
+  if (!stand_in_address(v, &ptr)) {
+    // data_ptr() missing, or returning what Triton refuses (not an int, out of range): its
+    // path raises its own error. Anything data_ptr() itself raised propagates.
+    if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      return KeyStatus::Fallback;
+    }
+    return failed(PyExc_AttributeError);
   }
   const auto scalar_type = reinterpret_cast<THPDtype*>(dtype.get())->scalar_type;
   value->kind = ArgKind::Tensor;
@@ -532,7 +561,7 @@ bool stand_in_address(PyObject* v, uint64_t* out) {
   key->push(tensor_word(int(scalar_type), int(dev.type()), ValueClass::NotSpecialized) |
             (uint64_t(uint16_t(dev.index())) << 32) |
             (uint64_t(pointer_class(ptr, param.specialize, param.align)) << 24));
-  return true;
+  return KeyStatus::Ok;
 }
 
 [[gnu::always_inline]] inline KeyStatus push_tensor(KernelObject* kernel, const ParamSpec& param,
@@ -788,8 +817,9 @@ bool read_int_leaves(PyObject* seq, int rank, ArgValue* out) {
   if (Py_TYPE(v) == g_tensor_descriptor_type && g_tensor_descriptor_type != nullptr) {
     return push_tensor_descriptor(kernel, param, v, value, call);
   }
-  if (push_tensor_stand_in(param, v, value, &key)) {
-    return KeyStatus::Ok;
+  if (const KeyStatus status = push_tensor_stand_in(param, v, value, &key);
+      status != KeyStatus::Fallback) {
+    return status;
   }
   // Tensor subclasses (FakeTensor under torch.compile), named tuples, Gluon's descriptors,
   // other objects: Triton's own path handles them.
