@@ -1152,6 +1152,15 @@ def test_a_handle_launch_through_tritons_runner_that_stops_before_a_runtime_argu
         with pytest.raises(TypeError, match=message):
             compiled[(4, 1, 1)](wrapped, y, out)
         assert stand_in.launch_count() == launches
+        assert _handle_stats(kernels.add_kernel)["fallbacks"] == 0  # refused, not a fallback
+        # n = 1 is specialized away: the binary's launcher reads nothing there from 3.7, so a
+        # call through Triton's runner may stop before it, as Triton's own does.
+        compiled = kernels.add_kernel.warmup(x, y, out, 1, BLOCK=1024, grid=(4,))
+        if abi.TRITON_VERSION >= (3, 7):
+            _tritons_runner(compiled, (4, 1, 1))(wrapped, y, out)
+            theirs = stand_in.last_launch()
+            compiled[(4, 1, 1)](wrapped, y, out)
+            assert_same_launch(stand_in.last_launch(), theirs)
 
 
 def test_a_handle_launch_may_leave_out_only_constexprs_after_the_last_runtime_parameter():

@@ -1055,7 +1055,12 @@ class CompiledLaunch(NativeDispatch):
         jit_fn = kernel.jit_function
         params = _params_spec(jit_fn)
         omissible = handle_omissible_from(p[1] for p in params)
-        self._first_omissible = omissible
+        # The arguments Triton's launcher reads from 3.7: up to the last parameter the binary's
+        # signature keeps (one specialized away, an int of 1 or None, reads nothing).
+        signature = list(compiled.src.signature.values())
+        self._launcher_reads = max(
+            (i + 1 for i, ty in enumerate(signature) if ty != "constexpr"), default=0
+        )
         # A left-out constexpr is keyed as None: its value is never read.
         spec = [(n, c, s, a, 0, i >= omissible, None) for i, (n, c, s, a, *_) in enumerate(params)]
         self._init_native(jit_fn, spec, None, options=["stream"])
@@ -1067,8 +1072,8 @@ class CompiledLaunch(NativeDispatch):
         Raises
         ------
         TypeError
-            From Triton 3.7, for a call that stops before a runtime parameter, as the native
-            launch raises it: Triton 3.7's launcher, which takes calls that stop before the trailing constexprs,
+            From Triton 3.7, for a call that stops before a runtime parameter of the binary's
+            signature, as the native launch raises it: Triton 3.7's launcher, which takes calls that stop before the trailing constexprs,
             does not count the arguments and reads past the end of them for such a call
             (``extractArgs`` in triton/backends/nvidia/driver.c), a crash or a launch of
             whatever lies there. (FlagGems' ``LibEntry`` makes such calls from Triton 3.7 for
@@ -1076,11 +1081,12 @@ class CompiledLaunch(NativeDispatch):
             arguments only.)"""
         if (
             abi.TRITON_VERSION >= (3, 7)
-            and len(args) < self._first_omissible
+            and len(args) < self._launcher_reads
             and kwargs.keys() <= {"stream"}
         ):
             jit_fn = self.jit_function
             if jit_fn is not None:
+                self._miss_fallbacks -= 1  # refused, as a call Triton rejects: not a fallback
                 name = jit_fn.params[len(args)].name
                 raise TypeError(f"{jit_fn.__name__} missing required argument '{name}'")
 
