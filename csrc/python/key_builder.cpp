@@ -456,11 +456,24 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
 // `out`; or the error naming the argument when the tensor is on a device other than CUDA (the
 // CPU under host testing) or has no storage. data_ptr() checks has_storage() itself (a virtual
 // call) and throws without one, so the layout is asked only then.
+// Whether the native path launches with pointers on `device`: CUDA, or the CPU (standing for
+// it) under host testing.
+[[gnu::always_inline]] inline bool launches_on(c10::Device device) {
+  return device.type() == c10::DeviceType::CUDA ||
+         (host_testing() && device.type() == c10::DeviceType::CPU);
+}
+
+// The key word of a pointer argument of `scalar_type` on `device`, before its alignment class
+// (pointer_class, bits 24..31) is or-ed in.
+[[gnu::always_inline]] inline uint64_t pointer_word(int scalar_type, c10::Device device) {
+  return tensor_word(scalar_type, int(device.type()), ValueClass::NotSpecialized) |
+         (uint64_t(uint16_t(device.index())) << 32);
+}
+
 [[gnu::always_inline]] inline KeyStatus tensor_address(KernelObject* kernel, const ParamSpec& param,
                                                        const at::Tensor& tensor, c10::Device device,
                                                        uint64_t* out) {
-  if (!(device.type() == c10::DeviceType::CUDA ||
-        (host_testing() && device.type() == c10::DeviceType::CPU))) {
+  if (!launches_on(device)) {
     return tensor_error(kernel, param, tensor);
   }
   try {
@@ -541,8 +554,7 @@ bool stand_in_address(PyObject* v, uint64_t* out) {
     return KeyStatus::Fallback;
   }
   const c10::Device dev = reinterpret_cast<THPDevice*>(device.get())->device;
-  if (!(dev.type() == c10::DeviceType::CUDA ||
-        (host_testing() && dev.type() == c10::DeviceType::CPU))) {
+  if (!launches_on(dev)) {
     return KeyStatus::Fallback;
   }
   uint64_t ptr = 0;
@@ -558,8 +570,7 @@ bool stand_in_address(PyObject* v, uint64_t* out) {
   const auto scalar_type = reinterpret_cast<THPDtype*>(dtype.get())->scalar_type;
   value->kind = ArgKind::Tensor;
   value->u = ptr;
-  key->push(tensor_word(int(scalar_type), int(dev.type()), ValueClass::NotSpecialized) |
-            (uint64_t(uint16_t(dev.index())) << 32) |
+  key->push(pointer_word(int(scalar_type), dev) |
             (uint64_t(pointer_class(ptr, param.specialize, param.align)) << 24));
   return KeyStatus::Ok;
 }
@@ -571,9 +582,7 @@ bool stand_in_address(PyObject* v, uint64_t* out) {
   const c10::Device device = tensor.device();
   // The dtype and device are read once, before data_ptr()'s virtual call, into the key word
   // (its alignment class, zero here, is or-ed in once the address is known).
-  const uint64_t word =
-      tensor_word(int(tensor.scalar_type()), int(device.type()), ValueClass::NotSpecialized) |
-      (uint64_t(uint16_t(device.index())) << 32);
+  const uint64_t word = pointer_word(int(tensor.scalar_type()), device);
   uint64_t ptr = 0;
   const KeyStatus status = tensor_address(kernel, param, tensor, device, &ptr);
   if (status != KeyStatus::Ok) {

@@ -1073,24 +1073,23 @@ class CompiledLaunch(NativeDispatch):
         ------
         TypeError
             From Triton 3.7, for a call that stops before a runtime parameter of the binary's
-            signature, as the native launch raises it: Triton 3.7's launcher, which takes calls that stop before the trailing constexprs,
-            does not count the arguments and reads past the end of them for such a call
-            (``extractArgs`` in triton/backends/nvidia/driver.c), a crash or a launch of
-            whatever lies there. (FlagGems' ``LibEntry`` makes such calls from Triton 3.7 for
-            kernels with constexprs between runtime parameters: it passes the runtime
-            arguments only.)"""
-        if (
-            abi.TRITON_VERSION >= (3, 7)
-            and len(args) < self._launcher_reads
-            and kwargs.keys() <= {"stream"}
-        ):
-            jit_fn = self.jit_function
-            if jit_fn is not None:
-                self._miss_fallbacks -= 1  # refused, as a call Triton rejects: not a fallback
-                name = jit_fn.params[len(args)].name
-                raise TypeError(f"{jit_fn.__name__} missing required argument '{name}'")
+            signature, as the native launch raises it, and not counted as a fallback: Triton
+            3.7's launcher, which takes calls that stop before the trailing constexprs, does not
+            count the arguments and reads past the end of them for such a call (``extractArgs``
+            in triton/backends/nvidia/driver.c), a crash or a launch of whatever lies there.
+            (FlagGems' ``LibEntry`` makes such calls from Triton 3.7 for kernels with
+            constexprs between runtime parameters: it passes the runtime arguments only.)"""
 
         def run() -> None:
+            jit_fn = self.jit_function
+            if (
+                abi.TRITON_VERSION >= (3, 7)
+                and len(args) < self._launcher_reads
+                and kwargs.keys() <= {"stream"}
+                and jit_fn is not None
+            ):
+                name = jit_fn.params[len(args)].name
+                raise TypeError(f"{jit_fn.__name__} missing required argument '{name}'")
             compiled = self._handle()
             if compiled is None:
                 raise ReferenceError("the CompiledKernel of this launch no longer exists")
