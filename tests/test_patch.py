@@ -1163,15 +1163,52 @@ def test_a_handle_launch_through_tritons_runner_that_stops_before_a_runtime_argu
             assert_same_launch(stand_in.last_launch(), theirs)
 
 
-def test_a_handle_launch_may_leave_out_only_constexprs_after_the_last_runtime_parameter():
-    """handle_omissible_from: the position after the last runtime parameter from Triton 3.7;
-    the parameter count (none left out) before, or when the last parameter is a runtime one."""
+def test_a_handle_launch_may_stop_before_a_parameter_specialized_away_as_tritons_runner_takes(
+    stand_in, patch_on
+):
+    """From Triton 3.7 a handle whose binary specialized its last runtime parameter away (an
+    int of 1 becomes ``constexpr`` in ``src.signature``) launches natively from a call that
+    stops before it, as Triton's runner does (its launcher reads nothing there), through
+    ``compiled[grid]`` and the handle's ``run``: byte for byte Triton's launch, a miss then
+    hits, no fallback. Triton 3.5 and 3.6 parse every argument:
+    a TypeError naming it, nothing launched."""
+    x, y, out = _tensors()
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.add_kernel.warmup(x, y, out, 1, BLOCK=1024, grid=(4,))
+        assert compiled.src.signature["n"] == "constexpr"
+        launches = stand_in.launch_count()
+        if abi.TRITON_VERSION < (3, 7):
+            with pytest.raises(TypeError, match="missing required argument 'n'"):
+                compiled[(4, 1, 1)](x, y, out)
+            assert stand_in.launch_count() == launches
+            return
+        _tritons_runner(compiled, (4, 1, 1))(x, y, out)
+        theirs = stand_in.last_launch()
+        for _ in range(2):
+            assert compiled[(4, 1, 1)](x, y, out) is None
+            assert_same_launch(stand_in.last_launch(), theirs)
+        assert compiled.run(*_run_args(compiled), x, y, out) is None
+        assert_same_launch(stand_in.last_launch(), theirs)
+        launches = stand_in.launch_count()
+        with pytest.raises(TypeError, match="add_kernel missing required argument 'out_ptr'"):
+            compiled[(4, 1, 1)](x, y)
+        assert stand_in.launch_count() == launches
+    stats = _handle_stats(kernels.add_kernel)
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0), stats
+
+
+def test_a_handle_launch_may_leave_out_only_what_follows_the_last_parameter_the_binary_reads():
+    """handle_omissible_from: the position after the last parameter the binary's signature
+    reads (not ``constexpr``) from Triton 3.7; the parameter count (none left out) before, or
+    when the last parameter is a runtime one."""
     from fastkernel.kernel import handle_omissible_from
 
     newer = abi.TRITON_VERSION >= (3, 7)
-    assert handle_omissible_from([False, False, True, True]) == (2 if newer else 4)
-    assert handle_omissible_from([False, True, False]) == 3  # a constexpr between: none
-    assert handle_omissible_from([True, True]) == (0 if newer else 2)
+    c = "constexpr"
+    assert handle_omissible_from(["*fp32", "i32", c, c]) == (2 if newer else 4)
+    assert handle_omissible_from(["*fp32", c, "i32"]) == 3  # a constexpr between: none
+    assert handle_omissible_from([c, c]) == (0 if newer else 2)
+    assert handle_omissible_from(["*fp32", "[*fp32,i32]", c]) == (2 if newer else 3)
     assert handle_omissible_from([]) == 0
 
 

@@ -988,20 +988,23 @@ class FastKernel(NativeDispatch, JITFunction):
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
 
 
-def handle_omissible_from(is_constexpr: Iterable[bool]) -> int:
+def handle_omissible_from(signature: Iterable[str]) -> int:
     """The first parameter a handle's launch may leave out, with every one after it: past the
-    last runtime parameter on Triton 3.7 and later, whose launcher (``launchKernel`` in
-    triton/backends/nvidia/driver.c, ``extractArgs``) steps over a constexpr's position without
-    reading an argument there, so a call may stop before the trailing constexprs (FlagGems'
-    ``LibEntry`` launches its handles so from Triton 3.7: the runtime arguments only); none
-    (the parameter count) on Triton 3.5 and 3.6, whose generated launcher parses every
-    argument, constexprs included (``PyArg_ParseTuple`` in triton/backends/nvidia/driver.py).
+    last parameter the binary reads on Triton 3.7 and later, whose launcher (``launchKernel``
+    in triton/backends/nvidia/driver.c, ``extractArgs``) steps over the position of a parameter
+    its signature calls ``constexpr`` (a declared constexpr, or an int of 1 or a None
+    specialized away) without reading an argument there, so a call may stop before the
+    trailing ones (FlagGems' ``LibEntry`` launches its handles so from Triton 3.7: the runtime
+    arguments only); none (the parameter count) on Triton 3.5 and 3.6, whose generated
+    launcher parses every argument, constexprs included (``PyArg_ParseTuple`` in
+    triton/backends/nvidia/driver.py).
 
-    ``is_constexpr``: whether each declared parameter is a constexpr, in order."""
-    flags = list(is_constexpr)
+    ``signature``: the binary's parameter types in order (the values of
+    ``compiled.src.signature``, one per declared parameter)."""
+    types = list(signature)
     if abi.TRITON_VERSION < (3, 7):
-        return len(flags)
-    return max((i + 1 for i, constexpr in enumerate(flags) if not constexpr), default=0)
+        return len(types)
+    return max((i + 1 for i, ty in enumerate(types) if ty != "constexpr"), default=0)
 
 
 class CompiledLaunch(NativeDispatch):
@@ -1011,9 +1014,10 @@ class CompiledLaunch(NativeDispatch):
     launcher made for the binary's signature, which packs the non-constexpr ones by that
     signature whatever the arguments' own specialization, on the current device's current
     stream, and returns None; so does this launch: the arguments are bound and keyed as for the
-    kernel itself (by position; every parameter required, except the constexprs after the last
-    runtime parameter from Triton 3.7, as its launcher takes calls that stop before them:
-    :func:`handle_omissible_from`), and every key launches the one binary, loaded per device.
+    kernel itself (by position; every parameter required, except, from Triton 3.7, those after
+    the last one the binary's signature reads, constexprs and ints of 1 or None specialized
+    away, as its launcher takes calls that stop before them: :func:`handle_omissible_from`),
+    and every key launches the one binary, loaded per device.
     No pre-run hook runs and no global is checked, as Triton's runner runs and checks none.
 
     A call given keywords (``stream=``, which Triton's runner takes, or parameters by name,
@@ -1054,15 +1058,13 @@ class CompiledLaunch(NativeDispatch):
         self._refusals: dict[int, str] = {}  # why the binary does not load, by device
         jit_fn = kernel.jit_function
         params = _params_spec(jit_fn)
-        omissible = handle_omissible_from(p[1] for p in params)
-        # The arguments Triton's launcher reads from 3.7: up to the last parameter the binary's
-        # signature keeps (one specialized away, an int of 1 or None, reads nothing).
-        signature = list(compiled.src.signature.values())
-        self._launcher_reads = max(
-            (i + 1 for i, ty in enumerate(signature) if ty != "constexpr"), default=0
-        )
-        # A left-out constexpr is keyed as None: its value is never read.
-        spec = [(n, c, s, a, 0, i >= omissible, None) for i, (n, c, s, a, *_) in enumerate(params)]
+        # The arguments a launch must pass: Triton's runner takes calls that stop after the
+        # last one its launcher reads (from 3.7), so the native launch takes them too.
+        self._required = handle_omissible_from(compiled.src.signature.values())
+        # A left-out parameter is keyed as None: the binary's launch plan never reads it.
+        spec = [
+            (n, c, s, a, 0, i >= self._required, None) for i, (n, c, s, a, *_) in enumerate(params)
+        ]
         self._init_native(jit_fn, spec, None, options=["stream"])
 
     def _through_triton(self, grid, args: tuple, kwargs: dict, reason: str) -> None:
@@ -1084,7 +1086,7 @@ class CompiledLaunch(NativeDispatch):
             jit_fn = self.jit_function
             if (
                 abi.TRITON_VERSION >= (3, 7)
-                and len(args) < self._launcher_reads
+                and len(args) < self._required
                 and kwargs.keys() <= {"stream"}
                 and jit_fn is not None
             ):
