@@ -452,10 +452,6 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
   throw;
 }
 
-// A tensor argument's data pointer, as Triton's launcher takes it (`tensor.data_ptr()`), into
-// `out`; or the error naming the argument when the tensor is on a device other than CUDA (the
-// CPU under host testing) or has no storage. data_ptr() checks has_storage() itself (a virtual
-// call) and throws without one, so the layout is asked only then.
 // Whether the native path launches with pointers on `device`: CUDA, or the CPU (standing for
 // it) under host testing.
 [[gnu::always_inline]] inline bool launches_on(c10::Device device) {
@@ -470,6 +466,10 @@ KeyStatus arg_error(KernelObject* kernel, PyObject* exc_type, const ParamSpec& p
          (uint64_t(uint16_t(device.index())) << 32);
 }
 
+// A tensor argument's data pointer, as Triton's launcher takes it (`tensor.data_ptr()`), into
+// `out`; or the error naming the argument when the tensor is on a device other than CUDA (the
+// CPU under host testing) or has no storage. data_ptr() checks has_storage() itself (a virtual
+// call) and throws without one, so the layout is asked only then.
 [[gnu::always_inline]] inline KeyStatus tensor_address(KernelObject* kernel, const ParamSpec& param,
                                                        const at::Tensor& tensor, c10::Device device,
                                                        uint64_t* out) {
