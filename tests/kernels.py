@@ -190,6 +190,13 @@ def tuple_kernel(out_ptr, pair, n, nested, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, x * pair[1] + nested[0] * nested[1][0] + y, mask=mask)
 
 
+@triton.jit
+def two_pairs_kernel(out_ptr, s, a, b, BLOCK: tl.constexpr):
+    # s an int, a = (a0, a1), b = (b0, b1): out = s * (a0 + a1 * b0 + b1)
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.zeros((BLOCK,), tl.float32) + s * (a[0] + a[1] * b[0] + b[1]))
+
+
 # -- host tensor descriptors (triton.tools.tensor_descriptor.TensorDescriptor) -----------------
 
 

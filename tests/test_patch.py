@@ -1197,6 +1197,120 @@ def test_a_handle_launch_may_stop_before_a_parameter_specialized_away_as_tritons
     assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (1, 2, 0), stats
 
 
+def test_a_handle_launch_with_a_tuple_longer_than_its_binarys_launches_as_tritons_runner(
+    stand_in, patch_on
+):
+    """A handle launch whose tuple argument has more elements than the binary's tuple type:
+    Triton's launcher reads each element by its position and steps over the extra one, while
+    the native plan takes the flattened leaves in order (the extra one would land in the next
+    tuple's slots: wrong bytes). It launches through Triton's runner, byte for byte Triton's
+    launch, counted as a fallback naming the argument; a matching call stays native. Triton 3.5
+    and 3.6's launcher parses each tuple to its exact length: both raise TypeError there."""
+    out = torch.empty(64)
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.two_pairs_kernel.warmup(
+            out, 2, (1.0, 2.0), (3.0, 4.0), BLOCK=64, grid=(1,)
+        )
+        if abi.TRITON_VERSION < (3, 7):
+            launches = stand_in.launch_count()
+            with pytest.raises(TypeError):
+                _tritons_runner(compiled, (1, 1, 1))(out, 2, (1.0, 2.0, 9.0), (3.0, 4.0), 64)
+            with pytest.raises(TypeError):
+                compiled[(1, 1, 1)](out, 2, (1.0, 2.0, 9.0), (3.0, 4.0), 64)
+            assert stand_in.launch_count() == launches
+            return
+        for args in [(out, 2, (1.0, 2.0, 9.0), (3.0, 4.0)), (out, 2, (1.0, 2.0), (3.0, 4.0, 9.0))]:
+            _tritons_runner(compiled, (1, 1, 1))(*args)
+            theirs = stand_in.last_launch()
+            for _ in range(2):
+                assert compiled[(1, 1, 1)](*args) is None
+                assert_same_launch(stand_in.last_launch(), theirs)
+        for _ in range(2):
+            compiled[(1, 1, 1)](out, 2, (1.0, 2.0), (3.0, 4.0))
+    stats = _handle_stats(kernels.two_pairs_kernel)
+    # Each mismatched call misses (its key has no record) and falls back.
+    assert (stats["misses"], stats["hits"], stats["fallbacks"]) == (5, 1, 4), stats
+    reasons = stats["fallback_reasons"]
+    assert list(reasons) == [
+        "a launch of a CompiledKernel whose argument 'a' has 3 elements where the binary's "
+        "tuple type has 2: it launches through Triton's own launcher",
+        "a launch of a CompiledKernel whose argument 'b' has 3 elements where the binary's "
+        "tuple type has 2: it launches through Triton's own launcher",
+    ], reasons
+
+
+def test_a_handle_launch_with_a_tuple_where_its_binary_has_a_constexpr_launches_as_tritons_runner(
+    stand_in, patch_on
+):
+    """A tuple passed where the binary's signature has ``constexpr`` (an int of 1 specialized
+    away, as a parameter or a tuple element): Triton's launcher steps over that position, while
+    the native key would give the tuple's elements leaf slots and shift every later tuple's
+    leaves (wrong bytes). It launches through Triton's runner, byte for byte Triton's launch, as
+    does a tuple that leaves out its trailing constexpr elements (Triton 3.7 and later, whose
+    launcher reads nothing there; 3.5 and 3.6 parse each tuple to its exact length)."""
+    out = torch.empty(64)
+    with TritonReference(stand_in, TEST_STREAM):
+        top = kernels.two_pairs_kernel.warmup(out, 1, (1.5, 2.0), (3.0, 4.0), BLOCK=64, grid=(1,))
+        inner = kernels.two_pairs_kernel.warmup(out, 2, (1.5, 1), (3.0, 4.0), BLOCK=64, grid=(1,))
+        assert top.src.signature["s"] == "constexpr"
+        assert inner.src.signature["a"] == ("fp32", "constexpr")
+        cases = [
+            (top, (out, (7.0, 8.0), (1.5, 2.0), (3.0, 4.0), 64), "s"),
+            (inner, (out, 2, (1.5, (5.0, 6.0)), (3.0, 4.0), 64), "a[1]"),
+        ]
+        if abi.TRITON_VERSION >= (3, 7):
+            cases.append((inner, (out, 2, (1.5,), (3.0, 4.0)), "a"))
+        for compiled, args, _ in cases:
+            _tritons_runner(compiled, (1, 1, 1))(*args)
+            theirs = stand_in.last_launch()
+            for _ in range(2):
+                assert compiled[(1, 1, 1)](*args) is None
+                assert_same_launch(stand_in.last_launch(), theirs)
+    stats = _handle_stats(kernels.two_pairs_kernel)
+    assert (stats["hits"], stats["fallbacks"]) == (0, 2 * len(cases)), stats
+    named = [re.search("argument '([^']*)'", reason)[1] for reason in stats["fallback_reasons"]]
+    assert sorted(named) == sorted(name for *_, name in cases), stats
+
+
+@pytest.mark.parametrize("keywords", [{}, {"stream": TEST_STREAM}], ids=["native", "runner"])
+def test_a_handle_launch_with_a_tuple_its_launcher_would_read_past_raises(
+    stand_in, patch_on, keywords
+):
+    """A tuple argument with fewer elements than the binary's tuple type, nested or not, or a
+    tuple where the binary takes a scalar: TypeError naming the argument, nothing launched, on
+    the native launch and where the call takes Triton's runner (``stream=``), whose launcher
+    from Triton 3.7 reads past the tuple (``extractArgs`` does not count its elements)."""
+    x, y, out = torch.randn(64), torch.randn(64), torch.empty(64)
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.tuple_kernel.warmup(
+            out, (x, 2.0), 64, (1.5, (0.5, y)), BLOCK=64, grid=(1,)
+        )
+        launches = stand_in.launch_count()
+        cases = [
+            (
+                (out, (x,), 64, (1.5, (0.5, y)), 64),
+                "'pair': expected a tuple of 2 elements .*got 1",
+            ),
+            (
+                (out, (x, 2.0), 64, (1.5, (0.5,)), 64),
+                r"'nested\[1\]': expected a tuple of 2 .*got 1",
+            ),
+            ((out, (x, 2.0), 64, (1.5, 0.5), 64), r"'nested\[1\]': expected a tuple .*got float"),
+            ((out, (x, 2.0), (64,), (1.5, (0.5, y)), 64), "'n': expected type i32 .*got a tuple"),
+        ]
+        for args, message in cases:
+            with pytest.raises(TypeError, match=f"tuple_kernel: argument {message}"):
+                compiled[(1, 1, 1)](*args, **keywords)
+        assert stand_in.launch_count() == launches
+        good = (out, (x, 2.0), 64, (1.5, (0.5, y)), 64)  # BLOCK too: Triton 3.5 and 3.6 parse it
+        _tritons_runner(compiled, (1, 1, 1))(*good)
+        theirs = stand_in.last_launch()
+        compiled[(1, 1, 1)](*good, **keywords)
+        assert_same_launch(stand_in.last_launch(), theirs)
+    stats = _handle_stats(kernels.tuple_kernel)  # the refused calls are not fallbacks
+    assert stats["fallbacks"] == (1 if keywords else 0), stats
+
+
 def test_a_handle_launch_may_leave_out_only_what_follows_the_last_parameter_the_binary_reads():
     """handle_omissible_from: the position after the last parameter the binary's signature
     reads (not ``constexpr``) from Triton 3.7; the parameter count (none left out) before, or
@@ -1208,7 +1322,7 @@ def test_a_handle_launch_may_leave_out_only_what_follows_the_last_parameter_the_
     assert handle_omissible_from(["*fp32", "i32", c, c]) == (2 if newer else 4)
     assert handle_omissible_from(["*fp32", c, "i32"]) == 3  # a constexpr between: none
     assert handle_omissible_from([c, c]) == (0 if newer else 2)
-    assert handle_omissible_from(["*fp32", "[*fp32,i32]", c]) == (2 if newer else 3)
+    assert handle_omissible_from(["*fp32", ("*fp32", c), c]) == (2 if newer else 3)
     assert handle_omissible_from([]) == 0
 
 
@@ -3975,6 +4089,35 @@ def test_a_handles_run_gives_what_the_native_launch_does_not_take_to_tritons_lau
     for reason in (*cases, "a launch hook set"):
         assert sum(n for r, n in reasons.items() if reason in r) == 1, (reason, list(reasons))
     assert stats["fallbacks"] == 5
+
+
+def test_a_handles_run_checks_what_it_gives_tritons_launcher_for_arguments_read_past(
+    stand_in, patch_on
+):
+    """A call of a handle's native ``run`` that goes to Triton's own launcher object (here for
+    another stream) and whose kernel arguments that launcher would read past (a tuple shorter
+    than its type; from Triton 3.7 a runtime argument left out: ``extractArgs`` counts neither)
+    raises the TypeError naming the argument, as the native launch does, and launches nothing;
+    a sound one launches through Triton's launcher, counted as a fallback."""
+    x, y, out = torch.randn(64), torch.randn(64), torch.empty(64)
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.tuple_kernel.warmup(
+            out, (x, 2.0), 64, (1.5, (0.5, y)), BLOCK=64, grid=(1,)
+        )
+        run = compiled.run
+        assert type(run) is _C.RunLauncher
+        leading = _run_args(compiled, stream=TEST_STREAM + 16)
+        launches = stand_in.launch_count()
+        with pytest.raises(TypeError, match="tuple_kernel: argument 'nested\\[1\\]': expected"):
+            run(*leading, out, (x, 2.0), 64, (1.5, (0.5,)), 64)
+        if abi.TRITON_VERSION >= (3, 7):
+            with pytest.raises(TypeError, match="tuple_kernel missing required argument 'n'"):
+                run(*leading, out, (x, 2.0))
+        assert stand_in.launch_count() == launches
+        run(*leading, out, (x, 2.0), 64, (1.5, (0.5, y)), 64)
+        assert stand_in.launch_count() == launches + 1
+        stats = _C.handle_launcher(compiled).stats()
+    assert stats["fallbacks"] == 1, stats
 
 
 @pytest.mark.skipif(

@@ -20,7 +20,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import triton
 from triton.compiler.compiler import CompiledKernel
@@ -47,7 +47,7 @@ try:  # host tensor descriptors (Triton >= 3.5 has them; without, they take Trit
 
     _C.set_tensor_descriptor_type(_TensorDescriptor)
 except ImportError:
-    pass
+    _TensorDescriptor = None
 
 
 # What the native path installs into Triton, at the first kernel creation (or by patch()):
@@ -1007,6 +1007,97 @@ def handle_omissible_from(signature: Iterable[str]) -> int:
     return max((i + 1 for i, ty in enumerate(types) if ty != "constexpr"), default=0)
 
 
+def _elements(n: int) -> str:
+    return f"{n} element" if n == 1 else f"{n} elements"
+
+
+def handle_leaf_mismatch(
+    kernel: str, names: list[str], constexprs: list[bool], types: list, args: tuple
+) -> str | None:
+    """Whether a handle's launch passes its binary arguments of the shape the native launch
+    plan takes as given (:func:`abi.launch_plan`: each tuple flattened depth-first into leaf
+    slots, one per element whose type is not a tuple, constexpr ones included, and a host
+    tensor descriptor into ``descriptor_leaves(rank)``; the native key gives the call's own
+    tuples and descriptors their slots so): None when every tuple has its type's elements and
+    every descriptor its type's rank, so each leaf lands in its slot; why not, for Triton's
+    runner, where the call differs only where Triton's launcher reads nothing (elements past
+    the type's, trailing ``constexpr`` elements left out, a tuple or descriptor where the
+    binary's type is ``constexpr``) or lets its own wrapper decide (a descriptor's rank, a
+    descriptor type given something else): there the native slots would take the wrong leaves,
+    where Triton's launcher reads each argument by its position.
+
+    ``kernel``: its name; ``names`` and ``constexprs``: the declared parameters' names and
+    whether each is a declared constexpr (never given leaf slots by the native key, ignored by
+    Triton's launcher); ``types``: the binary's parameter types (``compiled.src.signature``
+    values: a tuple type is a Python tuple of types); ``args``: the launch's positional
+    arguments.
+
+    Raises
+    ------
+    TypeError
+        Naming the argument (``pair``, or ``pair[1]`` inside one): a tuple with fewer elements
+        than the launcher reads (up to its last element that is not ``constexpr``), which from
+        Triton 3.7 its launcher reads past (``extractArgs`` in
+        triton/backends/nvidia/driver.c does not count them); something other than a tuple or
+        list for a tuple type; a tuple or descriptor where the binary takes a scalar, which
+        Triton's launcher refuses too.
+    """
+
+    def runner(path: str, detail: str) -> str:
+        return (
+            f"a launch of a CompiledKernel whose argument '{path}' {detail}: it launches "
+            "through Triton's own launcher"
+        )
+
+    def refuse(path: str, expected: str, got: str) -> NoReturn:
+        raise TypeError(
+            f"{kernel}: argument '{path}': expected {expected} (the binary's signature), got {got}"
+        )
+
+    def check(ty: Any, arg: Any, path: str) -> str | None:
+        if isinstance(ty, tuple):
+            if not isinstance(arg, (tuple, list)):
+                refuse(path, f"a tuple of {_elements(len(ty))}", type(arg).__name__)
+            reads = max((i + 1 for i, t in enumerate(ty) if t != "constexpr"), default=0)
+            if len(arg) < reads:
+                refuse(path, f"a tuple of {_elements(len(ty))}", _elements(len(arg)))
+            reason = None
+            if len(arg) != len(ty):
+                reason = runner(
+                    path, f"has {_elements(len(arg))} where the binary's tuple type has {len(ty)}"
+                )
+            for i, (element_type, element) in enumerate(zip(ty, arg)):
+                reason = check(element_type, element, f"{path}[{i}]") or reason
+            return reason
+        descriptor = type(arg) is _TensorDescriptor
+        if (rank := abi.descriptor_rank(ty)) is not None:
+            if not descriptor:
+                return runner(path, f"is a {type(arg).__name__} where the binary takes {ty}")
+            block_shape = getattr(arg, "block_shape", None)
+            if not isinstance(block_shape, (tuple, list)) or len(block_shape) != rank:
+                return runner(path, f"is a tensor descriptor of another rank than {ty}")
+            return None
+        if isinstance(arg, tuple) or descriptor:
+            got = "a tuple" if isinstance(arg, tuple) else "a tensor descriptor"
+            if ty == "constexpr":  # Triton's launcher steps over it
+                return runner(path, f"is {got} where the binary's type is constexpr")
+            refuse(path, f"type {ty}", got)
+        return None
+
+    reason = None
+    for name, constexpr, ty, arg in zip(names, constexprs, types, args):
+        if not constexpr:
+            reason = check(ty, arg, name) or reason
+    return reason
+
+
+#: The arguments Triton's launcher object (``CompiledKernel.run``) takes before the kernel's:
+#: grid x, y, z, stream, function, packed metadata, launch metadata, enter and exit hooks
+#: (``CudaLauncher.__call__`` in triton/backends/nvidia/driver.py, the same from 3.5 to 3.9;
+#: csrc/python/handle_launch.cpp ``kRunLeadingArgs``).
+_RUN_LEADING_ARGS = 9
+
+
 class CompiledLaunch(NativeDispatch):
     """The native launch of one ``CompiledKernel``'s binary: what ``compiled[grid](*args)``
     does (``CompiledKernel.__getitem__``'s runner, triton/compiler/compiler.py), as Triton's
@@ -1058,9 +1149,10 @@ class CompiledLaunch(NativeDispatch):
         self._refusals: dict[int, str] = {}  # why the binary does not load, by device
         jit_fn = kernel.jit_function
         params = _params_spec(jit_fn)
+        self._types = list(compiled.src.signature.values())
         # The arguments a launch must pass: Triton's runner takes calls that stop after the
         # last one its launcher reads (from 3.7), so the native launch takes them too.
-        self._required = handle_omissible_from(compiled.src.signature.values())
+        self._required = handle_omissible_from(self._types)
         # A left-out parameter is keyed as None: the binary's launch plan never reads it.
         spec = [
             (n, c, s, a, 0, i >= self._required, None) for i, (n, c, s, a, *_) in enumerate(params)
@@ -1083,15 +1175,8 @@ class CompiledLaunch(NativeDispatch):
             constexprs between runtime parameters: it passes the runtime arguments only.)"""
 
         def run() -> None:
-            jit_fn = self.jit_function
-            if (
-                abi.TRITON_VERSION >= (3, 7)
-                and len(args) < self._required
-                and kwargs.keys() <= {"stream"}
-                and jit_fn is not None
-            ):
-                name = jit_fn.params[len(args)].name
-                raise TypeError(f"{jit_fn.__name__} missing required argument '{name}'")
+            if kwargs.keys() <= {"stream"}:  # else the runner raises TypeError first
+                self._check_launcher_args(args)
             compiled = self._handle()
             if compiled is None:
                 raise ReferenceError("the CompiledKernel of this launch no longer exists")
@@ -1099,6 +1184,41 @@ class CompiledLaunch(NativeDispatch):
 
         self._run_through_triton(run, counted=True)
         self._count_fallback(reason, logging.INFO)
+
+    def _check_launcher_args(self, args: tuple) -> None:
+        """Raises TypeError, naming the parameter, for kernel arguments (positional) that Triton's
+        launcher would read past, as the native launch raises it: from Triton 3.7 it counts
+        neither the arguments nor a tuple's elements (``extractArgs`` in
+        triton/backends/nvidia/driver.c), so a call that stops before a parameter the binary
+        reads, or a tuple shorter than its type, is a crash or a launch of whatever lies there.
+        Returns None otherwise."""
+        jit_fn = self.jit_function
+        if jit_fn is None:
+            return
+        if abi.TRITON_VERSION >= (3, 7) and len(args) < self._required:
+            name = jit_fn.params[len(args)].name
+            raise TypeError(f"{jit_fn.__name__} missing required argument '{name}'")
+        self._leaf_mismatch(jit_fn, args)
+
+    def _checked_triton_run(self, triton_run: Callable[..., Any]) -> Callable[..., Any]:
+        """``triton_run`` (Triton's launcher object of the handle, called as
+        ``run(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook,
+        exit_hook, *args)``) behind :meth:`_check_launcher_args` for the kernel arguments: what
+        the native ``run`` launcher hands the calls it does not launch itself."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            # Triton's launcher raises its own TypeError first for keywords or fewer arguments.
+            if not kwargs and len(args) >= _RUN_LEADING_ARGS:
+                self._check_launcher_args(args[_RUN_LEADING_ARGS:])
+            return triton_run(*args, **kwargs)
+
+        return run
+
+    def _leaf_mismatch(self, jit_fn: JITFunction, args: tuple) -> str | None:
+        """:func:`handle_leaf_mismatch` for this handle's binary."""
+        names = [p.name for p in jit_fn.params]
+        constexprs = [p.is_constexpr for p in jit_fn.params]
+        return handle_leaf_mismatch(jit_fn.__name__, names, constexprs, self._types, args)
 
     def _count_run_fallback(self, reason: str) -> None:
         """Counts a call of the handle's ``run`` (under the patch) that Triton's own launcher
@@ -1112,9 +1232,11 @@ class CompiledLaunch(NativeDispatch):
         """A new key: the binary's record on ``device`` (the native entry inserts and launches
         it), or the result of Triton's runner."""
         if key is not None:  # else counted as a fallback by the native entry
-            if kwargs:
-                reason = COMPILED_KEYWORDS_REASON
-            else:
+            jit_fn = self.jit_function
+            reason = COMPILED_KEYWORDS_REASON if kwargs else None
+            if reason is None and jit_fn is not None:
+                reason = self._leaf_mismatch(jit_fn, args)  # raises for a tuple read past
+            if reason is None:
                 # One record per key, as the table owns each (a module of its own); a binary
                 # the device refused once is not loaded again.
                 record = self._refusals.get(device) or self._load_binary(device)

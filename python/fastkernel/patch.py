@@ -1376,7 +1376,7 @@ def _patched_handle_run(self, own_run=COMPILED_RUN):
     return _C.run_launcher(
         self,
         launcher,
-        triton_run,
+        launcher._checked_triton_run(triton_run),
         self.function,
         self.packed_metadata,
         _HOOK_CHAIN,
