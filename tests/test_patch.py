@@ -1311,19 +1311,74 @@ def test_a_handle_launch_with_a_tuple_its_launcher_would_read_past_raises(
     assert stats["fallbacks"] == (1 if keywords else 0), stats
 
 
+@pytest.mark.parametrize("keywords", [{}, {"stream": TEST_STREAM}], ids=["native", "runner"])
+def test_a_handle_launch_of_a_binary_with_descriptors_passes_what_triton_rebuilds(
+    stand_in, patch_on, keywords, monkeypatch
+):
+    """Where the binary's signature holds a tensor descriptor, Triton rebuilds the arguments
+    before its launcher (``make_tensordesc_args``, triton/backends/driver.py) and asserts that
+    the argument list and each tuple on a descriptor's path have the signature's lengths (a
+    mismatch aborts the process). A handle launch that stops early, passes more, gives a
+    descriptor of another rank or a tuple of another length on a descriptor's path raises
+    TypeError naming it: natively, through Triton's runner (``stream=``) and while a launch
+    hook is set; nothing launched. The whole call launches as Triton's runner does."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setenv("FKSTUB_CAPABILITY", "90")
+    src, dst = torch.randn(64, 64), torch.empty(64, 64)
+    in_d = TensorDescriptor.from_tensor(src, [16, 32])
+    out_d = TensorDescriptor.from_tensor(dst, [16, 32])
+    rank_1 = TensorDescriptor.from_tensor(torch.randn(64), [16])
+    newer = abi.TRITON_VERSION >= (3, 7)
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.descriptor_copy_kernel.warmup(
+            in_d, out_d, 2.0, BLOCK_M=16, BLOCK_N=32, grid=(1,)
+        )
+        cases = [
+            ((in_d, out_d, 2.0), "descriptor_copy_kernel missing required argument 'BLOCK_M'"),
+            ((in_d, out_d, 2.0, 16, 32, 7), "takes 5 arguments but 6 were given"),
+            ((rank_1, out_d, 2.0, 16, 32), "'in_desc': expected a tensor descriptor of rank 2"),
+        ]
+        launches = stand_in.launch_count()
+        saved_hook = triton.knobs.runtime.launch_enter_hook
+        for hook in (None, lambda metadata: None):
+            triton.knobs.runtime.launch_enter_hook = hook
+            try:
+                for args, message in cases:
+                    exact = newer or "rank" in message  # else Triton 3.5/3.6 raise their own
+                    with pytest.raises(TypeError, match=message if exact else None):
+                        compiled[(1, 1, 1)](*args, **keywords)
+            finally:
+                triton.knobs.runtime.launch_enter_hook = saved_hook
+        assert stand_in.launch_count() == launches
+        _tritons_runner(compiled, (1, 1, 1))(in_d, out_d, 2.0, 16, 32)
+        theirs = stand_in.last_launch()
+        compiled[(1, 1, 1)](in_d, out_d, 2.0, 16, 32, **keywords)
+        assert_same_launch(stand_in.last_launch(), theirs)
+        if abi.TRITON_VERSION > (3, 7):  # descriptors inside tuples
+            pair = (TensorDescriptor.from_tensor(src, [16, 16]), 32)
+            compiled = kernels.descriptor_tuple_kernel.warmup(pair, dst, BLOCK=16, grid=(1,))
+            launches = stand_in.launch_count()
+            with pytest.raises(TypeError, match="'pair': expected a tuple of 2 .*got 3 elements"):
+                compiled[(1, 1, 1)]((*pair, 7), dst, 16, **keywords)
+            assert stand_in.launch_count() == launches
+
+
 def test_a_handle_launch_may_leave_out_only_what_follows_the_last_parameter_the_binary_reads():
-    """handle_omissible_from: the position after the last parameter the binary's signature
-    reads (not ``constexpr``) from Triton 3.7; the parameter count (none left out) before, or
-    when the last parameter is a runtime one."""
-    from fastkernel.kernel import handle_omissible_from
+    """omissible_from: the position after the last parameter the binary's signature reads (not
+    ``constexpr``) from Triton 3.7; the parameter count (none left out) before, when the last
+    parameter is a runtime one, or when the signature holds a tensor descriptor (Triton
+    rebuilds the arguments to the signature's length)."""
+    from fastkernel._handle_args import omissible_from
 
     newer = abi.TRITON_VERSION >= (3, 7)
     c = "constexpr"
-    assert handle_omissible_from(["*fp32", "i32", c, c]) == (2 if newer else 4)
-    assert handle_omissible_from(["*fp32", c, "i32"]) == 3  # a constexpr between: none
-    assert handle_omissible_from([c, c]) == (0 if newer else 2)
-    assert handle_omissible_from(["*fp32", ("*fp32", c), c]) == (2 if newer else 3)
-    assert handle_omissible_from([]) == 0
+    assert omissible_from(["*fp32", "i32", c, c]) == (2 if newer else 4)
+    assert omissible_from(["*fp32", c, "i32"]) == 3  # a constexpr between: none
+    assert omissible_from([c, c]) == (0 if newer else 2)
+    assert omissible_from(["*fp32", ("*fp32", c), c]) == (2 if newer else 3)
+    assert omissible_from(["*fp32", ("tensordesc<fp16[64, 64]>", "i32"), c]) == 3
+    assert omissible_from([]) == 0
 
 
 @pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "patched"])

@@ -19,8 +19,8 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NoReturn, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import triton
 from triton.compiler.compiler import CompiledKernel
@@ -29,6 +29,7 @@ from triton.runtime.jit import JITFunction, KernelInterface, KernelParam
 from . import _C, _env, _grid_program, _host_helpers, _locks
 from . import _triton_abi as abi
 from . import cache as _cache
+from ._handle_args import HandleSignature, TensorDescriptor
 from .cache.settings import count as cache_count
 from .cache.settings import log_once
 
@@ -42,12 +43,8 @@ _IDENTITY_TYPES = abi.IDENTITY_CONSTEXPR_TYPES
 # its records to release them (FastKernel._keep_identity_keyed).
 _KEEPALIVE_PER_SPECIALIZATION = 4
 _C.set_constexpr_types(triton.language.constexpr, _IDENTITY_TYPES)
-try:  # host tensor descriptors (Triton >= 3.5 has them; without, they take Triton's path)
-    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
-
-    _C.set_tensor_descriptor_type(_TensorDescriptor)
-except ImportError:
-    _TensorDescriptor = None
+if TensorDescriptor is not None:  # host tensor descriptors (without, they take Triton's path)
+    _C.set_tensor_descriptor_type(TensorDescriptor)
 
 
 # What the native path installs into Triton, at the first kernel creation (or by patch()):
@@ -804,6 +801,8 @@ class NativeDispatch(_C.Kernel):
         runner = COMPILED_GETITEM(compiled, grid)
 
         def counted(*args, **kwargs):
+            if not isinstance(launcher, str) and kwargs.keys() <= {"stream"}:
+                launcher._signature.check(args)  # raises for what Triton's would read past
             with tritons_own_launches():
                 result = runner(*args, **kwargs)
             counter._miss_fallbacks += 1
@@ -988,109 +987,6 @@ class FastKernel(NativeDispatch, JITFunction):
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
 
 
-def handle_omissible_from(signature: Iterable[str]) -> int:
-    """The first parameter a handle's launch may leave out, with every one after it: past the
-    last parameter the binary reads on Triton 3.7 and later, whose launcher (``launchKernel``
-    in triton/backends/nvidia/driver.c, ``extractArgs``) steps over the position of a parameter
-    its signature calls ``constexpr`` (a declared constexpr, or an int of 1 or a None
-    specialized away) without reading an argument there, so a call may stop before the
-    trailing ones (FlagGems' ``LibEntry`` launches its handles so from Triton 3.7: the runtime
-    arguments only); none (the parameter count) on Triton 3.5 and 3.6, whose generated
-    launcher parses every argument, constexprs included (``PyArg_ParseTuple`` in
-    triton/backends/nvidia/driver.py).
-
-    ``signature``: the binary's parameter types in order (the values of
-    ``compiled.src.signature``, one per declared parameter)."""
-    types = list(signature)
-    if abi.TRITON_VERSION < (3, 7):
-        return len(types)
-    return max((i + 1 for i, ty in enumerate(types) if ty != "constexpr"), default=0)
-
-
-def _elements(n: int) -> str:
-    return f"{n} element" if n == 1 else f"{n} elements"
-
-
-def handle_leaf_mismatch(
-    kernel: str, names: list[str], constexprs: list[bool], types: list, args: tuple
-) -> str | None:
-    """Whether a handle's launch passes its binary arguments of the shape the native launch
-    plan takes as given (:func:`abi.launch_plan`: each tuple flattened depth-first into leaf
-    slots, one per element whose type is not a tuple, constexpr ones included, and a host
-    tensor descriptor into ``descriptor_leaves(rank)``; the native key gives the call's own
-    tuples and descriptors their slots so): None when every tuple has its type's elements and
-    every descriptor its type's rank, so each leaf lands in its slot; why not, for Triton's
-    runner, where the call differs only where Triton's launcher reads nothing (elements past
-    the type's, trailing ``constexpr`` elements left out, a tuple or descriptor where the
-    binary's type is ``constexpr``) or lets its own wrapper decide (a descriptor's rank, a
-    descriptor type given something else): there the native slots would take the wrong leaves,
-    where Triton's launcher reads each argument by its position.
-
-    ``kernel``: its name; ``names`` and ``constexprs``: the declared parameters' names and
-    whether each is a declared constexpr (never given leaf slots by the native key, ignored by
-    Triton's launcher); ``types``: the binary's parameter types (``compiled.src.signature``
-    values: a tuple type is a Python tuple of types); ``args``: the launch's positional
-    arguments.
-
-    Raises
-    ------
-    TypeError
-        Naming the argument (``pair``, or ``pair[1]`` inside one): a tuple with fewer elements
-        than the launcher reads (up to its last element that is not ``constexpr``), which from
-        Triton 3.7 its launcher reads past (``extractArgs`` in
-        triton/backends/nvidia/driver.c does not count them); something other than a tuple or
-        list for a tuple type; a tuple or descriptor where the binary takes a scalar, which
-        Triton's launcher refuses too.
-    """
-
-    def runner(path: str, detail: str) -> str:
-        return (
-            f"a launch of a CompiledKernel whose argument '{path}' {detail}: it launches "
-            "through Triton's own launcher"
-        )
-
-    def refuse(path: str, expected: str, got: str) -> NoReturn:
-        raise TypeError(
-            f"{kernel}: argument '{path}': expected {expected} (the binary's signature), got {got}"
-        )
-
-    def check(ty: Any, arg: Any, path: str) -> str | None:
-        if isinstance(ty, tuple):
-            if not isinstance(arg, (tuple, list)):
-                refuse(path, f"a tuple of {_elements(len(ty))}", type(arg).__name__)
-            reads = max((i + 1 for i, t in enumerate(ty) if t != "constexpr"), default=0)
-            if len(arg) < reads:
-                refuse(path, f"a tuple of {_elements(len(ty))}", _elements(len(arg)))
-            reason = None
-            if len(arg) != len(ty):
-                reason = runner(
-                    path, f"has {_elements(len(arg))} where the binary's tuple type has {len(ty)}"
-                )
-            for i, (element_type, element) in enumerate(zip(ty, arg)):
-                reason = check(element_type, element, f"{path}[{i}]") or reason
-            return reason
-        descriptor = type(arg) is _TensorDescriptor
-        if (rank := abi.descriptor_rank(ty)) is not None:
-            if not descriptor:
-                return runner(path, f"is a {type(arg).__name__} where the binary takes {ty}")
-            block_shape = getattr(arg, "block_shape", None)
-            if not isinstance(block_shape, (tuple, list)) or len(block_shape) != rank:
-                return runner(path, f"is a tensor descriptor of another rank than {ty}")
-            return None
-        if isinstance(arg, tuple) or descriptor:
-            got = "a tuple" if isinstance(arg, tuple) else "a tensor descriptor"
-            if ty == "constexpr":  # Triton's launcher steps over it
-                return runner(path, f"is {got} where the binary's type is constexpr")
-            refuse(path, f"type {ty}", got)
-        return None
-
-    reason = None
-    for name, constexpr, ty, arg in zip(names, constexprs, types, args):
-        if not constexpr:
-            reason = check(ty, arg, name) or reason
-    return reason
-
-
 #: The arguments Triton's launcher object (``CompiledKernel.run``) takes before the kernel's:
 #: grid x, y, z, stream, function, packed metadata, launch metadata, enter and exit hooks
 #: (``CudaLauncher.__call__`` in triton/backends/nvidia/driver.py, the same from 3.5 to 3.9;
@@ -1107,7 +1003,7 @@ class CompiledLaunch(NativeDispatch):
     stream, and returns None; so does this launch: the arguments are bound and keyed as for the
     kernel itself (by position; every parameter required, except, from Triton 3.7, those after
     the last one the binary's signature reads, constexprs and ints of 1 or None specialized
-    away, as its launcher takes calls that stop before them: :func:`handle_omissible_from`),
+    away, as its launcher takes calls that stop before them: :func:`fastkernel._handle_args.omissible_from`),
     and every key launches the one binary, loaded per device.
     No pre-run hook runs and no global is checked, as Triton's runner runs and checks none.
 
@@ -1149,34 +1045,36 @@ class CompiledLaunch(NativeDispatch):
         self._refusals: dict[int, str] = {}  # why the binary does not load, by device
         jit_fn = kernel.jit_function
         params = _params_spec(jit_fn)
-        self._types = list(compiled.src.signature.values())
-        # The arguments a launch must pass: Triton's runner takes calls that stop after the
-        # last one its launcher reads (from 3.7), so the native launch takes them too.
-        self._required = handle_omissible_from(self._types)
-        # A left-out parameter is keyed as None: the binary's launch plan never reads it.
-        spec = [
-            (n, c, s, a, 0, i >= self._required, None) for i, (n, c, s, a, *_) in enumerate(params)
-        ]
+        self._signature = HandleSignature(
+            jit_fn.__name__,
+            [(p.name, p.is_constexpr) for p in jit_fn.params],
+            list(compiled.src.signature.values()),
+        )
+        # A launch may leave out what Triton's launcher takes a call without (from 3.7): a
+        # left-out parameter is keyed as None, as the binary's launch plan never reads it.
+        required = self._signature.required
+        spec = [(n, c, s, a, 0, i >= required, None) for i, (n, c, s, a, *_) in enumerate(params)]
         self._init_native(jit_fn, spec, None, options=["stream"])
 
-    def _through_triton(self, grid, args: tuple, kwargs: dict, reason: str) -> None:
+    def _through_triton(
+        self, grid, args: tuple, kwargs: dict, reason: str, checked: bool = False
+    ) -> None:
         """Triton's runner for the handle's binary; the call was counted as a fallback. Returns
-        None, as the runner does.
+        None, as the runner does. ``checked``: whether ``args`` passed
+        :meth:`HandleSignature.check <fastkernel._handle_args.HandleSignature.check>` already.
 
         Raises
         ------
         TypeError
-            From Triton 3.7, for a call that stops before a runtime parameter of the binary's
-            signature, as the native launch raises it, and not counted as a fallback: Triton
-            3.7's launcher, which takes calls that stop before the trailing constexprs, does not
-            count the arguments and reads past the end of them for such a call (``extractArgs``
-            in triton/backends/nvidia/driver.c), a crash or a launch of whatever lies there.
-            (FlagGems' ``LibEntry`` makes such calls from Triton 3.7 for kernels with
-            constexprs between runtime parameters: it passes the runtime arguments only.)"""
+            From that check, naming the parameter, as the native launch raises it, and not
+            counted as a fallback: for arguments Triton's launcher would read past or abort on.
+            (FlagGems' ``LibEntry`` makes calls that stop early from Triton 3.7 for kernels
+            with constexprs between runtime parameters: it passes the runtime arguments
+            only.)"""
 
         def run() -> None:
-            if kwargs.keys() <= {"stream"}:  # else the runner raises TypeError first
-                self._check_launcher_args(args)
+            if not checked and kwargs.keys() <= {"stream"}:  # else the runner raises first
+                self._signature.check(args)
             compiled = self._handle()
             if compiled is None:
                 raise ReferenceError("the CompiledKernel of this launch no longer exists")
@@ -1185,40 +1083,21 @@ class CompiledLaunch(NativeDispatch):
         self._run_through_triton(run, counted=True)
         self._count_fallback(reason, logging.INFO)
 
-    def _check_launcher_args(self, args: tuple) -> None:
-        """Raises TypeError, naming the parameter, for kernel arguments (positional) that Triton's
-        launcher would read past, as the native launch raises it: from Triton 3.7 it counts
-        neither the arguments nor a tuple's elements (``extractArgs`` in
-        triton/backends/nvidia/driver.c), so a call that stops before a parameter the binary
-        reads, or a tuple shorter than its type, is a crash or a launch of whatever lies there.
-        Returns None otherwise."""
-        jit_fn = self.jit_function
-        if jit_fn is None:
-            return
-        if abi.TRITON_VERSION >= (3, 7) and len(args) < self._required:
-            name = jit_fn.params[len(args)].name
-            raise TypeError(f"{jit_fn.__name__} missing required argument '{name}'")
-        self._leaf_mismatch(jit_fn, args)
-
     def _checked_triton_run(self, triton_run: Callable[..., Any]) -> Callable[..., Any]:
         """``triton_run`` (Triton's launcher object of the handle, called as
         ``run(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook,
-        exit_hook, *args)``) behind :meth:`_check_launcher_args` for the kernel arguments: what
-        the native ``run`` launcher hands the calls it does not launch itself."""
+        exit_hook, *args)``) behind :meth:`HandleSignature.check
+        <fastkernel._handle_args.HandleSignature.check>` for the kernel arguments: what the
+        native ``run`` launcher hands the calls it does not launch itself."""
+        check = self._signature.check
 
         def run(*args: Any, **kwargs: Any) -> Any:
             # Triton's launcher raises its own TypeError first for keywords or fewer arguments.
             if not kwargs and len(args) >= _RUN_LEADING_ARGS:
-                self._check_launcher_args(args[_RUN_LEADING_ARGS:])
+                check(args[_RUN_LEADING_ARGS:])
             return triton_run(*args, **kwargs)
 
         return run
-
-    def _leaf_mismatch(self, jit_fn: JITFunction, args: tuple) -> str | None:
-        """:func:`handle_leaf_mismatch` for this handle's binary."""
-        names = [p.name for p in jit_fn.params]
-        constexprs = [p.is_constexpr for p in jit_fn.params]
-        return handle_leaf_mismatch(jit_fn.__name__, names, constexprs, self._types, args)
 
     def _count_run_fallback(self, reason: str) -> None:
         """Counts a call of the handle's ``run`` (under the patch) that Triton's own launcher
@@ -1231,11 +1110,14 @@ class CompiledLaunch(NativeDispatch):
     ):
         """A new key: the binary's record on ``device`` (the native entry inserts and launches
         it), or the result of Triton's runner."""
+        checked = False
         if key is not None:  # else counted as a fallback by the native entry
-            jit_fn = self.jit_function
-            reason = COMPILED_KEYWORDS_REASON if kwargs else None
-            if reason is None and jit_fn is not None:
-                reason = self._leaf_mismatch(jit_fn, args)  # raises for a tuple read past
+            if kwargs:
+                reason = COMPILED_KEYWORDS_REASON
+            else:
+                # Raises for what Triton's launcher would read past; a shape the native plan
+                # would take otherwise than Triton's launcher goes to Triton's runner.
+                reason, checked = self._signature.check(args), True
             if reason is None:
                 # One record per key, as the table owns each (a module of its own); a binary
                 # the device refused once is not loaded again.
@@ -1244,7 +1126,7 @@ class CompiledLaunch(NativeDispatch):
                     return record
                 reason = self._refusals[device] = record
             self._miss_fallbacks += 1
-        return self._through_triton(grid, args, kwargs, reason or "unsupported call")
+        return self._through_triton(grid, args, kwargs, reason or "unsupported call", checked)
 
     def _load_binary(self, device: int) -> _C.LaunchRecord | str:
         """The handle's binary loaded on ``device`` as a launch record with the launch plan of
