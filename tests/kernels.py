@@ -197,6 +197,13 @@ def two_pairs_kernel(out_ptr, s, a, b, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.zeros((BLOCK,), tl.float32) + s * (a[0] + a[1] * b[0] + b[1]))
 
 
+@triton.jit
+def stream_named_kernel(x_ptr, stream, BLOCK: tl.constexpr):
+    # A parameter named `stream`, the keyword of Triton's runner.
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.zeros((BLOCK,), tl.float32) + stream)
+
+
 # -- host tensor descriptors (triton.tools.tensor_descriptor.TensorDescriptor) -----------------
 
 

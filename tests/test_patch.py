@@ -10,6 +10,7 @@ import functools
 import gc
 import importlib
 import importlib.util
+import inspect
 import logging
 import math
 import os
@@ -1362,6 +1363,94 @@ def test_a_handle_launch_of_a_binary_with_descriptors_passes_what_triton_rebuild
             with pytest.raises(TypeError, match="'pair': expected a tuple of 2 .*got 3 elements"):
                 compiled[(1, 1, 1)]((*pair, 7), dst, 16, **keywords)
             assert stand_in.launch_count() == launches
+
+
+@pytest.mark.parametrize("keywords", [{}, {"stream": TEST_STREAM}], ids=["native", "runner"])
+def test_a_handle_launch_takes_only_tuples_or_lists_for_a_tuple_and_reports_kinds_first(
+    stand_in, patch_on, keywords
+):
+    """For a tuple type, Triton's launcher takes anything but a tuple or list through a
+    temporary list it frees before reading the items (``PySequence_Fast``): a ``range`` there
+    launches freed memory. A handle launch refuses it with TypeError naming the argument; and
+    a call with a kind error (a float for a tuple) and an earlier value error (a short tuple)
+    names the kind error first, as Python's order goes. Nothing launched."""
+    out = torch.empty(64)
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.two_pairs_kernel.warmup(
+            out, 2, (1000.0, 2000.0), (3.0, 4.0), BLOCK=64, grid=(1,)
+        )
+        launches = stand_in.launch_count()
+        cases = [
+            ((out, 2, range(100000, 100002), (3.0, 4.0), 64), "'a': expected .*got range"),
+            ((out, 2, (1.0,), 5.0, 64), "'b': expected a tuple of 2 elements .*got float"),
+        ]
+        for args, message in cases:
+            with pytest.raises(TypeError, match=f"two_pairs_kernel: argument {message}"):
+                compiled[(1, 1, 1)](*args, **keywords)
+        assert stand_in.launch_count() == launches
+
+
+def test_a_handle_launch_takes_any_host_descriptor_class_and_a_list_on_a_descriptors_path(
+    stand_in, patch_on, monkeypatch
+):
+    """A descriptor of a class other than Triton's own (a subclass here; Gluon's has its own)
+    where the binary takes one, and a list for a tuple on a descriptor's path (Triton 3.8 and
+    later): Triton rebuilds them as it does its own; the handle launch is Triton's runner's,
+    byte for byte."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    class Descriptor(TensorDescriptor):
+        pass
+
+    monkeypatch.setenv("FKSTUB_CAPABILITY", "90")
+    src, dst = torch.randn(64, 64), torch.empty(64, 64)
+    in_d = Descriptor(**vars(TensorDescriptor.from_tensor(src, [16, 32])))
+    out_d = TensorDescriptor.from_tensor(dst, [16, 32])
+    with TritonReference(stand_in, TEST_STREAM):
+        compiled = kernels.descriptor_copy_kernel.warmup(
+            out_d, out_d, 2.0, BLOCK_M=16, BLOCK_N=32, grid=(1,)
+        )
+        calls = [(compiled, (in_d, out_d, 2.0, 16, 32))]
+        if abi.TRITON_VERSION > (3, 7):  # descriptors inside tuples
+            desc = TensorDescriptor.from_tensor(src, [16, 16])
+            pair = kernels.descriptor_tuple_kernel.warmup((desc, 32), dst, BLOCK=16, grid=(1,))
+            calls.append((pair, ([desc, 32], dst, 16)))
+        for handle, args in calls:
+            _tritons_runner(handle, (1, 1, 1))(*args)
+            theirs = stand_in.last_launch()
+            handle[(1, 1, 1)](*args)
+            assert_same_launch(stand_in.last_launch(), theirs)
+
+
+@pytest.mark.skipif(
+    abi.TRITON_VERSION < (3, 7), reason="Triton 3.5 and 3.6 parse every argument themselves"
+)
+def test_every_handle_path_to_tritons_launcher_checks_what_it_would_read_past(stand_in, patch_on):
+    """A kernel with a parameter named ``stream`` (whose handle launches always take Triton's
+    runner), and ``run`` given its leading arguments as keywords (Triton's launcher takes
+    them so, and then no kernel argument): the call that stops before a runtime parameter
+    raises TypeError naming it, where Triton's launcher would read past its arguments."""
+    x = torch.empty(64)
+    with TritonReference(stand_in, TEST_STREAM):
+        named = kernels.stream_named_kernel.warmup(x, 3, BLOCK=64, grid=(1,))
+        compiled = kernels.add_kernel.warmup(x, x, x, N, BLOCK=64, grid=(1,))
+        with tritons_own_launches():
+            triton_run = compiled.run
+        leading = list(inspect.signature(triton_run).parameters)[:9]
+        launches = stand_in.launch_count()
+        with pytest.raises(
+            TypeError, match="stream_named_kernel missing required argument 'stream'"
+        ):
+            named[(1, 1, 1)](x)
+        with pytest.raises(
+            TypeError, match="stream_named_kernel missing required argument 'stream'"
+        ):
+            named.run(*_run_args(named), x)
+        with pytest.raises(TypeError, match="add_kernel missing required argument 'x_ptr'"):
+            compiled.run(**dict(zip(leading, _run_args(compiled, stream=TEST_STREAM + 16))))
+        assert stand_in.launch_count() == launches
+        named[(1, 1, 1)](x, 3)
+        assert stand_in.launch_count() == launches + 1
 
 
 def test_a_handle_launch_may_leave_out_only_what_follows_the_last_parameter_the_binary_reads():

@@ -8,8 +8,11 @@ tuple's elements, so a call that stops early or a short tuple is read past (a cr
 of whatever lies there). Where the signature holds a host tensor descriptor, Triton first
 rebuilds the arguments with ``make_tensordesc_args`` (triton/backends/driver.py, C++ in 3.9),
 which asserts that the argument list and each tuple on a descriptor's path have the
-signature's lengths: a mismatch aborts the process. Triton 3.5 and 3.6 parse every argument
-with ``PyArg_ParseTuple``, tuples to their exact lengths (triton/backends/nvidia/driver.py).
+signature's lengths: a mismatch aborts the process. ``extractArgs`` takes a tuple argument
+through ``PySequence_Fast``, which for anything but a tuple or list makes a temporary list and
+frees it before its items are read: a ``range`` or an array there launches freed memory. Triton
+3.5 and 3.6 parse every argument with ``PyArg_ParseTuple``, tuples to their exact lengths
+(triton/backends/nvidia/driver.py).
 
 The native launch plan (:func:`fastkernel._triton_abi.launch_plan`) flattens the binary's
 tuple types depth-first into leaf slots, one per element that is not a tuple, constexpr ones
@@ -21,8 +24,8 @@ so, and raises for what Triton's launcher would read past.
 
 from __future__ import annotations
 
-import collections.abc
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from . import _triton_abi as abi
@@ -52,9 +55,11 @@ def omissible_from(types: Iterable[Any]) -> int:
 
 
 def _holds_descriptor(ty: Any) -> bool:
+    """Whether Triton rebuilds an argument of type ``ty`` (``_is_descriptor`` in
+    triton/backends/driver.py: every ``tensordesc`` type, im2col ones included)."""
     if isinstance(ty, tuple):
         return any(_holds_descriptor(t) for t in ty)
-    return abi.descriptor_rank(ty) is not None
+    return isinstance(ty, str) and ty.startswith("tensordesc")
 
 
 def _elements(n: int) -> str:
@@ -85,6 +90,14 @@ class HandleSignature:
             if not constexpr
         ]
 
+    @classmethod
+    def of(cls, compiled: Any) -> HandleSignature:
+        """The signature of a ``CompiledKernel`` (or a disk-cache ``CachedKernel``): its
+        kernel's parameters (``src.fn.params``) and the binary's types (``src.signature``)."""
+        fn = compiled.src.fn
+        params = [(p.name, bool(p.is_constexpr)) for p in fn.params]
+        return cls(fn.__name__, params, list(compiled.src.signature.values()))
+
     def check(self, args: tuple) -> str | None:
         """None when the positional ``args`` meet the signature as the native launch plan takes
         them: every tuple with its type's elements, every descriptor its type's rank. Else why
@@ -96,14 +109,16 @@ class HandleSignature:
         Raises
         ------
         TypeError
-            Naming the parameter (``pair``, or ``pair[1]`` inside one), for what Triton's
-            launcher would read past or abort on: a call that stops before a parameter the
-            binary reads (from Triton 3.7), or that passes more arguments than a binary with a
-            descriptor takes; a tuple with fewer elements than the launcher reads (up to its
-            last element that is not ``constexpr``), or another length on a descriptor's path;
-            something other than a sequence for a tuple type; a descriptor of another rank, or
-            something else where the binary takes a descriptor; a tuple or descriptor where the
-            binary takes a scalar (which Triton's launcher refuses too).
+            Naming the parameter (``pair``, or ``pair[1]`` inside one), in Python's order:
+            arity (from Triton 3.7: a call that stops before a parameter the binary reads, or
+            that passes more arguments than a binary with a descriptor takes, which Triton
+            reads past or aborts on), then kinds in parameter order (something other than a
+            tuple or list for a tuple type, which Triton would read as freed memory; a tuple or
+            list where the binary takes a descriptor; a tuple or a host descriptor where it
+            takes a scalar, which Triton's launcher refuses too), then values in parameter
+            order (a tuple with fewer elements than the launcher reads, up to its last element
+            that is not ``constexpr``, or another length on a descriptor's path; a descriptor
+            whose ``block_shape`` is not of its type's rank).
         """
         if abi.TRITON_VERSION >= (3, 7):
             if len(args) < self.required:
@@ -114,11 +129,12 @@ class HandleSignature:
                 raise TypeError(
                     f"{self.kernel} takes {self.count} arguments but {len(args)} were given"
                 )
+        checked = [(name, ty, args[i]) for i, name, ty in self._checked if i < len(args)]
+        for name, ty, arg in checked:
+            self._leaf(ty, arg, name, values=False)
         reason = None
-        for i, name, ty in self._checked:
-            if i >= len(args):
-                break
-            reason = self._leaf(ty, args[i], name) or reason
+        for name, ty, arg in checked:
+            reason = self._leaf(ty, arg, name, values=True) or reason
         return reason
 
     def _refuse(self, path: str, expected: str, got: str) -> NoReturn:
@@ -134,18 +150,25 @@ class HandleSignature:
             "through Triton's own launcher"
         )
 
-    def _leaf(self, ty: Any, arg: Any, path: str) -> str | None:
+    def _leaf(self, ty: Any, arg: Any, path: str, values: bool) -> str | None:
+        """Checks one argument against its type: its kind, and with ``values`` its shape; the
+        reason for Triton's runner, if any."""
         if isinstance(ty, tuple):
-            return self._tuple(ty, arg, path)
-        descriptor = TensorDescriptor is not None and type(arg) is TensorDescriptor
-        if (rank := abi.descriptor_rank(ty)) is not None:
-            if not descriptor:
+            return self._tuple(ty, arg, path, values)
+        sequence = isinstance(arg, (tuple, list))
+        if isinstance(ty, str) and ty.startswith("tensordesc"):
+            # Any host descriptor class (Triton's, Gluon's, a subclass): Triton reads its fields.
+            if sequence:
                 self._refuse(path, ty, type(arg).__name__)
-            block_shape = getattr(arg, "block_shape", None)
-            arg_rank = len(block_shape) if isinstance(block_shape, (tuple, list)) else None
-            if arg_rank != rank:
-                self._refuse(path, f"a tensor descriptor of rank {rank}", f"rank {arg_rank}")
+            rank = abi.descriptor_rank(ty)  # None for im2col, which the native plan refuses
+            if values and rank is not None:
+                block_shape = getattr(arg, "block_shape", None)
+                arg_rank = len(block_shape) if isinstance(block_shape, (tuple, list)) else None
+                if arg_rank != rank:
+                    self._refuse(path, f"a tensor descriptor of rank {rank}", f"rank {arg_rank}")
             return None
+        # The native key gives a tuple's elements, and Triton's own descriptor's fields, slots.
+        descriptor = TensorDescriptor is not None and type(arg) is TensorDescriptor
         if isinstance(arg, tuple) or descriptor:
             what = "a tuple" if isinstance(arg, tuple) else "a tensor descriptor"
             if ty == "constexpr":  # Triton's launcher steps over it
@@ -153,21 +176,60 @@ class HandleSignature:
             self._refuse(path, f"type {ty}", what)
         return None
 
-    def _tuple(self, ty: tuple, arg: Any, path: str) -> str | None:
+    def _tuple(self, ty: tuple, arg: Any, path: str, values: bool) -> str | None:
         expected = f"a tuple of {_elements(len(ty))}"
-        exact = _holds_descriptor(ty)  # Triton rebuilds it to the type's length
-        if exact and not isinstance(arg, tuple):
+        if not isinstance(arg, (tuple, list)):
             self._refuse(path, expected, type(arg).__name__)
-        if not isinstance(arg, collections.abc.Sequence) or isinstance(arg, (str, bytes)):
-            self._refuse(path, expected, type(arg).__name__)
-        reads = max((i + 1 for i, t in enumerate(ty) if t != "constexpr"), default=0)
-        if len(arg) < reads or (exact and len(arg) != len(ty)):
-            self._refuse(path, expected, _elements(len(arg)))
         reason = None
-        if len(arg) != len(ty):
-            reason = self._runner(
-                path, f"has {_elements(len(arg))} where the binary's tuple type has {len(ty)}"
-            )
+        if values:
+            exact = _holds_descriptor(ty)  # Triton rebuilds it to the type's length
+            reads = max((i + 1 for i, t in enumerate(ty) if t != "constexpr"), default=0)
+            if len(arg) < reads or (exact and len(arg) != len(ty)):
+                self._refuse(path, expected, _elements(len(arg)))
+            if len(arg) != len(ty):
+                reason = self._runner(
+                    path, f"has {_elements(len(arg))} where the binary's tuple type has {len(ty)}"
+                )
         for i, (element_type, element) in enumerate(zip(ty, arg)):
-            reason = self._leaf(element_type, element, f"{path}[{i}]") or reason
+            reason = self._leaf(element_type, element, f"{path}[{i}]", values) or reason
         return reason
+
+
+#: The arguments Triton's launcher object (``CompiledKernel.run``) takes before the kernel's:
+#: grid x, y, z, stream, function, packed metadata, launch metadata, enter and exit hooks
+#: (``CudaLauncher.__call__`` in triton/backends/nvidia/driver.py, the same from 3.5 to 3.9;
+#: csrc/python/handle_launch.cpp ``kRunLeadingArgs``).
+RUN_LEADING_ARGS = 9
+
+
+def checked_launcher(signature: HandleSignature, triton_run: Any) -> Callable[..., Any]:
+    """``triton_run`` (Triton's launcher object of a handle, called as ``run(gx, gy, gz,
+    stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``)
+    behind :meth:`HandleSignature.check` for the kernel arguments ``args``. A call whose
+    leading arguments do not bind (too few, an unknown keyword) goes to ``triton_run``
+    unchecked, which raises its own TypeError."""
+    parsed: list = []  # the launcher's call signature, read on the first call with keywords
+
+    def kernel_args(args: tuple, kwargs: dict) -> tuple | None:
+        if not kwargs:
+            return args[RUN_LEADING_ARGS:] if len(args) >= RUN_LEADING_ARGS else None
+        if not parsed:
+            call = inspect.signature(triton_run)
+            named = [p for p in call.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+            var = [p.name for p in call.parameters.values() if p.kind is p.VAR_POSITIONAL]
+            parsed.append((call, RUN_LEADING_ARGS - len(named), var[0] if var else None))
+        call, skip, var_name = parsed[0]
+        try:
+            bound = call.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        extra: tuple = bound.arguments.get(var_name, ()) if var_name else ()
+        return extra[skip:] if len(extra) >= skip else None
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        checked = kernel_args(args, kwargs)
+        if checked is not None:
+            signature.check(checked)
+        return triton_run(*args, **kwargs)
+
+    return run

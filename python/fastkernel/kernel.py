@@ -799,10 +799,13 @@ class NativeDispatch(_C.Kernel):
             return launcher[grid]
         counter = self if isinstance(launcher, str) else launcher
         runner = COMPILED_GETITEM(compiled, grid)
+        signature = (
+            HandleSignature.of(compiled) if isinstance(launcher, str) else launcher._signature
+        )
 
         def counted(*args, **kwargs):
-            if not isinstance(launcher, str) and kwargs.keys() <= {"stream"}:
-                launcher._signature.check(args)  # raises for what Triton's would read past
+            if kwargs.keys() <= {"stream"}:  # else the runner raises its own TypeError first
+                signature.check(args)  # raises for what Triton's launcher would read past
             with tritons_own_launches():
                 result = runner(*args, **kwargs)
             counter._miss_fallbacks += 1
@@ -987,13 +990,6 @@ class FastKernel(NativeDispatch, JITFunction):
         return f"FastKernel({self.module}:{self.fn.__qualname__})"
 
 
-#: The arguments Triton's launcher object (``CompiledKernel.run``) takes before the kernel's:
-#: grid x, y, z, stream, function, packed metadata, launch metadata, enter and exit hooks
-#: (``CudaLauncher.__call__`` in triton/backends/nvidia/driver.py, the same from 3.5 to 3.9;
-#: csrc/python/handle_launch.cpp ``kRunLeadingArgs``).
-_RUN_LEADING_ARGS = 9
-
-
 class CompiledLaunch(NativeDispatch):
     """The native launch of one ``CompiledKernel``'s binary: what ``compiled[grid](*args)``
     does (``CompiledKernel.__getitem__``'s runner, triton/compiler/compiler.py), as Triton's
@@ -1082,22 +1078,6 @@ class CompiledLaunch(NativeDispatch):
 
         self._run_through_triton(run, counted=True)
         self._count_fallback(reason, logging.INFO)
-
-    def _checked_triton_run(self, triton_run: Callable[..., Any]) -> Callable[..., Any]:
-        """``triton_run`` (Triton's launcher object of the handle, called as
-        ``run(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook,
-        exit_hook, *args)``) behind :meth:`HandleSignature.check
-        <fastkernel._handle_args.HandleSignature.check>` for the kernel arguments: what the
-        native ``run`` launcher hands the calls it does not launch itself."""
-        check = self._signature.check
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            # Triton's launcher raises its own TypeError first for keywords or fewer arguments.
-            if not kwargs and len(args) >= _RUN_LEADING_ARGS:
-                check(args[_RUN_LEADING_ARGS:])
-            return triton_run(*args, **kwargs)
-
-        return run
 
     def _count_run_fallback(self, reason: str) -> None:
         """Counts a call of the handle's ``run`` (under the patch) that Triton's own launcher

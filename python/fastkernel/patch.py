@@ -74,6 +74,7 @@ from . import _autotuner_classes as _classes
 from . import _triton_abi as abi
 from . import cache as _cache
 from ._autotune import TUNE_CONFIG_PROVIDED, TUNE_MAY_BE_PROVIDED, TUNE_VALUE
+from ._handle_args import HandleSignature, checked_launcher
 from .kernel import (
     _KERNELS,
     COMPILED_GETITEM,
@@ -1360,8 +1361,10 @@ def _patched_handle_run(self, own_run=COMPILED_RUN):
     ``run(gx, gy, gz, stream, function, packed_metadata, None, enter_hook, exit_hook, *args)``).
     For a handle of a kernel the patch serves, a native launcher object
     (``_C.run_launcher``): the native launch of the binary where Triton's launcher would launch
-    exactly that, else Triton's own launcher object (``own_run``), counted as a fallback. Triton's
-    own launcher object for any other handle, and inside a launch handed to Triton's own path
+    exactly that, else Triton's own launcher object (``own_run``), counted as a fallback, behind
+    the check of what it would read past (:func:`fastkernel._handle_args.checked_launcher`), as
+    is the launcher object of a handle whose launches take Triton's runner. Triton's own
+    launcher object for any other handle, and inside a launch handed to Triton's own path
     (``kernel.tritons_own_launches``), whose runner calls ``run`` again."""
     with tritons_own_launches():  # (a CachedKernel's is its Triton CompiledKernel's)
         triton_run = own_run.__get__(self, type(self))  # loads the module, as Triton's does
@@ -1372,11 +1375,11 @@ def _patched_handle_run(self, own_run=COMPILED_RUN):
         return triton_run
     launcher = dispatch._handle_launcher(self)
     if not isinstance(launcher, CompiledLaunch):
-        return triton_run
+        return checked_launcher(HandleSignature.of(self), triton_run)
     return _C.run_launcher(
         self,
         launcher,
-        launcher._checked_triton_run(triton_run),
+        checked_launcher(launcher._signature, triton_run),
         self.function,
         self.packed_metadata,
         _HOOK_CHAIN,
