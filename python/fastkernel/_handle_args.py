@@ -91,10 +91,11 @@ class HandleSignature:
         ]
 
     @classmethod
-    def of(cls, compiled: Any) -> HandleSignature:
-        """The signature of a ``CompiledKernel`` (or a disk-cache ``CachedKernel``): its
-        kernel's parameters (``src.fn.params``) and the binary's types (``src.signature``)."""
-        fn = compiled.src.fn
+    def of(cls, compiled: Any, fn: Any = None) -> HandleSignature:
+        """The signature of a ``CompiledKernel`` (or a disk-cache ``CachedKernel``): the
+        parameters of its kernel ``fn`` (a ``JITFunction``; ``compiled.src.fn`` by default) and
+        the binary's types (``src.signature``)."""
+        fn = compiled.src.fn if fn is None else fn
         params = [(p.name, bool(p.is_constexpr)) for p in fn.params]
         return cls(fn.__name__, params, list(compiled.src.signature.values()))
 
@@ -155,10 +156,9 @@ class HandleSignature:
         reason for Triton's runner, if any."""
         if isinstance(ty, tuple):
             return self._tuple(ty, arg, path, values)
-        sequence = isinstance(arg, (tuple, list))
-        if isinstance(ty, str) and ty.startswith("tensordesc"):
+        if _holds_descriptor(ty):
             # Any host descriptor class (Triton's, Gluon's, a subclass): Triton reads its fields.
-            if sequence:
+            if isinstance(arg, (tuple, list)):
                 self._refuse(path, ty, type(arg).__name__)
             rank = abi.descriptor_rank(ty)  # None for im2col, which the native plan refuses
             if values and rank is not None:

@@ -999,8 +999,9 @@ class CompiledLaunch(NativeDispatch):
     stream, and returns None; so does this launch: the arguments are bound and keyed as for the
     kernel itself (by position; every parameter required, except, from Triton 3.7, those after
     the last one the binary's signature reads, constexprs and ints of 1 or None specialized
-    away, as its launcher takes calls that stop before them: :func:`fastkernel._handle_args.omissible_from`),
-    and every key launches the one binary, loaded per device.
+    away, as its launcher takes calls that stop before them:
+    :func:`fastkernel._handle_args.omissible_from`), and every key launches the one binary,
+    loaded per device.
     No pre-run hook runs and no global is checked, as Triton's runner runs and checks none.
 
     A call given keywords (``stream=``, which Triton's runner takes, or parameters by name,
@@ -1041,11 +1042,7 @@ class CompiledLaunch(NativeDispatch):
         self._refusals: dict[int, str] = {}  # why the binary does not load, by device
         jit_fn = kernel.jit_function
         params = _params_spec(jit_fn)
-        self._signature = HandleSignature(
-            jit_fn.__name__,
-            [(p.name, p.is_constexpr) for p in jit_fn.params],
-            list(compiled.src.signature.values()),
-        )
+        self._signature = HandleSignature.of(compiled, jit_fn)
         # A launch may leave out what Triton's launcher takes a call without (from 3.7): a
         # left-out parameter is keyed as None, as the binary's launch plan never reads it.
         required = self._signature.required
